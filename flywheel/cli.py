@@ -1,0 +1,93 @@
+"""The ``flywheel`` command: ``run`` the whole system, or one service as containers start it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from flywheel.settings import SettingsError, add_settings_flags, settings_from_args
+
+SERVICES = ("actor", "replay", "learner", "gateway")
+
+
+def _service_parts(name: str) -> tuple[type, Callable[[Any], int]]:
+    """Import lazily so ``flywheel gateway`` does not pay for torch, and so on."""
+    if name == "actor":
+        from flywheel.services.actor.main import main
+        from flywheel.services.actor.settings import ActorSettings
+        return ActorSettings, main
+    if name == "replay":
+        from flywheel.services.replay.main import main
+        from flywheel.services.replay.settings import ReplaySettings
+        return ReplaySettings, main
+    if name == "learner":
+        from flywheel.services.learner.main import main
+        from flywheel.services.learner.settings import LearnerSettings
+        return LearnerSettings, main
+    from flywheel.services.gateway.__main__ import run
+    from flywheel.services.gateway.settings import GatewaySettings
+    return GatewaySettings, run
+
+
+def _settings_class(name: str) -> type:
+    if name == "actor":
+        from flywheel.services.actor.settings import ActorSettings
+        return ActorSettings
+    if name == "replay":
+        from flywheel.services.replay.settings import ReplaySettings
+        return ReplaySettings
+    if name == "learner":
+        from flywheel.services.learner.settings import LearnerSettings
+        return LearnerSettings
+    from flywheel.services.gateway.settings import GatewaySettings
+    return GatewaySettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from flywheel.run import add_run_flags
+
+    parser = argparse.ArgumentParser(prog="flywheel", description="Distributed Ape-X deep Q-learning over ZeroMQ.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_run_flags(sub.add_parser("run", help="run replay, learner, gateway and N actors as local processes"))
+    for name in SERVICES:
+        cls = _settings_class(name)
+        add_settings_flags(sub.add_parser(name, help=f"run one {name} (flags or FLYWHEEL_{name.upper()}_* vars)"),
+                           cls)
+    return parser
+
+
+def run_service(name: str, args: argparse.Namespace) -> int:
+    from flywheel.envs import UnknownEnvironmentError
+    from flywheel.transport import EndpointInUse
+
+    cls, main = _service_parts(name)
+    settings = settings_from_args(cls, args, name)
+    logging.basicConfig(level=settings.log_level, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    try:
+        return main(settings)
+    except (EndpointInUse, UnknownEnvironmentError) as exc:
+        print(f"error: flywheel {name}: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            from flywheel.run import run
+
+            return run(args)
+        return run_service(args.command, args)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

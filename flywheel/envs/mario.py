@@ -1,0 +1,281 @@
+"""Super Mario Bros (nes-py) as a Gymnasium env with Ape-X/Nature DQN preprocessing."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium
+import numpy as np
+
+from flywheel.envs import nes_compat
+from flywheel.envs.preprocessing import FrameStack, bgrx_to_grey, resize_area, rgb_to_grey
+
+# Button bitmaps of the NES joypad (same as nes_py.wrappers.JoypadSpace).
+BUTTONS: dict[str, int] = {
+    "right": 0b10000000,
+    "left": 0b01000000,
+    "down": 0b00100000,
+    "up": 0b00010000,
+    "start": 0b00001000,
+    "select": 0b00000100,
+    "B": 0b00000010,
+    "A": 0b00000001,
+    "NOOP": 0b00000000,
+}
+
+# Reduced action sets, identical to gym_super_mario_bros.actions.
+ACTION_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "right_only": (("NOOP",), ("right",), ("right", "A"), ("right", "B"), ("right", "A", "B")),
+    "simple": (
+        ("NOOP",), ("right",), ("right", "A"), ("right", "B"), ("right", "A", "B"), ("A",), ("left",),
+    ),
+    "complex": (
+        ("NOOP",), ("right",), ("right", "A"), ("right", "B"), ("right", "A", "B"), ("A",), ("left",),
+        ("left", "A"), ("left", "B"), ("left", "A", "B"), ("down",), ("up",),
+    ),
+}  # fmt: skip
+
+ROM_MODES = ("vanilla", "downsample", "pixel", "rectangle")
+_STAGE_ID = re.compile(r"SuperMarioBros-([1-8])-([1-4])-v([0-3])")
+_GAME_ID = re.compile(r"SuperMarioBros-v([0-3])")
+_RANDOM_ID = re.compile(r"SuperMarioBrosRandomStages-v([0-3])")
+_LOST_ID = re.compile(r"SuperMarioBros2-v([01])")
+INFO_KEYS = ("x_pos", "y_pos", "flag_get", "world", "stage", "score", "time", "life", "coins", "status")
+
+
+@dataclass(frozen=True)
+class MarioId:
+    """A parsed gym-super-mario-bros id."""
+
+    rom_mode: str
+    lost_levels: bool = False
+    target: tuple[int, int] | None = None
+    random_stages: bool = False
+
+
+def parse_mario_id(env_id: str) -> MarioId | None:
+    """Parse any gym-super-mario-bros 7.4.0 id; return None if ``env_id`` is not one."""
+    if m := _STAGE_ID.fullmatch(env_id):
+        return MarioId(ROM_MODES[int(m[3])], target=(int(m[1]), int(m[2])))
+    if m := _GAME_ID.fullmatch(env_id):
+        return MarioId(ROM_MODES[int(m[1])])
+    if m := _RANDOM_ID.fullmatch(env_id):
+        return MarioId(ROM_MODES[int(m[1])], random_stages=True)
+    if m := _LOST_ID.fullmatch(env_id):
+        return MarioId(ROM_MODES[int(m[1])], lost_levels=True)
+    return None
+
+
+def mario_env_ids() -> list[str]:
+    """Return every id gym-super-mario-bros 7.4.0 registers."""
+    ids = [f"SuperMarioBros-v{v}" for v in range(4)]
+    ids += [f"SuperMarioBrosRandomStages-v{v}" for v in range(4)]
+    ids += [f"SuperMarioBros2-v{v}" for v in range(2)]
+    ids += [f"SuperMarioBros-{w}-{s}-v{v}" for v in range(4) for w in range(1, 9) for s in range(1, 5)]
+    return ids
+
+
+@dataclass(frozen=True)
+class MarioConfig:
+    """Validated preprocessing options for :class:`MarioEnv`."""
+
+    actions: str = "simple"
+    frame_skip: int = 4
+    stack: int = 4
+    size: int = 84
+    max_episode_steps: int | None = 4500
+    stages: tuple[str, ...] | None = None  # RandomStages only, e.g. ("1-1", "1-2")
+    render_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        """Reject invalid option values with a clear message."""
+        if self.actions not in ACTION_SETS:
+            raise ValueError(f"actions must be one of {sorted(ACTION_SETS)}, got {self.actions!r}")
+        for name in ("frame_skip", "stack", "size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be >= 1 or None, got {self.max_episode_steps!r}")
+        if self.render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {self.render_mode!r}")
+
+    @classmethod
+    def from_options(cls, **options: Any) -> MarioConfig:
+        """Build from keyword options, rejecting unknown names."""
+        unknown = set(options) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"unknown Mario option(s) {sorted(unknown)}; valid: {sorted(cls.__dataclass_fields__)}")
+        if options.get("stages") is not None:
+            options["stages"] = tuple(options["stages"])
+        return cls(**options)
+
+    @property
+    def obs_shape(self) -> tuple[int, int, int]:
+        """Return the stacked observation shape (stack, size, size)."""
+        return (self.stack, self.size, self.size)
+
+    @property
+    def n_actions(self) -> int:
+        """Return the size of the reduced action set."""
+        return len(ACTION_SETS[self.actions])
+
+
+def _plain(value: Any) -> Any:
+    """Convert NumPy scalars in info values to Python builtins."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _raw_screen(screen: np.ndarray) -> np.ndarray | None:
+    """Return nes-py's native (H, W, 4) BGRx frame buffer behind its RGB view, if recognisable.
+
+    nes-py exposes ``screen`` as a channel-reversed, padding-dropped view of the
+    emulator's little-endian 32-bit pixels; reading the buffer directly avoids a
+    copy per frame.  Returns None (use the RGB view) if the layout is unexpected.
+    """
+    base = screen.base
+    height, width, _ = screen.shape
+    if (
+        sys.byteorder != "little"
+        or not isinstance(base, np.ndarray)
+        or base.dtype != np.uint8
+        or base.size != height * width * 4
+        or screen.strides != (width * 4, 4, -1)
+    ):
+        return None
+    raw = base.reshape(height, width, 4)
+    # the RGB view's red byte must be byte 2 of the matching BGRx pixel
+    if raw[..., 2].__array_interface__["data"][0] != screen.__array_interface__["data"][0]:
+        return None
+    return raw
+
+
+class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
+    """Super Mario Bros with frame skip + 2-frame max-pool, 84x84 greyscale and frame stacking.
+
+    ``terminated`` follows gym-super-mario-bros: game over for whole-game ids,
+    death or flag for single-stage ids.  ``truncated`` is set after
+    ``max_episode_steps`` agent steps.  Rewards are the library's per-frame
+    rewards (x progress, clock and death penalties) summed over skipped frames.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 60}
+
+    def __init__(self, env_id: str, **options: Any) -> None:
+        """Build the NES emulator for ``env_id`` (a gym-super-mario-bros id)."""
+        parsed = parse_mario_id(env_id)
+        if parsed is None:
+            raise ValueError(f"not a Super Mario Bros id: {env_id!r}")
+        self.config = MarioConfig.from_options(**options)
+        if self.config.stages is not None and not parsed.random_stages:
+            raise ValueError("option 'stages' is only valid for SuperMarioBrosRandomStages-vN ids")
+        nes_compat.apply()
+        import gym_super_mario_bros as smb
+
+        self.env_id = env_id
+        self.mario_id = parsed
+        self.render_mode = self.config.render_mode
+        if parsed.random_stages:
+            stages = list(self.config.stages) if self.config.stages else None
+            self._nes = smb.SuperMarioBrosRandomStagesEnv(rom_mode=parsed.rom_mode, stages=stages)
+        else:
+            self._nes = smb.SuperMarioBrosEnv(
+                rom_mode=parsed.rom_mode, lost_levels=parsed.lost_levels, target=parsed.target
+            )
+        buttons = ACTION_SETS[self.config.actions]
+        self._action_bytes = [sum(BUTTONS[b] for b in combo) for combo in buttons]
+        self._action_meanings = [" ".join(combo) for combo in buttons]
+        self.action_space = gymnasium.spaces.Discrete(len(buttons))
+        self.observation_space = gymnasium.spaces.Box(0, 255, self.config.obs_shape, dtype=np.uint8)
+        self._stack = FrameStack(self.config.stack, self.config.size, self.config.size)
+        self._raw_screens: dict[int, np.ndarray | None] = {}
+        self._steps = 0
+        self._needs_reset = True
+        self._closed = False
+
+    @property
+    def _active(self) -> Any:
+        """Return the SuperMarioBrosEnv currently being played (RandomStages swaps it)."""
+        return self._nes.env if self.mario_id.random_stages else self._nes
+
+    def get_action_meanings(self) -> list[str]:
+        """Return the button combination of each discrete action."""
+        return list(self._action_meanings)
+
+    def _grey(self) -> np.ndarray:
+        """Return the current NES screen as (240, 256) uint8 greyscale."""
+        nes = self._active
+        key = id(nes)
+        if key not in self._raw_screens:
+            self._raw_screens[key] = _raw_screen(nes.screen)
+        raw = self._raw_screens[key]
+        return rgb_to_grey(nes.screen) if raw is None else bgrx_to_grey(raw)
+
+    def _observe(self, grey: np.ndarray) -> np.ndarray:
+        """Resize a full-resolution greyscale frame to (size, size)."""
+        return resize_area(grey, self.config.size, self.config.size)
+
+    def _info(self) -> dict[str, Any]:
+        """Return the library's info dict with Python scalar values."""
+        info = self._active._get_info()
+        return {k: _plain(v) for k, v in info.items()}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset to the start of the stage/game and return (obs, info)."""
+        super().reset(seed=seed)
+        if self.mario_id.random_stages:
+            self._nes.reset(seed=seed, options=options)
+        else:
+            self._nes.reset(seed=seed)
+        self._steps = 0
+        self._needs_reset = False
+        obs = self._stack.reset(self._observe(self._grey()))
+        return obs, self._info()
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Repeat ``action`` for ``frame_skip`` frames; max-pool the last two frames."""
+        if self._needs_reset:
+            raise RuntimeError("MarioEnv.step called before reset() or after the episode ended")
+        if not self.action_space.contains(action):
+            raise ValueError(f"invalid action {action!r}; expected an int in [0, {self.action_space.n})")
+        byte = self._action_bytes[int(action)]
+        skip = self.config.frame_skip
+        nes = self._nes
+        total = 0.0
+        done = False
+        last: np.ndarray | None = None
+        prev: np.ndarray | None = None
+        info: dict[str, Any] = {}
+        for frame in range(skip):
+            _, reward, done, info = nes.step(byte)
+            total += reward
+            if frame >= skip - 2 or done:
+                prev, last = last, self._grey()
+            if done:
+                break
+        assert last is not None
+        pooled = last if prev is None else np.maximum(prev, last)
+        obs = self._stack.push(self._observe(pooled))
+        self._steps += 1
+        limit = self.config.max_episode_steps
+        truncated = not done and limit is not None and self._steps >= limit
+        self._needs_reset = done or truncated
+        info = {k: _plain(v) for k, v in info.items()}
+        return obs, float(total), bool(done), bool(truncated), info
+
+    def render(self) -> np.ndarray | None:
+        """Return the full-resolution RGB screen when render_mode is 'rgb_array'."""
+        if self.render_mode == "rgb_array":
+            return np.array(self._active.screen)
+        return None
+
+    def close(self) -> None:
+        """Free the emulator(s); safe to call twice."""
+        if not self._closed and hasattr(self, "_nes"):
+            self._closed = True
+            self._nes.close()
+        super().close()

@@ -1,0 +1,129 @@
+"""The Q-network shared by actors and the learner, and its exchange as versioned Weights messages."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+
+from flywheel import proto
+
+NATURE_MIN_SIDE = 36  # smallest H/W the Nature CNN's 8/4, 4/2, 3/1 convolutions accept
+
+
+class WeightsMismatch(ValueError):
+    """A Weights message does not fit the network (name, keys, shapes, dtypes or values)."""
+
+
+def _kind(obs_shape: tuple[int, ...]) -> str:
+    if len(obs_shape) == 3 and min(obs_shape[1:]) >= NATURE_MIN_SIDE:
+        return "nature"
+    if len(obs_shape) == 3:
+        return "conv"  # small grids (Snake, MettaGrid): 3x3 convolutions
+    return "mlp"  # vectors; other ranks are flattened
+
+
+def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, hidden: int = 256) -> str:
+    """E.g. "mlp-4-2-dueling" or "nature-4x84x84-7-dueling"; "-h<N>" is appended when hidden is not 256."""
+    kind = _kind(tuple(obs_shape))
+    name = f"{kind}-{'x'.join(str(int(d)) for d in obs_shape)}-{int(n_actions)}-{'dueling' if dueling else 'plain'}"
+    if kind != "nature" and hidden != 256:
+        name += f"-h{hidden}"
+    return name
+
+
+class QNetwork(nn.Module):
+    """Maps a batch of observations (uint8 pixels or float32 vectors) to (B, n_actions) float32 Q-values."""
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256) -> None:
+        super().__init__()
+        if n_actions < 1 or not obs_shape or any(d < 1 for d in obs_shape):
+            raise ValueError(f"bad network spec: obs_shape={obs_shape}, n_actions={n_actions}")
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.n_actions = int(n_actions)
+        self.dueling = bool(dueling)
+        self.hidden = int(hidden)
+        self.name = network_name(self.obs_shape, self.n_actions, self.dueling, hidden=self.hidden)
+        kind = _kind(self.obs_shape)
+        if kind == "nature":
+            c = self.obs_shape[0]
+            self.torso: nn.Module = nn.Sequential(
+                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+                nn.Flatten(),
+            )
+            width = 512
+        elif kind == "conv":
+            c = self.obs_shape[0]
+            self.torso = nn.Sequential(
+                nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(),
+                nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+                nn.Flatten(),
+            )
+            width = self.hidden
+        else:
+            self.torso = nn.Sequential(
+                nn.Flatten(), nn.Linear(math.prod(self.obs_shape), self.hidden), nn.ReLU(),
+            )
+            width = self.hidden
+        with torch.no_grad():
+            features = self.torso(torch.zeros(1, *self.obs_shape)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(features, width), nn.ReLU())
+        self.advantage = nn.Linear(width, self.n_actions)
+        self.value = nn.Linear(width, 1) if self.dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values for a (B, *obs_shape) batch; uint8 input is scaled by 1/255 on the tensor's device."""
+        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        h = self.fc(self.torso(x))
+        adv = self.advantage(h)
+        if self.value is None:
+            return adv
+        return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
+
+
+def build_q_network(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256) -> QNetwork:
+    """3-D (C,H,W) with H,W >= 36 -> Nature CNN (512 fc); smaller 3-D -> 3x3 CNN; otherwise an MLP."""
+    return QNetwork(tuple(obs_shape), n_actions, dueling=dueling, hidden=hidden)
+
+
+def as_tensor(array: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A tensor over a (possibly read-only, e.g. decoded) array, moved to ``device``; never written to."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        tensor = torch.from_numpy(np.asarray(array))
+    return tensor.to(device, non_blocking=True) if torch.device(device).type != "cpu" else tensor
+
+
+def weights_message(net: QNetwork, version: int, name: str) -> proto.Weights:
+    """A Weights message holding float32, contiguous CPU copies of the network's state_dict."""
+    tensors = {
+        key: value.detach().to("cpu", dtype=torch.float32, copy=True).contiguous().numpy()
+        for key, value in net.state_dict().items()
+    }
+    return proto.Weights(version=int(version), network=name, tensors=tensors)
+
+
+def load_weights(net: QNetwork, msg: proto.Weights, expected_name: str) -> None:
+    """Copy a Weights message into ``net``; raises WeightsMismatch before touching the net if anything differs."""
+    if msg.network != expected_name:
+        raise WeightsMismatch(f"weights are for network {msg.network!r}, this one is {expected_name!r}")
+    own = net.state_dict()
+    missing, extra = sorted(set(own) - set(msg.tensors)), sorted(set(msg.tensors) - set(own))
+    if missing or extra:
+        raise WeightsMismatch(f"weights keys differ: missing {missing[:3]}, unexpected {extra[:3]}")
+    for key, param in own.items():
+        array = msg.tensors[key]
+        if tuple(array.shape) != tuple(param.shape):
+            raise WeightsMismatch(f"weights {key!r} has shape {tuple(array.shape)}, expected {tuple(param.shape)}")
+        if array.dtype != np.float32:
+            raise WeightsMismatch(f"weights {key!r} has dtype {array.dtype}, expected float32")
+        if not np.isfinite(array).all():
+            raise WeightsMismatch(f"weights {key!r} holds NaN or infinite values")
+    with torch.no_grad():
+        for key, param in own.items():
+            param.copy_(as_tensor(msg.tensors[key]))

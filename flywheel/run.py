@@ -1,0 +1,323 @@
+"""``flywheel run``: the whole system as local child processes on loopback, with live progress."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flywheel.settings import SettingsError
+
+STOP_ORDER = ("actor", "learner", "replay", "gateway")
+STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
+
+# Presets by observation kind; FLYWHEEL_* variables in the environment and --set override them.
+VECTOR_PRESET = {
+    "actor": {"num_envs": "16", "n_step": "3", "gamma": "0.99", "send_hwm": "64"},
+    "replay": {"capacity": "100000", "min_size_to_sample": "1000", "samples_per_insert": "8",
+               "error_buffer": "20000", "alpha": "0.6"},
+    "learner": {"batch_size": "64", "lr": "0.001", "target_update_interval": "250", "adam_eps": "0.0001",
+                "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4"},
+}
+PIXEL_PRESET = {
+    "actor": {"num_envs": "4", "n_step": "3", "gamma": "0.99", "send_hwm": "16"},
+    "replay": {"capacity": "50000", "min_size_to_sample": "5000", "samples_per_insert": "4",
+               "error_buffer": "50000"},
+    "learner": {"batch_size": "32", "lr": "0.0001", "target_update_interval": "2000",
+                "publish_interval_updates": "50", "beta_anneal_updates": "200000"},
+}
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", default="SuperMarioBros-1-1-v0", help="environment id (default: Mario 1-1)")
+    parser.add_argument("--actors", type=int, default=os.cpu_count() or 1, help="actor processes (default: cores)")
+    parser.add_argument("--envs-per-actor", type=int, default=None, help="environments per actor")
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many env steps in total (0: never)")
+    parser.add_argument("--target-return", type=float, default=None,
+                        help="stop once the greedy evaluation return reaches this")
+    parser.add_argument("--time-limit", type=float, default=0, help="stop after this many seconds (0: never)")
+    parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"), help="where checkpoints go")
+    parser.add_argument("--log-dir", type=Path, default=None, help="service logs (default: CHECKPOINT_DIR/logs)")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --checkpoint-dir")
+    parser.add_argument("--base-port", type=int, default=5555, help="first of six ZeroMQ ports on 127.0.0.1")
+    parser.add_argument("--http-port", type=int, default=8080, help="gateway HTTP port on 127.0.0.1")
+    parser.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    parser.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE",
+                        help="override one service setting, e.g. --set learner.lr=0.0005 (repeatable)")
+
+
+@dataclass
+class Child:
+    """One service process started by ``flywheel run``."""
+
+    service: str
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class Plan:
+    """What will be started: per-service environment variables, validated before anything starts."""
+
+    env: dict[str, dict[str, str]]
+    ports: dict[str, int]
+    gateway_url: str
+    log_dir: Path
+    actor_extra: list[dict[str, str]] = field(default_factory=list)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if ``flywheel run`` dies, even by SIGKILL (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _check_port(port: int, what: str, flag: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise SettingsError(
+                f"flywheel run: port {port} ({what}) is already in use: stop the process holding it or pass {flag}"
+            ) from None
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    from flywheel.envs import UnknownEnvironmentError, env_spec
+
+    if args.actors < 1:
+        raise SettingsError(f"flywheel run: --actors must be at least 1, got {args.actors}")
+    if args.envs_per_actor is not None and args.envs_per_actor < 1:
+        raise SettingsError(f"flywheel run: --envs-per-actor must be at least 1, got {args.envs_per_actor}")
+    try:
+        spec = env_spec(args.env)
+    except UnknownEnvironmentError as exc:
+        raise SettingsError(f"flywheel run: {exc}") from None
+    base = args.base_port
+    ports = {"transitions": base, "sample": base + 1, "weights": base + 2, "telemetry": base + 3,
+             "control": base + 4, "lease": base + 5, "http": args.http_port}
+    for what, port in ports.items():
+        if not 0 < port < 65536:
+            raise SettingsError(f"flywheel run: port {port} for {what} is outside 1..65535; pass --base-port")
+    for what, port in ports.items():
+        _check_port(port, what, "--http-port" if what == "http" else "--base-port")
+    local = "tcp://127.0.0.1:{}".format
+    common = {"TELEMETRY_ENDPOINT": local(ports["telemetry"]), "CONTROL_ENDPOINT": local(ports["control"])}
+    ckpt = args.checkpoint_dir.resolve()
+    preset = PIXEL_PRESET if spec.obs_dtype == "uint8" else VECTOR_PRESET
+    env: dict[str, dict[str, str]] = {
+        "gateway": {"TELEMETRY_ENDPOINT": local(ports["telemetry"]), "CONTROL_ENDPOINT": local(ports["control"]),
+                    "LEASE_ENDPOINT": local(ports["lease"]), "HTTP_HOST": "127.0.0.1",
+                    "HTTP_PORT": str(ports["http"])},
+        "replay": {**common, "TRANSITIONS_BIND": local(ports["transitions"]), "SAMPLE_BIND": local(ports["sample"]),
+                   "CHECKPOINT_DIR": str(ckpt / "replay"), "RESTORE": str(args.resume).lower()},
+        "learner": {**common, "ENV_ID": args.env, "SAMPLE_ENDPOINT": local(ports["sample"]),
+                    "WEIGHTS_BIND": local(ports["weights"]), "CHECKPOINT_DIR": str(ckpt / "learner"),
+                    "RESUME": str(args.resume and (ckpt / "learner").exists()).lower()},
+        "actor": {**common, "ENV_ID": args.env, "TRANSITIONS_ENDPOINT": local(ports["transitions"]),
+                  "WEIGHTS_ENDPOINT": local(ports["weights"]), "LEASE_ENDPOINT": local(ports["lease"])},
+    }
+    for service, values in preset.items():
+        for key, value in values.items():
+            env[service].setdefault(key.upper(), value)
+    if args.envs_per_actor is not None:
+        env["actor"]["NUM_ENVS"] = str(args.envs_per_actor)
+    for item in args.set:
+        service, _, rest = item.partition(".")
+        key, eq, value = rest.partition("=")
+        if service not in env or not key or not eq:
+            raise SettingsError(f"flywheel run: --set {item!r} must look like SERVICE.FIELD=VALUE "
+                                f"with SERVICE one of {', '.join(env)}")
+        env[service][key.upper()] = value
+    for service, values in env.items():  # the user's own FLYWHEEL_* variables win over presets
+        prefix = f"FLYWHEEL_{service.upper()}_"
+        for name, value in os.environ.items():
+            if name.startswith(prefix) and name.removeprefix(prefix) not in (
+                    "TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT") and not any(
+                    s.startswith(f"{service}.") and s.split(".", 1)[1].split("=")[0].upper() == name.removeprefix(prefix)
+                    for s in args.set):
+                values[name.removeprefix(prefix)] = value
+    _validate(env)
+    extra = [{"EVAL_ENVS": "1"} if i == 0 else {} for i in range(args.actors)]
+    return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra)
+
+
+def _validate(env: dict[str, dict[str, str]]) -> None:
+    """Build each service's settings from the planned values so a bad value fails before anything starts."""
+    from flywheel.cli import _settings_class
+    from flywheel.settings import build_settings
+
+    for service, values in env.items():
+        cls = _settings_class(service)
+        known = set(cls.model_fields)
+        for key in values:
+            if key.lower() not in known:
+                raise SettingsError(f"flywheel run: {service} has no setting {key.lower()!r} "
+                                    f"(known: {', '.join(sorted(known))})")
+        build_settings(cls, {k.lower(): v for k, v in values.items()}, f"run ({service})")
+
+
+def _start(service: str, name: str, values: dict[str, str], log_dir: Path) -> Child:
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(f"FLYWHEEL_{service.upper()}_")}
+    child_env.update({f"FLYWHEEL_{service.upper()}_{k}": v for k, v in values.items()})
+    child_env[f"FLYWHEEL_{service.upper()}_INSTANCE"] = name
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    log = log_dir / f"{name}.log"
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "flywheel", service], env=child_env, stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+    return Child(service, name, proc, log)
+
+
+def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"{url}/status", timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+def summarize(status: dict[str, Any]) -> dict[str, float | None]:
+    """The numbers the progress line shows, from the gateway's /status."""
+    services = status.get("services", {})
+
+    def live(service: str) -> list[dict[str, Any]]:
+        return [i for i in services.get(service, {}).get("instances", []) if i.get("up")]
+
+    actors, learners, replays = live("actor"), live("learner"), live("replay")
+    gauges = [a.get("gauges", {}) for a in actors]
+    eps = [g["epsilon"] for g in gauges if "epsilon" in g]
+    returns = [g["episode_return_mean"] for g in gauges if g.get("episode_return_mean")]
+    greedy = [g["eval_return_mean"] for g in gauges if "eval_return_mean" in g]
+    learner = learners[0].get("gauges", {}) if learners else {}
+    distance = [g["mario_distance_mean"] for g in gauges if "mario_distance_mean" in g]
+    return {
+        "env_steps": services.get("actor", {}).get("totals", {}).get("env_steps_total", 0.0),
+        "env_steps_per_second": sum(g.get("env_steps_per_second", 0.0) for g in gauges),
+        "updates": learners[0].get("counters", {}).get("updates_total", 0.0) if learners else 0.0,
+        "updates_per_second": learner.get("updates_per_second", 0.0),
+        "return": sum(returns) / len(returns) if returns else None,
+        "greedy_return": max(greedy) if greedy else None,
+        "distance": sum(distance) / len(distance) if distance else None,
+        "epsilon_min": min(eps) if eps else None, "epsilon_max": max(eps) if eps else None,
+        "replay_size": sum(r.get("gauges", {}).get("size_transitions", 0.0) for r in replays),
+        "weight_version": learner.get("weight_version", 0.0),
+        "actors_up": float(len(actors)),
+    }
+
+
+def progress_line(elapsed: float, s: dict[str, float | None]) -> str:
+    def num(value: float | None, fmt: str = ",.0f") -> str:
+        return "-" if value is None else format(value, fmt)
+
+    eps = "-" if s["epsilon_min"] is None else f"{s['epsilon_min']:.4f}-{s['epsilon_max']:.2f}"
+    line = (f"[{elapsed:7.0f}s] env steps {num(s['env_steps'])} ({num(s['env_steps_per_second'])}/s) | "
+            f"updates {num(s['updates'])} ({num(s['updates_per_second'], ',.1f')}/s) | "
+            f"return {num(s['return'], '.1f')} greedy {num(s['greedy_return'], '.1f')} | eps {eps} | "
+            f"replay {num(s['replay_size'])} | weights v{num(s['weight_version'])} | actors {num(s['actors_up'])}")
+    if s.get("distance") is not None:
+        line += f" | distance {s['distance']:.0f}"
+    return line
+
+
+def stop_children(children: list[Child]) -> list[str]:
+    """SIGTERM in order (actors, learner, replay, gateway), SIGKILL what does not stop in time."""
+    problems: list[str] = []
+    for service in STOP_ORDER:
+        group = [c for c in children if c.service == service and c.proc.poll() is None]
+        for child in group:
+            child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S[service]
+        for child in group:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+                problems.append(f"{child.name} did not stop in {STOP_TIMEOUT_S[service]:.0f} s and was killed")
+    return problems
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = make_plan(args)
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    stop_reason: list[str] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop_reason.append(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    children: list[Child] = []
+    code = 0
+    started = time.monotonic()
+    try:
+        children.append(_start("gateway", "gateway-0", plan.env["gateway"], plan.log_dir))
+        children.append(_start("replay", "replay-0", plan.env["replay"], plan.log_dir))
+        children.append(_start("learner", "learner-0", plan.env["learner"], plan.log_dir))
+        for i, extra in enumerate(plan.actor_extra):
+            children.append(_start("actor", f"actor-{i}", {**plan.env["actor"], **extra}, plan.log_dir))
+        print(f"flywheel: training {args.env} with {args.actors} actors; gateway {plan.gateway_url} "
+              f"(/status, /metrics); logs in {plan.log_dir}; Ctrl-C stops and checkpoints", flush=True)
+        next_progress = time.monotonic() + min(args.progress_interval, 3.0)
+        while not stop_reason:
+            time.sleep(0.2)
+            dead = [c for c in children if c.proc.poll() is not None]
+            if dead:
+                c = dead[0]
+                print(f"error: {c.name} exited with code {c.proc.returncode}: {_tail(c.log)} (log: {c.log})",
+                      file=sys.stderr, flush=True)
+                code = 1
+                break
+            now = time.monotonic()
+            if now < next_progress:
+                continue
+            next_progress = now + args.progress_interval
+            status = fetch_status(plan.gateway_url)
+            if status is None:
+                continue
+            summary = summarize(status)
+            print(progress_line(now - started, summary), flush=True)
+            if args.steps and (summary["env_steps"] or 0) >= args.steps:
+                stop_reason.append(f"reached {args.steps} env steps")
+            if args.target_return is not None and (summary["greedy_return"] or float("-inf")) >= args.target_return:
+                stop_reason.append(f"greedy return reached {args.target_return}")
+            if args.time_limit and now - started >= args.time_limit:
+                stop_reason.append(f"time limit of {args.time_limit:.0f} s")
+    finally:
+        if stop_reason:
+            print(f"flywheel: stopping ({stop_reason[0]}) after {time.monotonic() - started:.0f} s; "
+                  "checkpointing...", flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        problems = stop_children(children)
+        for problem in problems:
+            print(f"warning: {problem}", file=sys.stderr)
+        failed = [c for c in children if c.proc.returncode not in (0, -signal.SIGTERM, None)]
+        if failed and code == 0 and not problems:
+            code = 1
+            for c in failed:
+                print(f"error: {c.name} exited with code {c.proc.returncode}: {_tail(c.log)}", file=sys.stderr)
+    print(f"flywheel: stopped; checkpoints in {args.checkpoint_dir.resolve()}", flush=True)
+    return code

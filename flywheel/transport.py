@@ -1,0 +1,141 @@
+"""ZeroMQ plumbing shared by the services: sockets with limits, telemetry and control."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import zmq
+
+from flywheel import proto
+
+log = logging.getLogger("flywheel.transport")
+
+
+class EndpointInUse(RuntimeError):
+    """A bind failed because another process holds the address."""
+
+
+def make_socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int = 1000,
+                max_msg_bytes: int = -1) -> zmq.Socket:
+    """A socket with high-water marks, a zero linger and an optional inbound size cap."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    if max_msg_bytes > 0:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+    return sock
+
+
+def bind(sock: zmq.Socket, endpoint: str, what: str, setting: str) -> None:
+    """Bind, turning 'address in use' into an error that says what to do."""
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        if exc.errno == zmq.EADDRINUSE:
+            raise EndpointInUse(
+                f"{endpoint} ({what}) is already in use: stop the process holding it or set {setting}"
+            ) from None
+        raise EndpointInUse(f"cannot bind {endpoint} ({what}): {exc.strerror}; check {setting}") from None
+
+
+class FaultCounter:
+    """Counts refused messages by kind of fault and logs the first of each kind once."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.counts: Counter[str] = Counter()
+
+    def record(self, where: str, exc: Exception) -> None:
+        fault = getattr(exc, "fault", "malformed")
+        key = f"{where}:{fault}"
+        if self.counts[key] == 0:
+            log.warning("%s: refused a message on %s (%s): %s; further %s faults are only counted",
+                        self.service, where, fault, exc, fault)
+        self.counts[key] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class TelemetryReporter:
+    """PUSHes an instance's counters and gauges to the gateway; never blocks, drops when full."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, service: str, instance: str,
+                 interval_s: float = 1.0) -> None:
+        self.sock = make_socket(ctx, zmq.PUSH, sndhwm=4)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)
+        self.sock.connect(endpoint)
+        self.service, self.instance, self.interval_s = service, instance, interval_s
+        self.seq = 0
+        self.dropped = 0
+        self._next = 0.0
+
+    def due(self, now: float | None = None) -> bool:
+        return (now if now is not None else time.monotonic()) >= self._next
+
+    def send(self, counters: dict[str, float], gauges: dict[str, float], info: dict[str, str] | None = None) -> None:
+        self._next = time.monotonic() + self.interval_s
+        self.seq += 1
+        msg = proto.Telemetry(self.service, self.instance, self.seq, time.time(), counters, gauges, info or {})
+        try:
+            self.sock.send_multipart(proto.encode(msg), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.dropped += 1
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+class ControlSubscriber:
+    """SUBscribes to the gateway's control channel and yields commands meant for this instance."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, service: str, instance: str,
+                 faults: FaultCounter) -> None:
+        self.sock = make_socket(ctx, zmq.SUB, rcvhwm=100, max_msg_bytes=64 * 1024)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.connect(endpoint)
+        self.service, self.instance, self.faults = service, instance, faults
+        self.seen: set[int] = set()
+
+    def drain(self) -> list[proto.Control]:
+        """All pending commands for this instance (non-blocking); duplicates by seq are skipped."""
+        commands: list[proto.Control] = []
+        while True:
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return commands
+            try:
+                msg = proto.decode(frames, expect=proto.Control)
+            except proto.DecodeError as exc:
+                self.faults.record("control", exc)
+                continue
+            assert isinstance(msg, proto.Control)
+            if msg.target not in ("*", self.service, self.instance):
+                continue
+            if msg.seq in self.seen:  # the gateway repeats retained commands for late joiners
+                continue
+            if len(self.seen) > 4096:
+                self.seen.clear()
+            self.seen.add(msg.seq)
+            commands.append(msg)
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def install_stop_signals(stop: Callable[[], None]) -> None:
+    """SIGINT and SIGTERM call ``stop`` (which must only set a flag)."""
+    import signal
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

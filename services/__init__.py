@@ -1,0 +1,1 @@
+"""Flywheel's four services: actor, replay, learner and gateway."""

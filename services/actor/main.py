@@ -1,0 +1,127 @@
+"""Actor entry point: wires ActorSettings to environments, the network and the sockets."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+
+from flywheel.envs import env_spec
+from flywheel.nets import build_q_network
+from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, install_stop_signals
+
+from .core import ActorCore
+from .nstep import apex_epsilon
+from .settings import ActorSettings
+from .transport import LeaseClient, TransitionSender, WeightsReceiver
+
+log = logging.getLogger("flywheel.actor")
+
+
+def _mean(values: object) -> float:
+    values = list(values)  # type: ignore[call-overload]
+    return float(np.mean(values)) if values else 0.0
+
+
+def main(settings: ActorSettings) -> int:
+    torch.set_num_threads(1)
+    spec = env_spec(settings.env_id)
+    net = build_q_network(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden)
+    net.eval()
+    core = ActorCore(settings.env_id, settings.num_envs, net, n_step=settings.n_step, gamma=settings.gamma,
+                     eval_envs=settings.eval_envs, seed=settings.seed)
+    ctx = zmq.Context()
+    faults = FaultCounter("actor")
+    telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, "actor", settings.instance,
+                                  settings.telemetry_interval_s)
+    control = ControlSubscriber(ctx, settings.control_endpoint, "actor", settings.instance, faults)
+    sender = TransitionSender(ctx, settings.transitions_endpoint, settings.instance, hwm=settings.send_hwm,
+                              on_full=settings.on_full, batch_rows=settings.send_batch or settings.num_envs)
+    weights = WeightsReceiver(ctx, settings.weights_endpoint, net, faults)
+    lease = LeaseClient(ctx, settings.lease_endpoint, settings.instance, faults)
+    state: dict[str, Any] = {"running": True, "paused": False, "epsilon_override": settings.epsilon,
+                             "base": settings.epsilon_base, "alpha": settings.epsilon_alpha}
+    install_stop_signals(lambda: state.update(running=False))
+
+    def running() -> bool:
+        return bool(state["running"])
+
+    def set_epsilon() -> None:
+        fixed = state["epsilon_override"]
+        core.epsilon = float(fixed) if fixed is not None else apex_epsilon(
+            lease.index, lease.count, state["base"], state["alpha"])
+
+    if settings.epsilon is None and not lease.wait_first(3.0):
+        log.warning("no lease from %s yet: acting as actor 0 of 1 until one arrives", settings.lease_endpoint)
+    set_epsilon()
+    log.info("actor %s: %d x %s (%s, %d actions), epsilon %.4f, sending to %s",
+             settings.instance, settings.num_envs, settings.env_id, net.name, spec.n_actions, core.epsilon,
+             settings.transitions_endpoint)
+    rate_since, rate_steps, steps_per_s = time.monotonic(), 0, 0.0
+    try:
+        while state["running"]:
+            now = time.monotonic()
+            for command in control.drain():
+                log.info("control: %s %s", command.command, command.args)
+                if command.command == "pause":
+                    state["paused"] = True
+                elif command.command == "resume":
+                    state["paused"] = False
+                elif command.command == "set_exploration":
+                    args = command.args
+                    state["epsilon_override"] = float(args["epsilon"]) if "epsilon" in args else None
+                    state["base"] = float(args.get("base", state["base"]))
+                    state["alpha"] = float(args.get("alpha", state["alpha"]))
+                    set_epsilon()
+            if lease.tick(now) and state["epsilon_override"] is None:
+                set_epsilon()
+            weights.poll()
+            if state["paused"]:
+                control.sock.poll(200)
+            else:
+                sender.add(core.step(), weights.version, running)
+            if telemetry.due(now):
+                if now - rate_since >= 1.0:
+                    steps_per_s = (core.env_steps - rate_steps) / (now - rate_since)
+                    rate_since, rate_steps = now, core.env_steps
+                stats = core.stats
+                gauges = {
+                    "epsilon": core.epsilon, "weight_version": weights.version,
+                    "weight_age_seconds": now - weights.updated_at, "env_steps_per_second": steps_per_s,
+                    "episode_return_mean": _mean(stats.returns), "episode_length_mean": _mean(stats.lengths),
+                    "lease_index": lease.index, "lease_count": lease.count, "paused": float(state["paused"]),
+                    "send_blocked_seconds": sender.blocked_s, "num_envs": core.num_envs,
+                }
+                if stats.returns:
+                    gauges["episode_return_last"] = stats.returns[-1]
+                if stats.distances:
+                    gauges["mario_distance_mean"] = _mean(stats.distances)
+                    gauges["mario_distance_max"] = max(stats.distances)
+                    gauges["mario_flag_rate"] = _mean(stats.flags)
+                if stats.eval_returns:
+                    gauges["eval_return_mean"] = _mean(stats.eval_returns)
+                    gauges["eval_return_last"] = stats.eval_returns[-1]
+                counters = {
+                    "env_steps_total": core.env_steps, "episodes_total": stats.episodes,
+                    "eval_episodes_total": stats.eval_episodes, "transitions_sent_total": sender.sent,
+                    "transitions_dropped_total": sender.dropped, "weights_received_total": weights.received,
+                    "weights_rejected_total": weights.rejected, "messages_rejected_total": faults.total,
+                    "telemetry_dropped_total": telemetry.dropped,
+                }
+                telemetry.send(counters, gauges, {"env_id": settings.env_id, "network": net.name})
+            if settings.max_env_steps and core.env_steps >= settings.max_env_steps:
+                log.info("reached %d env steps, stopping", core.env_steps)
+                break
+    finally:
+        sender.flush(weights.version, lambda: False)
+        lease.release()
+        for part in (sender, weights, lease, telemetry, control):
+            part.close()
+        ctx.term()
+        core.close()
+    log.info("actor stopped after %d env steps, %d episodes", core.env_steps, core.stats.episodes)
+    return 0

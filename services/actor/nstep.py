@@ -1,0 +1,125 @@
+"""Vectorised n-step returns over a vector of environments, with Ape-X initial priorities."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Emitted:
+    """Transitions ready to send (one row each)."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    discount: np.ndarray
+    next_obs: np.ndarray
+    priority: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.action.shape[0])
+
+
+class NStepAccumulator:
+    """Keeps the last n steps of every environment and emits n-step transitions.
+
+    ``push`` takes one vector step. An entry matures when n newer rewards exist or its episode ends.
+    Matured entries whose bootstrap state is the *next* observation to be acted on wait in a
+    pending list until ``finish`` is given max-Q of those observations (computed by the next batched
+    forward pass anyway), so priorities cost no extra inference.
+    """
+
+    def __init__(self, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str,
+                 n: int, gamma: float) -> None:
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        self.num_envs, self.n, self.gamma = num_envs, n, gamma
+        self.obs_w = np.zeros((n, num_envs, *obs_shape), dtype=obs_dtype)
+        self.act_w = np.zeros((n, num_envs), dtype=np.int64)
+        self.rew_w = np.zeros((n, num_envs), dtype=np.float64)
+        self.qsa_w = np.zeros((n, num_envs), dtype=np.float64)
+        self.filled = np.zeros(num_envs, dtype=np.int64)
+        self.t = 0
+        self.pending: Emitted | None = None
+        self.pending_env: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.pending_base: np.ndarray = np.zeros(0)
+
+    def push(self, obs: np.ndarray, action: np.ndarray, q_sa: np.ndarray, reward: np.ndarray,
+             terminated: np.ndarray, truncated: np.ndarray, next_obs: np.ndarray,
+             final_max_q: np.ndarray | None = None) -> Emitted | None:
+        """Record one step of every env; return transitions whose priority is already known.
+
+        ``next_obs`` holds, for envs whose episode ended, the final observation (not the reset one).
+        ``final_max_q`` holds max-Q of ``next_obs`` for truncated envs (needed to bootstrap them).
+        """
+        slot = self.t % self.n
+        self.obs_w[slot] = obs
+        self.act_w[slot] = action
+        self.rew_w[slot] = reward
+        self.qsa_w[slot] = q_sa
+        self.filled = np.minimum(self.filled + 1, self.n)
+        done = terminated | truncated
+        ages = np.arange(self.n)[:, None]
+        emit = (ages < self.filled[None, :]) & (done[None, :] | (ages == self.n - 1) & (self.filled[None, :] == self.n))
+        if not emit.any():
+            self.t += 1
+            return None
+        # Return of the entry of age j: G_j = r(age j) + gamma * G_{j-1}, G_0 = r(age 0).
+        slots_by_age = (self.t - np.arange(self.n)) % self.n
+        returns = np.empty((self.n, self.num_envs))
+        returns[0] = self.rew_w[slots_by_age[0]]
+        for j in range(1, self.n):
+            returns[j] = self.rew_w[slots_by_age[j]] + self.gamma * returns[j - 1]
+        age_idx, env_idx = np.nonzero(emit)
+        slots = slots_by_age[age_idx]
+        discount = self.gamma ** (age_idx + 1) * (1.0 - terminated[env_idx])
+        rows = Emitted(
+            obs=self.obs_w[slots, env_idx],
+            action=self.act_w[slots, env_idx],
+            reward=returns[age_idx, env_idx].astype(np.float32),
+            discount=discount.astype(np.float32),
+            next_obs=np.asarray(next_obs)[env_idx],
+            priority=np.zeros(len(env_idx), dtype=np.float32),
+        )
+        base = rows.reward - self.qsa_w[slots, env_idx]
+        self.filled[done] = 0
+        self.t += 1
+        # Terminated rows need no bootstrap; truncated rows bootstrap from their final observation.
+        ready = done[env_idx]
+        if truncated.any():
+            if final_max_q is None:
+                raise ValueError("final_max_q is required when an episode is truncated")
+            boot = np.where(truncated[env_idx], final_max_q[env_idx], 0.0)
+        else:
+            boot = np.zeros(len(env_idx))
+        rows.priority[:] = np.abs(base + rows.discount * boot)
+        waiting = ~ready
+        if waiting.any():
+            self.pending = _take(rows, waiting)
+            self.pending_env = env_idx[waiting]
+            self.pending_base = base[waiting]
+        return _take(rows, ready) if ready.any() else None
+
+    def finish(self, max_q: np.ndarray) -> Emitted | None:
+        """Complete pending rows with max-Q of the observations each env is about to act on."""
+        if self.pending is None:
+            return None
+        rows, self.pending = self.pending, None
+        rows.priority[:] = np.abs(self.pending_base + rows.discount * max_q[self.pending_env])
+        return rows
+
+
+def _take(rows: Emitted, mask: np.ndarray) -> Emitted:
+    return Emitted(
+        obs=rows.obs[mask], action=rows.action[mask], reward=rows.reward[mask], discount=rows.discount[mask],
+        next_obs=rows.next_obs[mask], priority=rows.priority[mask],
+    )
+
+
+def apex_epsilon(index: int, count: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X exploration: actor i of N uses base ** (1 + alpha * i / (N - 1))."""
+    if count <= 1:
+        return base
+    return float(base ** (1.0 + alpha * index / (count - 1)))

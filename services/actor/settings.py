@@ -1,0 +1,35 @@
+"""Actor settings: FLYWHEEL_ACTOR_* variables or the same-named flags."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from flywheel.settings import CommonSettings
+
+
+class ActorSettings(CommonSettings):
+    """Environments, exploration, n-step returns and the sockets of one actor process."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_ACTOR_", extra="forbid", validate_default=True)
+
+    env_id: str = Field("SuperMarioBros-1-1-v0", description="environment id (Gymnasium or gym-super-mario-bros)")
+    num_envs: int = Field(8, ge=1, le=4096, description="environments stepped as one vector")
+    n_step: int = Field(3, ge=1, le=100, description="steps in each n-step return")
+    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
+    dueling: bool = Field(True, description="dueling network head (must match the learner)")
+    hidden: int = Field(256, ge=8, le=8192, description="hidden units of the MLP (vector observations)")
+    epsilon: float | None = Field(None, ge=0, le=1, description="fixed exploration rate (unset: Ape-X lease)")
+    epsilon_base: float = Field(0.4, gt=0, lt=1, description="Ape-X base: eps_i = base^(1 + alpha*i/(N-1))")
+    epsilon_alpha: float = Field(7.0, ge=0, description="Ape-X alpha")
+    eval_envs: int = Field(0, ge=0, le=1, description="one extra greedy env whose returns are reported, not sent")
+    send_batch: int = Field(0, ge=0, le=65536, description="transitions per message (0: one vector step's worth)")
+    on_full: Literal["block", "drop"] = Field("block", description="at the replay high-water mark: block or drop")
+    send_hwm: int = Field(16, ge=1, description="send high-water mark, in messages")
+    transitions_endpoint: str = Field("tcp://127.0.0.1:5555", description="replay PULL endpoint")
+    weights_endpoint: str = Field("tcp://127.0.0.1:5557", description="learner weights PUB endpoint")
+    lease_endpoint: str = Field("tcp://127.0.0.1:5560", description="gateway lease ROUTER endpoint")
+    max_env_steps: int = Field(0, ge=0, description="stop after this many env steps (0: run until stopped)")
+    seed: int | None = Field(None, description="seed for environments and exploration")

@@ -1,0 +1,73 @@
+"""``python -m flywheel.services.gateway``: run the gateway (flags and FLYWHEEL_GATEWAY_* variables)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+
+from flywheel.settings import SettingsError, add_settings_flags, settings_from_args
+from flywheel.transport import EndpointInUse
+
+from .settings import GatewaySettings
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(
+        prog="flywheel gateway", description="Telemetry, /metrics, /status and control for a Flywheel system.")
+    add_settings_flags(parser, GatewaySettings)
+    return parser
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """Bind the HTTP port ourselves so 'address in use' is one clear line, not a uvicorn traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise EndpointInUse(
+            f"cannot listen on {host}:{port} (gateway HTTP): {exc.strerror}; "
+            "set FLYWHEEL_GATEWAY_HTTP_PORT / --http-port or FLYWHEEL_GATEWAY_HTTP_HOST / --http-host"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(settings: GatewaySettings) -> int:
+    import uvicorn
+
+    from .app import GatewayService, create_app
+
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    service = GatewayService(settings)
+    try:
+        http = listen_socket(settings.http_host, settings.http_port)
+        service.bind()
+    except EndpointInUse as exc:
+        print(f"error: flywheel gateway: {exc}", file=sys.stderr)
+        return 2
+    host, port = http.getsockname()[:2]
+    logging.getLogger("flywheel.gateway").info("HTTP on http://%s:%s (metrics, status, healthz, control)", host, port)
+    app = create_app(settings, service)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=settings.log_level.lower(), access_log=False))
+    server.run(sockets=[http])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(GatewaySettings, args, "gateway")
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

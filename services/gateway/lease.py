@@ -1,0 +1,137 @@
+"""Exploration leases: actor i of N, dense and correct as actors come and go (Ape-X eps_i needs both)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from flywheel import proto
+from flywheel.transport import make_socket
+
+
+def apex_epsilon(index: int, count: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X: actor i of N explores with base ** (1 + alpha * i / (N - 1)); a lone actor gets ``base``."""
+    if count <= 1:
+        return base
+    return base ** (1.0 + alpha * index / (count - 1))
+
+
+@dataclass
+class Lease:
+    instance: str
+    index: int
+    expires: float
+
+
+class LeaseFull(RuntimeError):
+    """The table holds its maximum number of leases."""
+
+
+class LeaseTable:
+    """Slots 0..N-1 for the N live actors.
+
+    A new actor takes slot N. When an actor leaves (released, or its lease expired) the actor holding the last
+    slot moves into the hole, so slots stay dense and only one actor's epsilon changes; it learns its new slot
+    at its next renewal, which actors do every ttl/3.
+    """
+
+    def __init__(self, ttl_s: float = 10.0, max_leases: int = 10_000, clock=time.monotonic) -> None:
+        self.ttl_s, self.max_leases, self.clock = ttl_s, max_leases, clock
+        self.by_instance: dict[str, Lease] = {}
+        self.slots: list[str] = []
+        self.granted = self.renewed = self.released = self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def _remove(self, instance: str) -> None:
+        lease = self.by_instance.pop(instance)
+        last = self.slots.pop()
+        if last != instance:
+            self.slots[lease.index] = last
+            self.by_instance[last].index = lease.index
+
+    def expire(self, now: float | None = None) -> int:
+        now = self.clock() if now is None else now
+        gone = [name for name, lease in self.by_instance.items() if lease.expires < now]
+        for name in gone:
+            self._remove(name)
+        self.expired += len(gone)
+        return len(gone)
+
+    def handle(self, request: proto.LeaseRequest) -> proto.LeaseReply:
+        now = self.clock()
+        self.expire(now)
+        lease = self.by_instance.get(request.instance)
+        if request.release:
+            if lease is not None:
+                self._remove(request.instance)
+                self.released += 1
+            return proto.LeaseReply(request.instance, 0, len(self.slots), 0.0)
+        if lease is None:
+            if len(self.slots) >= self.max_leases:
+                raise LeaseFull(f"lease table holds {self.max_leases} actors already")
+            lease = Lease(request.instance, len(self.slots), 0.0)
+            self.slots.append(request.instance)
+            self.by_instance[request.instance] = lease
+            self.granted += 1
+        else:
+            self.renewed += 1
+        lease.expires = now + self.ttl_s
+        return proto.LeaseReply(request.instance, lease.index, len(self.slots), self.ttl_s)
+
+    def index_of(self, instance: str) -> int | None:
+        lease = self.by_instance.get(instance)
+        return None if lease is None else lease.index
+
+
+class LeaseClient:
+    """Actor side: ask the gateway for (index, count); ``renew_due`` says when to ask again.
+
+    Uses a DEALER socket and a poll with a timeout, so a missing gateway never blocks the actor; the actor keeps
+    its last lease (or its fallback) until a reply arrives.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, instance: str) -> None:
+        self.sock = make_socket(ctx, zmq.DEALER, sndhwm=4, rcvhwm=16, max_msg_bytes=64 * 1024)
+        self.sock.connect(endpoint)
+        self.instance = instance
+        self.lease: proto.LeaseReply | None = None
+        self.faults = 0
+        self._renew_at = 0.0
+
+    def renew_due(self, now: float | None = None) -> bool:
+        return (time.monotonic() if now is None else now) >= self._renew_at
+
+    def request(self, timeout_s: float = 1.0, release: bool = False) -> proto.LeaseReply | None:
+        """Send a request and wait up to ``timeout_s`` for the reply; None on timeout (the last lease stays)."""
+        try:
+            self.sock.send_multipart(proto.encode(proto.LeaseRequest(self.instance, release)), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                break
+            frames = self.sock.recv_multipart(copy=False)
+            try:
+                reply = proto.decode(frames, expect=proto.LeaseReply)
+            except proto.DecodeError:
+                self.faults += 1
+                continue
+            assert isinstance(reply, proto.LeaseReply)
+            if reply.instance != self.instance:
+                continue
+            if not release:
+                self.lease = reply
+                self._renew_at = time.monotonic() + reply.ttl / 3
+            return reply
+        self._renew_at = time.monotonic() + 1.0
+        return None
+
+    def close(self, release: bool = True) -> None:
+        if release:
+            self.request(timeout_s=0.2, release=True)
+        self.sock.close(0)

@@ -1,0 +1,195 @@
+"""What the gateway knows about every instance, and its rendering as Prometheus text."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from flywheel import proto
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_KEY_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)(?:\{(.*)\})?$")
+_LABEL_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)=\"?([^\",{}=]*)\"?$")
+_RESERVED_LABELS = {"service", "instance"}
+
+
+class TelemetryRejected(proto.DecodeError):
+    """A telemetry message decoded but cannot be accepted (bad service name, too many instances)."""
+
+    fault = "malformed"
+
+
+class CapacityExceeded(TelemetryRejected):
+    fault = "capacity"
+
+
+def parse_key(key: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """Split ``name`` or ``name{label=value,...}`` into a metric suffix and labels; None when invalid."""
+    m = _KEY_RE.match(key)
+    if m is None:
+        return None
+    name, body = m.group(1), m.group(2)
+    labels: list[tuple[str, str]] = []
+    if body:
+        for part in body.split(","):
+            lm = _LABEL_RE.match(part.strip())
+            if lm is None or lm.group(1) in _RESERVED_LABELS or lm.group(1).startswith("__"):
+                return None
+            labels.append((lm.group(1), lm.group(2)))
+    if len({k for k, _ in labels}) != len(labels):
+        return None
+    return name, tuple(sorted(labels))
+
+
+def format_value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)
+
+
+def escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+@dataclass
+class InstanceState:
+    """The latest telemetry of one instance of one service."""
+
+    service: str
+    instance: str
+    seq: int
+    sent_time: float
+    received: float
+    first_seen: float
+    counters: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.received)
+
+
+class Registry:
+    """Latest telemetry per (service, instance); down after ``stale_after_s``, forgotten after ``forget_after_s``."""
+
+    def __init__(self, stale_after_s: float = 10.0, forget_after_s: float = 300.0,
+                 max_instances: int = 10_000, clock=time.monotonic) -> None:
+        self.stale_after_s, self.forget_after_s, self.max_instances = stale_after_s, forget_after_s, max_instances
+        self.clock = clock
+        self.instances: dict[tuple[str, str], InstanceState] = {}
+        self.received = 0
+        self.rejected: Counter[str] = Counter()
+        self.bad_keys = 0
+
+    def update(self, msg: proto.Telemetry) -> InstanceState:
+        """Store one telemetry message; raises TelemetryRejected when it cannot be kept."""
+        if not _NAME_RE.match(msg.service):
+            raise TelemetryRejected(f"telemetry: service name {msg.service[:40]!r} must match {_NAME_RE.pattern}")
+        if not msg.instance or any(ord(c) < 32 for c in msg.instance):
+            raise TelemetryRejected("telemetry: instance must be a non-empty printable string")
+        now = self.clock()
+        key = (msg.service, msg.instance)
+        state = self.instances.get(key)
+        if state is None:
+            if len(self.instances) >= self.max_instances:
+                self.forget_old(now)
+                if len(self.instances) >= self.max_instances:
+                    raise CapacityExceeded(f"telemetry: already tracking {self.max_instances} instances")
+            state = InstanceState(msg.service, msg.instance, msg.seq, msg.time, now, now)
+            self.instances[key] = state
+        elif msg.seq <= state.seq:
+            # Same name, lower sequence number: the instance restarted (its counters start again from zero,
+            # which Prometheus reads as a counter reset).
+            state.restarts += 1
+        state.seq, state.sent_time, state.received = msg.seq, msg.time, now
+        state.counters, state.gauges, state.info = dict(msg.counters), dict(msg.gauges), dict(msg.info)
+        self.received += 1
+        return state
+
+    def reject(self, fault: str) -> None:
+        self.rejected[fault] += 1
+
+    def forget_old(self, now: float | None = None) -> int:
+        now = self.clock() if now is None else now
+        old = [k for k, s in self.instances.items() if s.age(now) > self.forget_after_s]
+        for k in old:
+            del self.instances[k]
+        return len(old)
+
+    def live(self, state: InstanceState, now: float) -> bool:
+        return state.age(now) <= self.stale_after_s
+
+    def by_service(self) -> dict[str, list[InstanceState]]:
+        out: dict[str, list[InstanceState]] = {}
+        for (service, _), state in sorted(self.instances.items()):
+            out.setdefault(service, []).append(state)
+        return out
+
+
+class MetricsWriter:
+    """Collects samples by family and writes Prometheus text exposition format 0.0.4."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, tuple[str, str, list[str]]] = {}
+        self.conflicts = 0
+
+    def add(self, name: str, kind: str, help_text: str, labels: dict[str, str] | tuple[tuple[str, str], ...],
+            value: float) -> None:
+        family = self.families.get(name)
+        if family is None:
+            family = self.families[name] = (kind, help_text, [])
+        elif family[0] != kind:
+            self.conflicts += 1  # the same name reported as counter by one instance and gauge by another
+            return
+        items = labels.items() if isinstance(labels, dict) else labels
+        rendered = ",".join(f'{k}="{escape_label(str(v))}"' for k, v in items)
+        family[2].append(f"{name}{{{rendered}}} {format_value(float(value))}" if rendered
+                         else f"{name} {format_value(float(value))}")
+
+    def text(self) -> str:
+        lines: list[str] = []
+        for name, (kind, help_text, samples) in self.families.items():
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(samples)
+        return "\n".join(lines) + "\n"
+
+
+def render_instances(registry: Registry, writer: MetricsWriter, now: float) -> None:
+    """Every instance's counters and gauges as ``flywheel_<service>_<key>``, labelled service and instance."""
+    bad = 0
+    for service, states in registry.by_service().items():
+        for s in states:
+            base = {"service": service, "instance": s.instance}
+            writer.add("flywheel_up", "gauge", "1 when the instance reported within the staleness window",
+                       base, 1.0 if registry.live(s, now) else 0.0)
+            writer.add("flywheel_telemetry_age_seconds", "gauge", "seconds since the instance's last telemetry",
+                       base, s.age(now))
+            for values, kind in ((s.counters, "counter"), (s.gauges, "gauge")):
+                for key, value in sorted(values.items()):
+                    parsed = parse_key(key)
+                    if parsed is None:
+                        bad += 1
+                        continue
+                    suffix, extra = parsed
+                    name = f"flywheel_{service}_{suffix}"
+                    if kind == "counter" and not name.endswith("_total"):
+                        name += "_total"
+                    writer.add(name, kind, f"{suffix} reported by {service} instances",
+                               (("service", service), ("instance", s.instance), *extra), value)
+            if s.info:
+                labels = [("service", service), ("instance", s.instance)]
+                for k, v in sorted(s.info.items()):
+                    if _KEY_RE.match(k) and "{" not in k and k not in _RESERVED_LABELS and not k.startswith("__"):
+                        labels.append((k, v))
+                writer.add(f"flywheel_{service}_info", "gauge", f"static facts about {service} instances",
+                           tuple(labels), 1.0)
+    registry.bad_keys = bad

@@ -1,0 +1,28 @@
+"""Gateway settings: FLYWHEEL_GATEWAY_* variables or the same-named flags."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from flywheel.settings import CommonSettings
+
+
+class GatewaySettings(CommonSettings):
+    """The gateway binds the telemetry, control and lease endpoints that every other service connects to."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_GATEWAY_", extra="forbid", validate_default=True)
+
+    http_host: str = Field("127.0.0.1", description="address the HTTP API listens on (0.0.0.0 in containers)")
+    http_port: int = Field(8080, ge=0, le=65535, description="port of /metrics, /status, /healthz and /control")
+    lease_endpoint: str = Field("tcp://127.0.0.1:5560", description="ROUTER endpoint actors ask for leases")
+    control_token: SecretStr = Field(
+        SecretStr(""), description="bearer token for /control; empty disables control",
+    )
+    lease_ttl_s: float = Field(10.0, gt=0, le=3600, description="seconds a lease lives without renewal")
+    stale_after_s: float = Field(10.0, gt=0, description="seconds of silence before an instance reads as down")
+    forget_after_s: float = Field(300.0, gt=0, description="seconds of silence before an instance is dropped")
+    control_repeat_s: float = Field(1.0, gt=0, le=60, description="how often retained commands are re-published")
+    one_shot_repeat_s: float = Field(5.0, ge=0, le=600, description="how long one-shot commands are repeated")
+    max_instances: int = Field(10_000, ge=1, description="most service instances (and leases) tracked at once")
+    telemetry_hwm: int = Field(10_000, ge=1, description="receive high-water mark of the telemetry socket")

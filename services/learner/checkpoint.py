@@ -1,0 +1,148 @@
+"""Learner checkpoints: one safetensors file (networks, Adam state) with JSON metadata, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from .core import LearnerCore
+
+CHECKPOINT_FILE = "learner.safetensors"
+FORMAT = "flywheel-learner-checkpoint"
+FORMAT_VERSION = 1
+_OPTIM_STATE = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or made for another network; the message is one line."""
+
+
+@dataclass
+class CheckpointInfo:
+    """What a checkpoint says about the run it came from."""
+
+    path: Path
+    network: str
+    updates: int
+    weight_version: int
+    saved_at: float
+
+
+def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / CHECKPOINT_FILE
+
+
+def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight_version: int) -> Path:
+    """Write online, target, optimizer state, update step and weight version; tmp + fsync + os.replace."""
+    path = checkpoint_path(directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for prefix, net in (("online", core.online), ("target", core.target)):
+        for key, value in net.state_dict().items():
+            tensors[f"{prefix}.{key}"] = value.detach().to("cpu", copy=True).contiguous()
+    for index, state in core.optimizer.state_dict()["state"].items():
+        for name, value in state.items():
+            if name in _OPTIM_STATE and isinstance(value, torch.Tensor):
+                tensors[f"optim.{index}.{name}"] = value.detach().to("cpu", copy=True).contiguous()
+    meta = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "network": core.name,
+        "updates": int(core.updates), "skipped": int(core.skipped), "weight_version": int(weight_version),
+        "lr": core.lr, "saved_at": time.time(),
+    }
+    blob = st_save(tensors, metadata={"flywheel": json.dumps(meta)})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(blob)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    if not path.is_file():
+        raise CheckpointError(f"no learner checkpoint at {path}; start without --resume or fix --checkpoint-dir")
+    blob = path.read_bytes()
+    try:
+        tensors = st_load(blob)
+        header_len = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8:8 + header_len])
+        meta = json.loads(header.get("__metadata__", {}).get("flywheel", "null"))
+    except (SafetensorError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CheckpointError(f"{path} is not a readable learner checkpoint: {exc}".splitlines()[0]) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a flywheel learner checkpoint (no {FORMAT!r} metadata)")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format {meta.get('format_version')!r}, "
+                              f"this build reads {FORMAT_VERSION}")
+    for key in ("updates", "weight_version"):
+        if not isinstance(meta.get(key), int) or meta[key] < 0:
+            raise CheckpointError(f"{path}: metadata field {key!r} is missing or not a non-negative int")
+    return tensors, meta
+
+
+def _check_net(path: Path, prefix: str, net: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict:
+    own = net.state_dict()
+    found = {key[len(prefix) + 1:]: value for key, value in tensors.items() if key.startswith(prefix + ".")}
+    if set(found) != set(own):
+        missing, extra = sorted(set(own) - set(found)), sorted(set(found) - set(own))
+        raise CheckpointError(f"{path}: {prefix} network keys differ (missing {missing[:3]}, unexpected {extra[:3]})")
+    for key, value in own.items():
+        if found[key].shape != value.shape or found[key].dtype != value.dtype:
+            raise CheckpointError(f"{path}: {prefix}.{key} is {found[key].dtype}{tuple(found[key].shape)}, "
+                                  f"expected {value.dtype}{tuple(value.shape)}")
+    return found
+
+
+def load_checkpoint(directory: str | os.PathLike[str], core: LearnerCore) -> CheckpointInfo:
+    """Restore ``core`` from ``directory``; everything is checked before anything is changed."""
+    path = checkpoint_path(directory)
+    tensors, meta = _read(path)
+    if meta.get("network") != core.name:
+        raise CheckpointError(f"{path} is for network {meta.get('network')!r} but this learner builds "
+                              f"{core.name!r}; check --env-id, --dueling and --hidden")
+    online = _check_net(path, "online", core.online, tensors)
+    target = _check_net(path, "target", core.target, tensors)
+    optim_state = core.optimizer.state_dict()
+    n_params = len(optim_state["param_groups"][0]["params"])
+    params = list(core.online.parameters())
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if not key.startswith("optim."):
+            continue
+        parts = key.split(".")
+        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= n_params or parts[2] not in _OPTIM_STATE:
+            raise CheckpointError(f"{path}: unexpected optimizer entry {key!r}")
+        index = int(parts[1])
+        if parts[2] != "step" and value.shape != params[index].shape:
+            raise CheckpointError(f"{path}: optimizer {key} has shape {tuple(value.shape)}, "
+                                  f"expected {tuple(params[index].shape)}")
+        state.setdefault(index, {})[parts[2]] = value
+    for index, entry in state.items():
+        if not {"step", "exp_avg", "exp_avg_sq"} <= set(entry):
+            raise CheckpointError(f"{path}: optimizer state of parameter {index} is incomplete")
+    core.online.load_state_dict(online)
+    core.target.load_state_dict(target)
+    optim_state["state"] = state
+    core.optimizer.load_state_dict(optim_state)  # keeps this run's lr / eps / flags
+    core.updates = int(meta["updates"])
+    core.skipped = int(meta.get("skipped", 0)) if isinstance(meta.get("skipped", 0), int) else 0
+    return CheckpointInfo(path=path, network=str(meta["network"]), updates=core.updates,
+                          weight_version=int(meta["weight_version"]), saved_at=float(meta.get("saved_at", 0.0)))

@@ -1,0 +1,73 @@
+"""Entry point of the learner service: wires settings to the core, checkpoints and the ZeroMQ loop."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import zmq
+
+from flywheel.transport import EndpointInUse, install_stop_signals
+
+from .checkpoint import CheckpointError, load_checkpoint
+from .core import CoreConfig, LearnerCore, pick_device
+from .settings import LearnerSettings
+from .transport import LearnerService
+
+log = logging.getLogger("flywheel.learner")
+
+
+def _spec_shape(settings: LearnerSettings, spec: Any) -> tuple[tuple[int, ...], int]:
+    if spec is None:
+        from flywheel.envs import env_spec  # imported late: env packages are heavy
+
+        spec = env_spec(settings.env_id)
+    return tuple(int(d) for d in spec.obs_shape), int(spec.n_actions)
+
+
+def main(settings: LearnerSettings, *, spec: Any = None) -> int:
+    """Run the learner until SIGINT/SIGTERM or max_updates; returns the process exit code.
+
+    ``spec`` (anything with ``obs_shape`` and ``n_actions``) overrides the lookup of ``settings.env_id``.
+    """
+    logging.getLogger("flywheel").setLevel(settings.log_level)
+    try:
+        obs_shape, n_actions = _spec_shape(settings, spec)
+        device = pick_device(settings.device)
+    except (KeyError, ValueError, RuntimeError, ImportError) as exc:
+        log.error("learner: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return 2
+    if settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads)
+    config = CoreConfig(lr=settings.lr, adam_eps=settings.adam_eps, grad_clip_norm=settings.grad_clip_norm,
+                        target_update_interval=settings.target_update_interval, tau=settings.tau,
+                        double=settings.double, dueling=settings.dueling, hidden=settings.hidden)
+    core = LearnerCore(obs_shape, n_actions, config, device, compile=settings.compile)
+    start_version = 0
+    if settings.resume:
+        assert settings.checkpoint_dir is not None  # the settings validator guarantees it
+        try:
+            info = load_checkpoint(settings.checkpoint_dir, core)
+        except CheckpointError as exc:
+            log.error("learner: %s", exc)
+            return 2
+        start_version = info.weight_version
+        log.info("learner: resumed from %s at update %d, weight version %d", info.path, info.updates,
+                 info.weight_version)
+    ctx = zmq.Context()
+    try:
+        service = LearnerService(settings, core, ctx, start_version=start_version)
+    except EndpointInUse as exc:
+        log.error("learner: %s", exc)
+        ctx.term()
+        return 2
+    install_stop_signals(service.stop)
+    log.info("learner: device %s (%d threads), network %s, batch %d, samples from %s, weights on %s, "
+             "telemetry to %s, control from %s", device, torch.get_num_threads(), core.name, settings.batch_size,
+             settings.sample_endpoint, settings.weights_bind, settings.telemetry_endpoint, settings.control_endpoint)
+    try:
+        return service.run()
+    finally:
+        service.close()
+        ctx.term()

@@ -1,0 +1,54 @@
+"""Learner settings: flags --field-name, environment FLYWHEEL_LEARNER_FIELD_NAME."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from flywheel.settings import CommonSettings
+
+
+class LearnerSettings(CommonSettings):
+    """How the learner trains, where it gets batches, where it publishes weights and keeps checkpoints."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_LEARNER_", extra="forbid", validate_default=True)
+
+    env_id: str = Field("SuperMarioBros-1-1-v0", min_length=1, max_length=128,
+                        description="environment id; fixes the observation shape and number of actions")
+    batch_size: int = Field(512, ge=1, le=65536, description="transitions per update (per sample request)")
+    lr: float = Field(1e-4, gt=0, le=1, description="Adam learning rate")
+    adam_eps: float = Field(1.5e-4, gt=0, le=1, description="Adam epsilon")
+    grad_clip_norm: float = Field(10.0, ge=0, description="clip the gradient's global L2 norm to this (0 = off)")
+    target_update_interval: int = Field(2500, ge=1, le=10_000_000,
+                                        description="copy online -> target network every K updates (when tau = 0)")
+    tau: float = Field(0.0, ge=0, le=1, description="Polyak factor per update for the target network (0 = hard copies)")
+    dueling: bool = Field(True, description="dueling value/advantage head")
+    double: bool = Field(True, description="double DQN targets (online argmax, target evaluation)")
+    hidden: int = Field(256, ge=8, le=8192, description="width of the MLP / small-CNN hidden layers")
+    requests_in_flight: int = Field(4, ge=1, le=64, description="sample requests kept outstanding at the replay")
+    request_timeout_s: float = Field(60.0, gt=0, le=3600,
+                                     description="re-send sample requests when no batch arrived for this long")
+    publish_interval_updates: int = Field(50, ge=1, le=1_000_000, description="publish weights every K updates")
+    weights_republish_s: float = Field(5.0, gt=0, le=3600,
+                                       description="re-send the latest weights (same version) when idle this long")
+    sample_endpoint: str = Field("tcp://127.0.0.1:5556", min_length=1, description="replay sample ROUTER to connect")
+    weights_bind: str = Field("tcp://*:5557", min_length=1, description="address the weights PUB socket binds")
+    checkpoint_dir: str | None = Field(None, description="directory for learner checkpoints (unset = none)")
+    checkpoint_interval_s: float = Field(600.0, gt=0, le=86400, description="seconds between periodic checkpoints")
+    resume: bool = Field(False, description="start from the checkpoint in checkpoint_dir (it must exist)")
+    max_updates: int = Field(0, ge=0, description="stop after this many updates in total (0 = unlimited)")
+    beta_start: float = Field(0.4, ge=0, le=1, description="importance-sampling exponent at update 0")
+    beta_end: float = Field(1.0, ge=0, le=1, description="importance-sampling exponent after annealing")
+    beta_anneal_updates: int = Field(100_000, ge=0, description="updates over which beta goes linearly start -> end")
+    torch_threads: int = Field(0, ge=0, le=1024, description="torch CPU threads (0 = all cores)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto (cuda when present), cpu or cuda")
+    compile: bool = Field(False, description="torch.compile the network forward (cuda only)")
+
+    @field_validator("resume")
+    @classmethod
+    def _resume_needs_dir(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and not info.data.get("checkpoint_dir"):
+            raise ValueError("resume needs --checkpoint-dir")
+        return value

@@ -1,0 +1,33 @@
+"""Replay settings: FLYWHEEL_REPLAY_* variables or the same-named flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from flywheel.settings import CommonSettings
+
+
+class ReplaySettings(CommonSettings):
+    """Storage size, sampling, rate limiting, sockets and checkpoints of one replay process."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_REPLAY_", extra="forbid", validate_default=True)
+
+    capacity: int = Field(100_000, ge=1, le=50_000_000, description="transitions kept (FIFO eviction)")
+    prioritized: bool = Field(True, description="proportional prioritized sampling (false: uniform)")
+    alpha: float = Field(0.6, ge=0, le=1, description="priority exponent")
+    min_size_to_sample: int = Field(1000, ge=1, description="transitions stored before the first sample")
+    samples_per_insert: float = Field(0.0, ge=0, description="target sampled/inserted ratio (0: unlimited)")
+    error_buffer: float = Field(100_000.0, ge=0, description="allowed deviation from the ratio, in transitions")
+    block_inserts: bool = Field(False, description="slow actors down when they run ahead of the ratio")
+    transitions_bind: str = Field("tcp://*:5555", description="PULL endpoint actors push transitions to")
+    sample_bind: str = Field("tcp://*:5556", description="ROUTER endpoint learners sample from")
+    transitions_hwm: int = Field(64, ge=1, description="receive high-water mark for transition batches")
+    max_pending_requests: int = Field(256, ge=1, description="sample requests queued while the limiter waits")
+    max_message_mb: int = Field(256, ge=1, le=4096, description="largest inbound message accepted")
+    checkpoint_dir: Path | None = Field(None, description="where checkpoints go (unset: no checkpoints)")
+    checkpoint_interval_s: float = Field(0.0, ge=0, description="periodic checkpoints (0: only on request/exit)")
+    restore: bool = Field(True, description="restore the checkpoint in checkpoint_dir on start, if one exists")
+    seed: int | None = Field(None, description="sampling seed")

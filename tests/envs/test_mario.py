@@ -1,0 +1,155 @@
+"""Tests for the Super Mario Bros env and the nes-py NumPy 2 compatibility layer."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from flywheel.envs import make_env, nes_compat
+from flywheel.envs.mario import INFO_KEYS, MarioEnv
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+RIGHT_B, RIGHT_A_B = 3, 4  # indices in the "simple" action set
+
+
+@pytest.fixture(scope="module")
+def env11() -> Iterator[MarioEnv]:
+    env = make_env("SuperMarioBros-1-1-v0", seed=0)
+    assert isinstance(env, MarioEnv)
+    yield env
+    env.close()
+
+
+def test_rom_header_values_under_numpy2() -> None:
+    nes_compat.apply()
+    nes_compat.apply()  # idempotent
+    from gym_super_mario_bros._roms import rom_path
+    from nes_py._rom import ROM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rom = ROM(rom_path(False, "vanilla"))
+        assert rom.prg_rom_size == 32 and type(rom.prg_rom_size) is int
+        assert rom.chr_rom_size == 8 and type(rom.chr_rom_size) is int
+        assert rom.prg_ram_size == 8
+        assert rom.mapper == 0 and rom.is_vertical_mirroring and not rom.has_trainer and not rom.is_pal
+        assert rom.prg_rom_stop == 16 + 32 * 1024
+        assert rom.chr_rom_stop == 16 + 32 * 1024 + 8 * 1024 == rom.raw_data.size
+        assert rom.prg_rom.size == 32 * 1024 and rom.chr_rom.size == 8 * 1024
+
+
+def test_compat_reports_versions() -> None:
+    assert nes_compat.installed_versions() == nes_compat.SUPPORTED_VERSIONS
+
+
+def test_spec_reset_and_step(env11: MarioEnv) -> None:
+    assert env11.observation_space.shape == (4, 84, 84) and env11.observation_space.dtype == np.uint8
+    assert env11.action_space.n == 7
+    obs, info = env11.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8 and obs.std() > 0
+    assert set(INFO_KEYS) <= set(info)
+    assert (info["world"], info["stage"], info["flag_get"]) == (1, 1, False)
+    obs2, reward, terminated, truncated, info = env11.step(RIGHT_B)
+    assert obs2.shape == (4, 84, 84) and obs2.dtype == np.uint8
+    np.testing.assert_array_equal(obs2[:3], obs[1:])  # stack shifts by one frame
+    assert isinstance(reward, float) and terminated is False and truncated is False
+    for key in ("x_pos", "world", "stage", "score", "time", "life"):
+        assert type(info[key]) is int, key
+    assert type(info["flag_get"]) is bool
+
+
+def test_x_pos_passes_255_without_uint8_wrap(env11: MarioEnv) -> None:
+    """Run right with periodic jumps: x_pos = page * 256 + x must grow well past 255."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, info = env11.reset(seed=0)
+        xs, total = [info["x_pos"]], 0.0
+        for t in range(300):
+            _, reward, terminated, truncated, info = env11.step(RIGHT_A_B if t % 8 < 6 else RIGHT_B)
+            xs.append(info["x_pos"])
+            total += reward
+            if terminated or truncated:
+                break
+    diffs = np.diff(xs)
+    assert max(xs) > 1000, xs[-5:]
+    assert any(256 <= x < 512 for x in xs) and any(x >= 512 for x in xs)
+    assert (diffs >= 0).mean() > 0.95 and diffs.min() >= -5  # monotonic-ish, never a wrap to ~0
+    assert total > 500
+
+
+def test_reset_is_deterministic(env11: MarioEnv) -> None:
+    a, _ = env11.reset(seed=1)
+    for _ in range(10):
+        a_last = env11.step(RIGHT_B)[0]
+    b, _ = env11.reset(seed=2)
+    for _ in range(10):
+        b_last = env11.step(RIGHT_B)[0]
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a_last, b_last)
+
+
+@pytest.mark.parametrize(("actions", "n"), [("right_only", 5), ("simple", 7), ("complex", 12)])
+def test_action_sets(actions: str, n: int) -> None:
+    env = make_env("SuperMarioBros-1-1-v0", actions=actions)
+    assert env.action_space.n == n and len(env.get_action_meanings()) == n
+    env.reset(seed=0)
+    env.step(n - 1)
+    with pytest.raises(ValueError, match="invalid action"):
+        env.step(n)
+    env.close()
+
+
+def test_other_stage_reports_world_and_stage() -> None:
+    env = make_env("SuperMarioBros-4-2-v0", seed=0)
+    _, info = env.reset(seed=0)
+    assert (info["world"], info["stage"]) == (4, 2)
+    _, _, _, _, info = env.step(RIGHT_B)
+    assert (info["world"], info["stage"]) == (4, 2)
+    env.close()
+
+
+def test_frame_skip_stack_and_time_limit_options() -> None:
+    env = make_env("SuperMarioBros-1-1-v0", frame_skip=2, stack=2, max_episode_steps=3)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (2, 84, 84)
+    flags = [env.step(RIGHT_B)[2:4] for _ in range(3)]
+    assert flags == [(False, False), (False, False), (False, True)]
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(RIGHT_B)
+    env.close()
+    env.close()  # closing twice is harmless
+
+
+@pytest.mark.parametrize(
+    "env_id", ["SuperMarioBros-v0", "SuperMarioBros-v3", "SuperMarioBros2-v1", "SuperMarioBros-8-4-v1"]
+)
+def test_rom_variants_build_and_step(env_id: str) -> None:
+    env = make_env(env_id, seed=0)
+    obs, info = env.reset(seed=0)
+    for _ in range(5):
+        obs, *_, info = env.step(RIGHT_B)
+    assert obs.shape == (4, 84, 84) and info["life"] == 2
+    env.close()
+
+
+def test_render_rgb_array() -> None:
+    env = make_env("SuperMarioBros-1-1-v0", render_mode="rgb_array")
+    env.reset(seed=0)
+    frame = env.render()
+    assert frame is not None and frame.shape == (240, 256, 3) and frame.dtype == np.uint8
+    env.close()
+
+
+def test_random_stages_respects_stage_subset() -> None:
+    env = make_env("SuperMarioBrosRandomStages-v0", stages=["4-2", "7-1"])  # builds 32 emulators (~8 s)
+    seen = set()
+    for seed in range(6):
+        _, info = env.reset(seed=seed)
+        seen.add((info["world"], info["stage"]))
+        env.step(RIGHT_B)
+    assert seen <= {(4, 2), (7, 1)} and len(seen) == 2
+    env.close()

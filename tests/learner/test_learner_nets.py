@@ -1,0 +1,94 @@
+"""flywheel.nets: architectures, names, and weights exchange with strict mismatch checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flywheel import proto
+from flywheel.nets import QNetwork, WeightsMismatch, build_q_network, load_weights, network_name, weights_message
+
+
+def test_names_follow_the_contract() -> None:
+    assert network_name((4,), 2, True) == "mlp-4-2-dueling"
+    assert network_name((4, 84, 84), 7, True) == "nature-4x84x84-7-dueling"
+    assert network_name((4,), 2, False) == "mlp-4-2-plain"
+    assert network_name((3, 11, 11), 5, True) == "conv-3x11x11-5-dueling"
+    assert build_q_network((4,), 2, hidden=64).name == "mlp-4-2-dueling-h64"
+
+
+@pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84), (3, 11, 11)])
+@pytest.mark.parametrize("dueling", [True, False])
+def test_forward_shapes(obs_shape: tuple[int, ...], dueling: bool) -> None:
+    net = build_q_network(obs_shape, 6, dueling=dueling)
+    assert isinstance(net, QNetwork)
+    q = net(torch.zeros(3, *obs_shape))
+    assert q.shape == (3, 6) and q.dtype == torch.float32
+
+
+def test_nature_cnn_layout() -> None:
+    net = build_q_network((4, 84, 84), 7)
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs] == [
+        (32, (8, 8), (4, 4)), (64, (4, 4), (2, 2)), (64, (3, 3), (1, 1))]
+    assert net.fc[0].in_features == 3136 and net.fc[0].out_features == 512
+
+
+def test_uint8_pixels_are_scaled_inside() -> None:
+    net = build_q_network((2, 40, 40), 3)
+    pixels = torch.randint(0, 256, (2, 2, 40, 40), dtype=torch.uint8)
+    with torch.no_grad():
+        torch.testing.assert_close(net(pixels), net(pixels.float() / 255.0))
+
+
+def test_weights_round_trip_over_the_codec() -> None:
+    src, dst = build_q_network((4,), 2), build_q_network((4,), 2)
+    msg = weights_message(src, 7, src.name)
+    assert all(a.dtype == np.float32 and a.flags.c_contiguous for a in msg.tensors.values())
+    decoded = proto.decode(proto.encode(msg), expect=proto.Weights)
+    assert isinstance(decoded, proto.Weights) and decoded.version == 7
+    load_weights(dst, decoded, src.name)
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(dst(x), src(x))
+
+
+def test_message_is_a_copy() -> None:
+    net = build_q_network((4,), 2)
+    msg = weights_message(net, 1, net.name)
+    before = {k: v.copy() for k, v in msg.tensors.items()}
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+    assert all(np.array_equal(before[k], msg.tensors[k]) for k in before)
+
+
+def _mutations(msg: proto.Weights) -> list[tuple[str, proto.Weights, str]]:
+    key = next(iter(msg.tensors))
+    t = dict(msg.tensors)
+    missing = {k: v for k, v in t.items() if k != key}
+    shape = {**t, key: np.zeros((1, 1), np.float32)}
+    dtype = {**t, key: t[key].astype(np.float16)}
+    nan = {**t, key: np.full_like(t[key], np.nan)}
+    extra = {**t, "extra.weight": np.zeros(1, np.float32)}
+    return [
+        ("name", proto.Weights(1, "mlp-8-2-dueling", t), "network"),
+        ("missing", proto.Weights(1, msg.network, missing), "missing"),
+        ("extra", proto.Weights(1, msg.network, extra), "unexpected"),
+        ("shape", proto.Weights(1, msg.network, shape), "shape"),
+        ("dtype", proto.Weights(1, msg.network, dtype), "dtype"),
+        ("nan", proto.Weights(1, msg.network, nan), "NaN"),
+    ]
+
+
+def test_mismatches_raise_before_touching_the_net() -> None:
+    src, dst = build_q_network((4,), 2), build_q_network((4,), 2)
+    good = weights_message(src, 1, src.name)
+    before = {k: v.clone() for k, v in dst.state_dict().items()}
+    for label, msg, words in _mutations(good):
+        with pytest.raises(WeightsMismatch, match=words):
+            load_weights(dst, msg, dst.name)
+        after = dst.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before), label
+    assert issubclass(WeightsMismatch, ValueError)
