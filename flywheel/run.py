@@ -25,9 +25,10 @@ STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10
 VECTOR_PRESET = {
     "actor": {"num_envs": "16", "n_step": "3", "gamma": "0.99", "send_hwm": "64"},
     "replay": {"capacity": "100000", "min_size_to_sample": "1000", "samples_per_insert": "8",
-               "error_buffer": "20000", "alpha": "0.6"},
+               "error_buffer": "2000", "alpha": "0.6", "block_inserts": "true"},
     "learner": {"batch_size": "64", "lr": "0.001", "target_update_interval": "250", "adam_eps": "0.0001",
-                "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4"},
+                "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
+                "torch_threads": "1"},
 }
 PIXEL_PRESET = {
     "actor": {"num_envs": "4", "n_step": "3", "gamma": "0.99", "send_hwm": "16"},
@@ -88,6 +89,7 @@ def _die_with_parent() -> None:
 
 def _check_port(port: int, what: str, flag: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the services do; TIME_WAIT is no conflict
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -127,7 +129,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
                    "CHECKPOINT_DIR": str(ckpt / "replay"), "RESTORE": str(args.resume).lower()},
         "learner": {**common, "ENV_ID": args.env, "SAMPLE_ENDPOINT": local(ports["sample"]),
                     "WEIGHTS_BIND": local(ports["weights"]), "CHECKPOINT_DIR": str(ckpt / "learner"),
-                    "RESUME": str(args.resume and (ckpt / "learner").exists()).lower()},
+                    "RESUME": str(args.resume and (ckpt / "learner" / "learner.safetensors").exists()).lower()},
         "actor": {**common, "ENV_ID": args.env, "TRANSITIONS_ENDPOINT": local(ports["transitions"]),
                   "WEIGHTS_ENDPOINT": local(ports["weights"]), "LEASE_ENDPOINT": local(ports["lease"])},
     }
@@ -136,21 +138,19 @@ def make_plan(args: argparse.Namespace) -> Plan:
             env[service].setdefault(key.upper(), value)
     if args.envs_per_actor is not None:
         env["actor"]["NUM_ENVS"] = str(args.envs_per_actor)
-    for item in args.set:
+    wired = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}
+    for service, values in env.items():  # the user's own FLYWHEEL_* variables win over presets
+        prefix = f"FLYWHEEL_{service.upper()}_"
+        for name, value in os.environ.items():
+            if name.startswith(prefix) and name.removeprefix(prefix) not in wired:
+                values[name.removeprefix(prefix)] = value
+    for item in args.set:  # and --set wins over both
         service, _, rest = item.partition(".")
         key, eq, value = rest.partition("=")
         if service not in env or not key or not eq:
             raise SettingsError(f"flywheel run: --set {item!r} must look like SERVICE.FIELD=VALUE "
                                 f"with SERVICE one of {', '.join(env)}")
         env[service][key.upper()] = value
-    for service, values in env.items():  # the user's own FLYWHEEL_* variables win over presets
-        prefix = f"FLYWHEEL_{service.upper()}_"
-        for name, value in os.environ.items():
-            if name.startswith(prefix) and name.removeprefix(prefix) not in (
-                    "TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT") and not any(
-                    s.startswith(f"{service}.") and s.split(".", 1)[1].split("=")[0].upper() == name.removeprefix(prefix)
-                    for s in args.set):
-                values[name.removeprefix(prefix)] = value
     _validate(env)
     extra = [{"EVAL_ENVS": "1"} if i == 0 else {} for i in range(args.actors)]
     return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra)

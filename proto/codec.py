@@ -214,7 +214,8 @@ def _check_scalar(kind: str, name: str, value: Any, tag: str, limits: Limits) ->
                     raise bad("a map of short strings")
                 out[key] = item
             else:
-                if not isinstance(item, (int, float, str, bool)) or (isinstance(item, str) and len(item) > limits.max_str):
+                too_long = isinstance(item, str) and len(item) > limits.max_str
+                if not isinstance(item, (int, float, str, bool)) or too_long:
                     raise bad("a map of numbers, bools or short strings")
                 out[key] = item
         return out
@@ -232,7 +233,7 @@ def _arrays(
         raise MalformedMessage(f"{cls.KIND}: {len(frames)} array frames for {len(specs)} announced arrays")
     arrays: dict[str, np.ndarray] = {}
     total = 0
-    for entry, frame in zip(specs, frames):
+    for entry, frame in zip(specs, frames, strict=True):
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
                 and isinstance(entry[1], str) and isinstance(entry[2], list)):
             raise MalformedMessage(f"{cls.KIND}: array spec must be [name, dtype, shape]")

@@ -10,10 +10,14 @@ import msgpack
 import pytest
 import zmq
 from fastapi.testclient import TestClient
+
+from flywheel import proto
+from flywheel.services.actor.nstep import apex_epsilon
+from flywheel.services.actor.transport import LeaseClient
 from flywheel.services.gateway.__main__ import main as gateway_main
 from flywheel.services.gateway.app import GatewayService, create_app
 from flywheel.services.gateway.control import COMMANDS, CommandError, ControlBook
-from flywheel.services.gateway.lease import LeaseClient, LeaseFull, LeaseTable, apex_epsilon
+from flywheel.services.gateway.lease import LeaseFull, LeaseTable
 from flywheel.services.gateway.metrics import (
     CapacityExceeded,
     MetricsWriter,
@@ -24,8 +28,6 @@ from flywheel.services.gateway.metrics import (
     render_instances,
 )
 from flywheel.services.gateway.settings import GatewaySettings
-
-from flywheel import proto
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter
 
 TOKEN = "test-token"
@@ -377,18 +379,27 @@ def test_control_disabled_without_token(zctx) -> None:
 def test_leases_over_zmq_dealer_and_req(gateway, zctx) -> None:
     client, service = gateway
     endpoint = service.endpoints["lease"]
-    a = LeaseClient(zctx, endpoint, "a-0")
-    b = LeaseClient(zctx, endpoint, "a-1")
-    assert a.request(timeout_s=5) == proto.LeaseReply("a-0", 0, 1, 10.0)
-    assert (b.request(timeout_s=5).index, b.lease.count) == (1, 2)
-    assert not b.renew_due()
+    faults = FaultCounter("actor")
+    a = LeaseClient(zctx, endpoint, "a-0", faults)
+    b = LeaseClient(zctx, endpoint, "a-1", faults)
+    assert a.wait_first(5) and (a.index, a.count) == (0, 1)
+    assert b.wait_first(5) and (b.index, b.count) == (1, 2)
     req = zctx.socket(zmq.REQ)
     req.connect(endpoint)
     req.send_multipart(proto.encode(proto.LeaseRequest("a-2")))
     assert req.poll(5000)
     assert proto.decode(req.recv_multipart()) == proto.LeaseReply("a-2", 2, 3, 10.0)
-    a.close(release=True)
-    assert b.request(timeout_s=5).count == 2
+    a.release()
+    a.close()
+
+    def renewed_count() -> int:
+        b.next_request = 0.0  # renew now rather than at ttl/3
+        b.tick(time.monotonic())
+        b.sock.poll(200)
+        b.tick(time.monotonic())
+        return b.count
+
+    wait_for(lambda: renewed_count() == 2)
     status = client.get("/status").json()
     assert status["leases"]["count"] == 2 and sorted(status["leases"]["actors"]) == ["a-1", "a-2"]
     # garbage on the lease socket is counted, gets no reply, and the socket keeps serving
@@ -397,18 +408,19 @@ def test_leases_over_zmq_dealer_and_req(gateway, zctx) -> None:
     dealer.send_multipart([b"\x00junk"])
     dealer.send_multipart(proto.encode(tel()))
     wait_for(lambda: service.faults.counts["lease:malformed"] == 1 and service.faults.counts["lease:wrong_kind"] == 1)
-    assert b.request(timeout_s=5) is not None
+    assert renewed_count() == 2
     for s in (req, dealer):
         s.close(0)
-    b.close(release=False)
+    b.close()
+    assert faults.total == 0
 
 
-def test_lease_client_times_out_without_gateway(zctx) -> None:
-    client = LeaseClient(zctx, "tcp://127.0.0.1:1", "lonely")
+def test_lease_client_keeps_acting_without_gateway(zctx) -> None:
+    client = LeaseClient(zctx, "tcp://127.0.0.1:1", "lonely", FaultCounter("actor"))
     started = time.monotonic()
-    assert client.request(timeout_s=0.2) is None
-    assert time.monotonic() - started < 2 and client.lease is None
-    client.close(release=False)
+    assert not client.wait_first(0.3)
+    assert time.monotonic() - started < 2 and (client.index, client.count) == (0, 1)
+    client.close()
 
 
 # -- the command line ------------------------------------------------------------------------------------------------

@@ -61,7 +61,46 @@ def main(settings: ActorSettings) -> int:
     log.info("actor %s: %d x %s (%s, %d actions), epsilon %.4f, sending to %s",
              settings.instance, settings.num_envs, settings.env_id, net.name, spec.n_actions, core.epsilon,
              settings.transitions_endpoint)
-    rate_since, rate_steps, steps_per_s = time.monotonic(), 0, 0.0
+    rate = {"since": time.monotonic(), "steps": 0, "per_s": 0.0}
+
+    def report() -> None:
+        now = time.monotonic()
+        if not telemetry.due(now):
+            return
+        if now - rate["since"] >= 5.0:  # a 5 s window: blocked actors advance in bursts
+            rate["per_s"] = (core.env_steps - rate["steps"]) / (now - rate["since"])
+            rate["since"], rate["steps"] = now, core.env_steps
+        stats = core.stats
+        gauges = {
+            "epsilon": core.epsilon, "weight_version": weights.version,
+            "weight_age_seconds": now - weights.updated_at, "env_steps_per_second": rate["per_s"],
+            "episode_return_mean": _mean(stats.returns), "episode_length_mean": _mean(stats.lengths),
+            "lease_index": lease.index, "lease_count": lease.count, "paused": float(state["paused"]),
+            "send_blocked_seconds": sender.blocked_s, "num_envs": core.num_envs,
+        }
+        if stats.returns:
+            gauges["episode_return_last"] = stats.returns[-1]
+        if stats.distances:
+            gauges["mario_distance_mean"] = _mean(stats.distances)
+            gauges["mario_distance_max"] = max(stats.distances)
+            gauges["mario_flag_rate"] = _mean(stats.flags)
+        if stats.eval_returns:
+            gauges["eval_return_mean"] = _mean(stats.eval_returns)
+            gauges["eval_return_last"] = stats.eval_returns[-1]
+        counters = {
+            "env_steps_total": core.env_steps, "episodes_total": stats.episodes,
+            "eval_episodes_total": stats.eval_episodes, "transitions_sent_total": sender.sent,
+            "transitions_dropped_total": sender.dropped, "weights_received_total": weights.received,
+            "weights_rejected_total": weights.rejected, "messages_rejected_total": faults.total,
+            "telemetry_dropped_total": telemetry.dropped,
+        }
+        telemetry.send(counters, gauges, {"env_id": settings.env_id, "network": net.name})
+
+    def idle() -> None:
+        if lease.tick(time.monotonic()) and state["epsilon_override"] is None:
+            set_epsilon()
+        report()
+
     try:
         while state["running"]:
             now = time.monotonic()
@@ -83,36 +122,8 @@ def main(settings: ActorSettings) -> int:
             if state["paused"]:
                 control.sock.poll(200)
             else:
-                sender.add(core.step(), weights.version, running)
-            if telemetry.due(now):
-                if now - rate_since >= 1.0:
-                    steps_per_s = (core.env_steps - rate_steps) / (now - rate_since)
-                    rate_since, rate_steps = now, core.env_steps
-                stats = core.stats
-                gauges = {
-                    "epsilon": core.epsilon, "weight_version": weights.version,
-                    "weight_age_seconds": now - weights.updated_at, "env_steps_per_second": steps_per_s,
-                    "episode_return_mean": _mean(stats.returns), "episode_length_mean": _mean(stats.lengths),
-                    "lease_index": lease.index, "lease_count": lease.count, "paused": float(state["paused"]),
-                    "send_blocked_seconds": sender.blocked_s, "num_envs": core.num_envs,
-                }
-                if stats.returns:
-                    gauges["episode_return_last"] = stats.returns[-1]
-                if stats.distances:
-                    gauges["mario_distance_mean"] = _mean(stats.distances)
-                    gauges["mario_distance_max"] = max(stats.distances)
-                    gauges["mario_flag_rate"] = _mean(stats.flags)
-                if stats.eval_returns:
-                    gauges["eval_return_mean"] = _mean(stats.eval_returns)
-                    gauges["eval_return_last"] = stats.eval_returns[-1]
-                counters = {
-                    "env_steps_total": core.env_steps, "episodes_total": stats.episodes,
-                    "eval_episodes_total": stats.eval_episodes, "transitions_sent_total": sender.sent,
-                    "transitions_dropped_total": sender.dropped, "weights_received_total": weights.received,
-                    "weights_rejected_total": weights.rejected, "messages_rejected_total": faults.total,
-                    "telemetry_dropped_total": telemetry.dropped,
-                }
-                telemetry.send(counters, gauges, {"env_id": settings.env_id, "network": net.name})
+                sender.add(core.step(), weights.version, running, idle)
+            report()
             if settings.max_env_steps and core.env_steps >= settings.max_env_steps:
                 log.info("reached %d env steps, stopping", core.env_steps)
                 break

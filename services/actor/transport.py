@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import zmq
@@ -32,14 +33,16 @@ class TransitionSender:
         self.dropped = 0
         self.blocked_s = 0.0
 
-    def add(self, rows: list[Emitted], weight_version: int, running: callable) -> None:
+    def add(self, rows: list[Emitted], weight_version: int, running: Callable[[], bool],
+            idle: Callable[[], None] = lambda: None) -> None:
         for r in rows:
             self.buffer.append(r)
             self.buffered += len(r)
         if self.buffered >= self.batch_rows:
-            self.flush(weight_version, running)
+            self.flush(weight_version, running, idle)
 
-    def flush(self, weight_version: int, running: callable) -> None:
+    def flush(self, weight_version: int, running: Callable[[], bool], idle: Callable[[], None] = lambda: None) -> None:
+        """Send what is buffered; in block mode wait (calling ``idle`` every 200 ms) until replay takes it."""
         if not self.buffer:
             return
         parts, self.buffer, count = self.buffer, [], self.buffered
@@ -65,6 +68,7 @@ class TransitionSender:
                 self.sock.send_multipart(frames, copy=False)
                 self.sent += count
                 break
+            idle()  # telemetry and control keep flowing while replay pushes back
         else:
             self.dropped += count
         self.blocked_s += time.monotonic() - start

@@ -1,10 +1,8 @@
 """The gateway service: telemetry to /metrics and /status, token-protected control, exploration leases.
 
-Only the light, client-side pieces are imported here (actors use the lease client); the FastAPI app lives in
-``flywheel.services.gateway.app``.
+The FastAPI app lives in ``flywheel.services.gateway.app``; ``flywheel gateway`` starts it.
 """
 
-from .lease import LeaseClient, apex_epsilon
 from .settings import GatewaySettings
 
-__all__ = ["GatewaySettings", "LeaseClient", "apex_epsilon"]
+__all__ = ["GatewaySettings"]

@@ -5,17 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import zmq
-
 from flywheel import proto
-from flywheel.transport import make_socket
-
-
-def apex_epsilon(index: int, count: int, base: float = 0.4, alpha: float = 7.0) -> float:
-    """Ape-X: actor i of N explores with base ** (1 + alpha * i / (N - 1)); a lone actor gets ``base``."""
-    if count <= 1:
-        return base
-    return base ** (1.0 + alpha * index / (count - 1))
 
 
 @dataclass
@@ -85,53 +75,3 @@ class LeaseTable:
     def index_of(self, instance: str) -> int | None:
         lease = self.by_instance.get(instance)
         return None if lease is None else lease.index
-
-
-class LeaseClient:
-    """Actor side: ask the gateway for (index, count); ``renew_due`` says when to ask again.
-
-    Uses a DEALER socket and a poll with a timeout, so a missing gateway never blocks the actor; the actor keeps
-    its last lease (or its fallback) until a reply arrives.
-    """
-
-    def __init__(self, ctx: zmq.Context, endpoint: str, instance: str) -> None:
-        self.sock = make_socket(ctx, zmq.DEALER, sndhwm=4, rcvhwm=16, max_msg_bytes=64 * 1024)
-        self.sock.connect(endpoint)
-        self.instance = instance
-        self.lease: proto.LeaseReply | None = None
-        self.faults = 0
-        self._renew_at = 0.0
-
-    def renew_due(self, now: float | None = None) -> bool:
-        return (time.monotonic() if now is None else now) >= self._renew_at
-
-    def request(self, timeout_s: float = 1.0, release: bool = False) -> proto.LeaseReply | None:
-        """Send a request and wait up to ``timeout_s`` for the reply; None on timeout (the last lease stays)."""
-        try:
-            self.sock.send_multipart(proto.encode(proto.LeaseRequest(self.instance, release)), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return None
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                break
-            frames = self.sock.recv_multipart(copy=False)
-            try:
-                reply = proto.decode(frames, expect=proto.LeaseReply)
-            except proto.DecodeError:
-                self.faults += 1
-                continue
-            assert isinstance(reply, proto.LeaseReply)
-            if reply.instance != self.instance:
-                continue
-            if not release:
-                self.lease = reply
-                self._renew_at = time.monotonic() + reply.ttl / 3
-            return reply
-        self._renew_at = time.monotonic() + 1.0
-        return None
-
-    def close(self, release: bool = True) -> None:
-        if release:
-            self.request(timeout_s=0.2, release=True)
-        self.sock.close(0)

@@ -31,6 +31,8 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
 
     ``spec`` (anything with ``obs_shape`` and ``n_actions``) overrides the lookup of ``settings.env_id``.
     """
+    if not logging.getLogger().handlers:  # the CLI normally configures logging; stand-alone runs still get lines
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("flywheel").setLevel(settings.log_level)
     try:
         obs_shape, n_actions = _spec_shape(settings, spec)

@@ -268,7 +268,7 @@ class LearnerService:
         return path
 
     def handle_control(self, command: proto.Control) -> None:
-        """pause | resume | set {lr, publish_interval_updates} | checkpoint; other commands are not ours."""
+        """pause | resume | set_lr / set {lr, publish_interval_updates} | checkpoint; others are not ours."""
         name = command.command
         if name == "pause" and not self.paused:
             self.paused = True
@@ -281,7 +281,7 @@ class LearnerService:
             log.info("learner: resumed by control command %d", command.seq)
         elif name == "checkpoint":
             self.checkpoint(f"control command {command.seq}")
-        elif name == "set":
+        elif name in ("set", "set_lr"):  # the gateway sends set_lr {"lr": x}
             self._set(command)
 
     def _set(self, command: proto.Control) -> None:

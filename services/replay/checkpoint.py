@@ -64,7 +64,7 @@ def load(directory: Path) -> dict[str, np.ndarray]:
     path = directory / "replay"
     manifest_file = path / "manifest.json"
     if not manifest_file.exists():
-        raise CheckpointError(f"no replay checkpoint at {path} (start without --restore or point --checkpoint-dir at one)")
+        raise CheckpointError(f"no replay checkpoint at {path}: point --checkpoint-dir at one or pass --restore false")
     try:
         manifest = json.loads(manifest_file.read_text())
     except (OSError, ValueError) as exc:

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import make_batch
+from learner_helpers import make_batch
 
 from flywheel import proto
 from flywheel.services.learner.core import BadBatch, CoreConfig, LearnerCore, beta_at

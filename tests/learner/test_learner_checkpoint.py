@@ -1,0 +1,85 @@
+"""Learner checkpoints: exact round trip, atomic files, and one-line errors for missing or foreign ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from learner_helpers import make_batch
+
+from flywheel.services.learner.checkpoint import (
+    CHECKPOINT_FILE,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+from flywheel.services.learner.core import CoreConfig, LearnerCore
+
+CONFIG = CoreConfig(lr=1e-3, target_update_interval=4)
+
+
+def _trained(updates: int) -> LearnerCore:
+    core = LearnerCore((4,), 2, CONFIG)
+    rng = np.random.default_rng(0)
+    for _ in range(updates):
+        core.update(make_batch(rng, 32))
+    return core
+
+
+def test_round_trip_restores_everything_and_training_continues_identically(tmp_path: Path) -> None:
+    core = _trained(6)
+    path = save_checkpoint(tmp_path, core, weight_version=3)
+    assert path == tmp_path / CHECKPOINT_FILE
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]  # no temporary files left behind
+    torch.manual_seed(123)
+    restored = LearnerCore((4,), 2, CONFIG)
+    info = load_checkpoint(tmp_path, restored)
+    assert (info.updates, info.weight_version, info.network) == (6, 3, "mlp-4-2-dueling")
+    assert restored.updates == 6
+    for a, b in ((core.online, restored.online), (core.target, restored.target)):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    batch = make_batch(np.random.default_rng(9), 32)
+    r1, r2 = core.update(batch), restored.update(batch)  # same Adam moments and step -> same update
+    np.testing.assert_array_equal(r1.priorities(), r2.priorities())
+    for x, y in zip(core.online.parameters(), restored.online.parameters(), strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert core.updates == restored.updates == 7
+
+
+def test_save_replaces_the_previous_checkpoint(tmp_path: Path) -> None:
+    core = _trained(2)
+    save_checkpoint(tmp_path, core, 1)
+    core.update(make_batch(np.random.default_rng(1), 32))
+    save_checkpoint(tmp_path, core, 2)
+    assert load_checkpoint(tmp_path, LearnerCore((4,), 2, CONFIG)).weight_version == 2
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no learner checkpoint at .*--resume") as err:
+        load_checkpoint(tmp_path / "nowhere", LearnerCore((4,), 2, CONFIG))
+    assert "\n" not in str(err.value)
+
+
+def test_checkpoint_of_another_network_is_refused_untouched(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, _trained(1), 1)
+    other = LearnerCore((4,), 3, CONFIG)
+    before = [p.clone() for p in other.online.parameters()]
+    with pytest.raises(CheckpointError, match="mlp-4-2-dueling.*mlp-4-3-dueling"):
+        load_checkpoint(tmp_path, other)
+    assert all(torch.equal(a, b) for a, b in zip(before, other.online.parameters(), strict=True))
+    assert other.updates == 0
+    with pytest.raises(CheckpointError, match="network"):
+        load_checkpoint(tmp_path, LearnerCore((4,), 2, CoreConfig(dueling=False)))
+
+
+def test_garbage_and_foreign_files_are_refused(tmp_path: Path) -> None:
+    (tmp_path / CHECKPOINT_FILE).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    with pytest.raises(CheckpointError, match="not a readable"):
+        load_checkpoint(tmp_path, LearnerCore((4,), 2, CONFIG))
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / CHECKPOINT_FILE))
+    with pytest.raises(CheckpointError, match="not a flywheel learner checkpoint"):
+        load_checkpoint(tmp_path, LearnerCore((4,), 2, CONFIG))

@@ -1,0 +1,99 @@
+"""The learner entry point: clean stop on SIGTERM with a checkpoint, and one-line startup errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import zmq
+from learner_helpers import free_port
+
+from flywheel import proto
+from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from flywheel.services.learner.core import CoreConfig, LearnerCore
+from flywheel.services.learner.main import main
+from flywheel.services.learner.settings import LearnerSettings
+
+SPEC = SimpleNamespace(obs_shape=(4,), n_actions=2)
+
+SCRIPT = """
+import sys
+from types import SimpleNamespace
+from flywheel.services.learner.main import main
+from flywheel.services.learner.settings import LearnerSettings
+sys.exit(main(LearnerSettings(), spec=SimpleNamespace(obs_shape=(4,), n_actions=2)))
+"""
+
+
+def _env(tmp_path: Path, weights_port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+    env.update({
+        "FLYWHEEL_LEARNER_CHECKPOINT_DIR": str(tmp_path), "FLYWHEEL_LEARNER_WEIGHTS_BIND":
+        f"tcp://127.0.0.1:{weights_port}", "FLYWHEEL_LEARNER_SAMPLE_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
+        "FLYWHEEL_LEARNER_TELEMETRY_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
+        "FLYWHEEL_LEARNER_CONTROL_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
+        "FLYWHEEL_LEARNER_TORCH_THREADS": "1", "FLYWHEEL_LEARNER_DEVICE": "cpu", **extra,
+    })
+    return env
+
+
+def test_sigterm_leaves_a_checkpoint_and_exits_zero(tmp_path: Path) -> None:
+    port = free_port()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    env = _env(tmp_path, port, FLYWHEEL_LEARNER_WEIGHTS_REPUBLISH_S="0.2")
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert sub.poll(25_000), "no weights published"  # version 1 is published at start (and repeated)
+        weights = proto.decode(sub.recv_multipart(), expect=proto.Weights)
+        assert weights.version == 1 and weights.network == "mlp-4-2-dueling"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        sub.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    assert "learner: device cpu" in err
+    info = load_checkpoint(tmp_path, LearnerCore((4,), 2, CoreConfig()))
+    assert info.weight_version == 1 and info.updates == 0
+    assert (tmp_path / CHECKPOINT_FILE).exists()
+
+
+def test_resume_without_checkpoint_fails_with_one_line(tmp_path: Path, caplog) -> None:
+    settings = LearnerSettings(checkpoint_dir=str(tmp_path), resume=True, device="cpu",
+                               weights_bind=f"tcp://127.0.0.1:{free_port()}")
+    assert main(settings, spec=SPEC) == 2
+    assert any("no learner checkpoint" in r.getMessage() for r in caplog.records)
+
+
+def test_weights_endpoint_in_use_fails_with_one_line(caplog) -> None:
+    ctx = zmq.Context()
+    holder = ctx.socket(zmq.PUB)
+    holder.setsockopt(zmq.LINGER, 0)
+    port = holder.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        settings = LearnerSettings(device="cpu", weights_bind=f"tcp://127.0.0.1:{port}")
+        assert main(settings, spec=SPEC) == 2
+    finally:
+        holder.close()
+        ctx.term()
+    assert any("already in use" in r.getMessage() and "--weights-bind" in r.getMessage() for r in caplog.records)
+
+
+def test_env_spec_is_used_when_no_spec_given(tmp_path: Path, caplog) -> None:
+    settings = LearnerSettings(env_id="CartPole-v1", device="cpu", max_updates=1, checkpoint_dir=str(tmp_path),
+                               resume=True, weights_bind=f"tcp://127.0.0.1:{free_port()}")
+    start = time.monotonic()
+    assert main(settings) == 2  # looked up CartPole (4,) x 2, then found no checkpoint
+    assert time.monotonic() - start < 25
+    assert any("no learner checkpoint" in r.getMessage() for r in caplog.records)
+    assert main(LearnerSettings(env_id="NoSuchEnv-v9", device="cpu")) == 2
