@@ -63,14 +63,15 @@ class TransitionSender:
                 self.dropped += count
             return
         start = time.monotonic()
-        while running():  # block, but wake up to notice a stop request
+        while True:  # block, but wake up to notice a stop request; always try once (the final flush on exit)
             if self.sock.poll(200, zmq.POLLOUT):
                 self.sock.send_multipart(frames, copy=False)
                 self.sent += count
                 break
+            if not running():
+                self.dropped += count
+                break
             idle()  # telemetry and control keep flowing while replay pushes back
-        else:
-            self.dropped += count
         self.blocked_s += time.monotonic() - start
 
     def close(self) -> None:
@@ -105,8 +106,8 @@ class WeightsReceiver:
                 self.rejected += 1
                 continue
             assert isinstance(msg, proto.Weights)
-            if msg.version <= self.version:
-                continue  # older or repeated: keep what we have
+            if msg.version <= (self.version if newest is None else newest.version):
+                continue  # older or repeated: keep what we have (or the newest seen in this drain)
             newest = msg
         if newest is None:
             return False

@@ -38,6 +38,21 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGINT/SIGTERM after a graceful shutdown; a clean stop exits 0 like every service."""
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+    return Server
+
+
 def run(settings: GatewaySettings) -> int:
     import uvicorn
 
@@ -54,7 +69,7 @@ def run(settings: GatewaySettings) -> int:
     host, port = http.getsockname()[:2]
     logging.getLogger("flywheel.gateway").info("HTTP on http://%s:%s (metrics, status, healthz, control)", host, port)
     app = create_app(settings, service)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=settings.log_level.lower(), access_log=False))
+    server = _server_class()(uvicorn.Config(app, log_level=settings.log_level.lower(), access_log=False))
     server.run(sockets=[http])
     return 0
 

@@ -47,21 +47,33 @@ def save(state: dict[str, np.ndarray], directory: Path) -> Path:
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
     old = directory / f".replay.old-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)  # a stale one (same pid after a container restart) blocks the rename
     if final.exists():
         os.replace(final, old)
+    # A kill between these two renames leaves only ``old``: ``_current`` falls back to it.
     os.replace(tmp, final)
     _fsync_dir(directory)
     shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _current(directory: Path) -> Path:
+    """The checkpoint to read: ``replay``, or the previous one a save was killed while replacing."""
+    path = directory / "replay"
+    if not (path / "manifest.json").exists():
+        olds = sorted(directory.glob(".replay.old-*/manifest.json"), key=lambda f: f.stat().st_mtime)
+        if olds:
+            return olds[-1].parent
+    return path
+
+
 def exists(directory: Path) -> bool:
-    return (directory / "replay" / "manifest.json").exists()
+    return (_current(directory) / "manifest.json").exists()
 
 
 def load(directory: Path) -> dict[str, np.ndarray]:
     """Read a checkpoint written by ``save``; raise CheckpointError with a one-line reason."""
-    path = directory / "replay"
+    path = _current(directory)
     manifest_file = path / "manifest.json"
     if not manifest_file.exists():
         raise CheckpointError(f"no replay checkpoint at {path}: point --checkpoint-dir at one or pass --restore false")
@@ -69,15 +81,20 @@ def load(directory: Path) -> dict[str, np.ndarray]:
         manifest = json.loads(manifest_file.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"replay checkpoint manifest {manifest_file} is unreadable: {exc}") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a flywheel replay checkpoint of version {FORMAT_VERSION}")
+    arrays = manifest.get("arrays")
+    if not isinstance(arrays, dict) or not arrays:
+        raise CheckpointError(f"replay checkpoint manifest {manifest_file} lists no arrays")
     state: dict[str, np.ndarray] = {}
-    for name, meta in manifest.get("arrays", {}).items():
+    for name, meta in arrays.items():
+        if not isinstance(meta, dict) or "/" in name or "\\" in name or name.startswith("."):
+            raise CheckpointError(f"replay checkpoint manifest {manifest_file} has a bad entry {name!r}")
         try:
             array = np.load(path / f"{name}.npy", allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError) as exc:
             raise CheckpointError(f"replay checkpoint array {name} is corrupt: {exc}") from None
-        if array.dtype.name != meta["dtype"] or list(array.shape) != meta["shape"]:
+        if array.dtype.name != meta.get("dtype") or list(array.shape) != meta.get("shape"):
             raise CheckpointError(f"replay checkpoint array {name} does not match its manifest")
         state[name] = array
     return state

@@ -103,11 +103,16 @@ class RingStorage:
         if size > self.capacity:
             raise ValueError(f"checkpoint holds {size} transitions, more than capacity {self.capacity}")
         obs = state["obs"]
-        self._allocate(tuple(obs.shape[1:]), obs.dtype)
+        # Validate everything before touching the storage, so a refused checkpoint leaves it as it was.
         for name in ARRAY_FIELDS:
             if state[name].shape[0] != size:
                 raise ValueError(f"checkpoint array {name} has {state[name].shape[0]} rows, expected {size}")
-            self.arrays[name][:size] = state[name]
-        self.next_position = int(state["next_position"])
-        if self.next_position < size or (size < self.capacity and self.next_position != size):
+        if state["next_obs"].shape != obs.shape:
+            raise ValueError(f"checkpoint next_obs shape {state['next_obs'].shape} differs from obs {obs.shape}")
+        next_position = int(state["next_position"])
+        if next_position < size or (size < self.capacity and next_position != size):
             raise ValueError("checkpoint position counter is inconsistent with its size")
+        self._allocate(tuple(obs.shape[1:]), obs.dtype)
+        for name in ARRAY_FIELDS:
+            self.arrays[name][:size] = state[name]
+        self.next_position = next_position

@@ -43,9 +43,9 @@ class SumTree:
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """Leaf slots whose prefix-sum interval contains each target in [0, total)."""
-        targets = np.array(targets, dtype=np.float64)
+        targets = np.array(targets, dtype=np.float64).reshape(-1)
         nodes = np.ones(targets.shape[0], dtype=np.int64)
-        while nodes[0] < self.leaves:
+        while nodes.size and nodes[0] < self.leaves:
             left = 2 * nodes
             left_sum = self.tree[left]
             go_right = targets >= left_sum
@@ -56,6 +56,8 @@ class SumTree:
     def sample(self, count: int, rng: np.random.Generator, limit: int) -> np.ndarray:
         """Stratified proportional sample of ``count`` slots among the first ``limit`` ones."""
         total = self.total
+        if count <= 0:
+            return np.zeros(0, dtype=np.int64)
         if total <= 0:
             raise ValueError("cannot sample from an empty tree")
         bounds = (np.arange(count) + rng.random(count)) * (total / count)

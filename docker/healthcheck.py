@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Container health check for every Flywheel service (installed as /usr/local/bin/flywheel-healthcheck).
+
+The image runs one service as PID 1 (``flywheel <service> ...``); this script reads which one from
+/proc/1/cmdline and checks it:
+
+- gateway: GET http://127.0.0.1:<http_port>/healthz must answer 200;
+- replay, learner: the process is alive and its bound port (sample / weights) accepts TCP connections;
+- actor (and anything else): the process is alive (not a zombie).
+
+Exit 0 when healthy, 1 otherwise (Docker HEALTHCHECK and Kubernetes exec probes both read it).
+Standard library only: it runs under the image's Python without importing flywheel.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import urllib.request
+
+SERVICES = ("replay", "learner", "gateway", "actor", "run")
+# service -> (settings field holding a bind endpoint, default port); the port is parsed from the endpoint
+BOUND_PORT = {"replay": ("sample_bind", 5556), "learner": ("weights_bind", 5557)}
+
+
+def read_cmdline(pid: int = 1) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [part.decode(errors="replace") for part in f.read().split(b"\0") if part]
+
+
+def service_of(argv: list[str]) -> str | None:
+    """The first argument that names a service (``flywheel gateway ...``, ``python -m flywheel learner``)."""
+    for arg in argv[1:]:
+        if arg in SERVICES:
+            return arg
+    return None
+
+
+def setting(argv: list[str], service: str, field: str, default: str) -> str:
+    """A setting as the service sees it: ``--field-name VALUE`` / ``--field-name=VALUE`` beats the env variable."""
+    flag = "--" + field.replace("_", "-")
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return os.environ.get(f"FLYWHEEL_{service.upper()}_{field.upper()}", default)
+
+
+def port_of(endpoint: str, default: int) -> int:
+    """Port of ``tcp://*:5556`` style endpoints; the default for anything else (ipc://, malformed)."""
+    if not endpoint.startswith("tcp://"):
+        return default
+    tail = endpoint.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else default
+
+
+def process_alive(pid: int = 1) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def tcp_open(port: int, timeout: float = 2.0) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def http_ok(port: int, timeout: float = 3.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=timeout) as response:
+            return response.status == 200
+    except OSError:  # URLError, HTTPError (503 while unhealthy), timeouts
+        return False
+
+
+def check(argv: list[str]) -> tuple[bool, str]:
+    service = service_of(argv)
+    if not process_alive():
+        return False, "PID 1 is not running"
+    if service == "gateway":
+        port = int(setting(argv, "gateway", "http_port", "8080"))
+        return http_ok(port), f"gateway /healthz on port {port}"
+    if service in BOUND_PORT:
+        field, default = BOUND_PORT[service]
+        port = port_of(setting(argv, service, field, f"tcp://*:{default}"), default)
+        return tcp_open(port), f"{service} listening on port {port}"
+    return True, f"{service or 'process'} alive"
+
+
+def main() -> int:
+    try:
+        ok, what = check(read_cmdline())
+    except (OSError, ValueError) as exc:
+        ok, what = False, f"health check failed: {exc}"
+    print(("healthy: " if ok else "unhealthy: ") + what)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""``flywheel run``: progress, a clean stop on SIGINT with checkpoints, and no orphan processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from pipeline_helpers import clean_env, free_port_block, get_json, wait_until
+
+
+def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None:
+    base = free_port_block(7)
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flywheel", "run", "--env", "CartPole-v1", "--actors", "2", "--envs-per-actor", "4",
+             "--base-port", str(base), "--http-port", str(base + 6), "--checkpoint-dir", str(tmp_path / "ckpt"),
+             "--progress-interval", "1", "--set", "replay.min_size_to_sample=200"],
+            env=clean_env(), stdout=out, stderr=subprocess.STDOUT)
+    children: set[int] = set()
+    try:
+        def running() -> bool:
+            children.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+            status = get_json(f"http://127.0.0.1:{base + 6}/status")
+            if status is None:
+                return False
+            learner = status["services"].get("learner", {}).get("totals", {})
+            return len(children) >= 5 and learner.get("updates_total", 0) > 0
+        wait_until(running, 120, "flywheel run to train", [log])
+        wait_until(lambda: "updates" in log.read_text(), 30, "a progress line", [log])
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                                              for pid in children):
+        time.sleep(0.2)
+    alive = [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert not alive, f"orphans left: {alive}"
+    text = log.read_text()
+    assert "gateway http://127.0.0.1:" in text and "env steps" in text and "stopped; checkpoints in" in text
+    assert (tmp_path / "ckpt" / "learner" / "learner.safetensors").exists()
+    assert (tmp_path / "ckpt" / "replay" / "replay" / "manifest.json").exists()
+
+
+def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
+    """Even SIGKILL of ``flywheel run`` leaves no orphan: children get SIGTERM from the kernel (PDEATHSIG)."""
+    base = free_port_block(7)
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flywheel", "run", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2",
+             "--base-port", str(base), "--http-port", str(base + 6), "--checkpoint-dir", str(tmp_path / "ckpt")],
+            env=clean_env(), stdout=out, stderr=subprocess.STDOUT)
+    children: set[int] = set()
+
+    def started() -> bool:
+        children.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+        return len(children) >= 4 and get_json(f"http://127.0.0.1:{base + 6}/healthz") is not None
+    try:
+        wait_until(started, 60, "children to start", [log])
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def gone() -> bool:
+        return not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in children)
+    wait_until(gone, 60, "children to exit after the parent was killed", [log])

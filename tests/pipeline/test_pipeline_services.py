@@ -1,0 +1,82 @@
+"""The four services as separate processes on loopback with CartPole, observed through the gateway."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+from pipeline_helpers import clean_env, free_port_block, get_json, get_text, metric_values, start, wait_until
+
+
+def test_four_services_train_cartpole_end_to_end(tmp_path: Path) -> None:
+    base = free_port_block(7)
+    ep = {name: f"tcp://127.0.0.1:{base + i}" for i, name in enumerate(
+        ("transitions", "sample", "weights", "telemetry", "control", "lease"))}
+    http = base + 6
+    common = {"TELEMETRY_ENDPOINT": ep["telemetry"], "CONTROL_ENDPOINT": ep["control"]}
+
+    def env(service: str, **values: str) -> dict[str, str]:
+        merged = {**common, **values}
+        return clean_env(**{f"FLYWHEEL_{service.upper()}_{k}": v for k, v in merged.items()})
+
+    specs = {
+        "gateway": env("gateway", LEASE_ENDPOINT=ep["lease"], HTTP_PORT=str(http), HTTP_HOST="127.0.0.1"),
+        "replay": env("replay", TRANSITIONS_BIND=ep["transitions"], SAMPLE_BIND=ep["sample"],
+                      MIN_SIZE_TO_SAMPLE="200", CAPACITY="20000", CHECKPOINT_DIR=str(tmp_path / "replay")),
+        "learner": env("learner", ENV_ID="CartPole-v1", SAMPLE_ENDPOINT=ep["sample"], WEIGHTS_BIND=ep["weights"],
+                       BATCH_SIZE="32", PUBLISH_INTERVAL_UPDATES="5", TORCH_THREADS="1",
+                       CHECKPOINT_DIR=str(tmp_path / "learner")),
+        "actor": env("actor", ENV_ID="CartPole-v1", NUM_ENVS="4", TRANSITIONS_ENDPOINT=ep["transitions"],
+                     WEIGHTS_ENDPOINT=ep["weights"], LEASE_ENDPOINT=ep["lease"]),
+    }
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = [tmp_path / f"{name}.log" for name in (*specs, "actor-b")]
+    try:
+        for name, values in specs.items():
+            procs[name] = start([name], values, tmp_path / f"{name}.log")
+        procs["actor-b"] = start(["actor"], specs["actor"], tmp_path / "actor-b.log")
+        url = f"http://127.0.0.1:{http}"
+
+        def trained() -> dict | None:
+            status = get_json(f"{url}/status")
+            if status is None:
+                return None
+            services = status["services"]
+            actors = [i for i in services.get("actor", {}).get("instances", []) if i["up"]]
+            replay = services.get("replay", {}).get("totals", {})
+            learner = services.get("learner", {}).get("totals", {})
+            ok = (len(actors) == 2
+                  and all(a["counters"].get("env_steps_total", 0) > 0 for a in actors)
+                  and all(a["counters"].get("transitions_sent_total", 0) > 0 for a in actors)
+                  and all(a["gauges"].get("weight_version", 0) > 0 for a in actors)
+                  and replay.get("transitions_received_total", 0) > 0 and replay.get("samples_total", 0) > 0
+                  and learner.get("updates_total", 0) > 20)
+            return status if ok else None
+
+        status = wait_until(trained, 120, "actors, replay and learner to make progress", logs)
+        assert {"actor", "replay", "learner"} <= set(status["services"])
+        epsilons = sorted(i["gauges"]["epsilon"] for i in status["services"]["actor"]["instances"])
+        assert epsilons[0] < epsilons[1]  # two leases: actor 0 explores at 0.4, actor 1 at 0.4 ** 8
+
+        text = get_text(f"{url}/metrics")
+        steps = metric_values(text, "flywheel_actor_env_steps_total")
+        assert len(steps) == 2 and all(v > 0 for v in steps.values())
+        assert all('service="actor"' in labels for labels in steps)
+        assert sum(metric_values(text, "flywheel_replay_transitions_received_total").values()) > 0
+        assert sum(metric_values(text, "flywheel_replay_samples_total").values()) > 0
+        assert sum(metric_values(text, "flywheel_learner_updates_total").values()) > 0
+        assert all(v > 0 for v in metric_values(text, "flywheel_actor_weight_version").values())
+    finally:
+        for name in ("actor", "actor-b", "learner", "replay", "gateway"):
+            if name in procs and procs[name].poll() is None:
+                procs[name].send_signal(signal.SIGTERM)
+                try:
+                    procs[name].wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    procs[name].kill()
+                    procs[name].wait()
+    codes = {name: p.returncode for name, p in procs.items()}
+    assert all(code == 0 for code in codes.values()), codes
+    assert (tmp_path / "learner" / "learner.safetensors").exists()
+    assert (tmp_path / "replay" / "replay" / "manifest.json").exists()
