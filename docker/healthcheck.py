@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Container health check for every Flywheel service (installed as /usr/local/bin/flywheel-healthcheck).
 
-The image runs one service as PID 1 (``flywheel <service> ...``); this script reads which one from
-/proc/1/cmdline and checks it:
+The image runs one service as PID 1 (``flywheel <service> ...``; under an init, the first such process);
+this script reads which one from /proc/<pid>/cmdline and checks it:
 
 - gateway: GET http://127.0.0.1:<http_port>/healthz must answer 200;
 - replay, learner: the process is alive and its bound port (sample / weights) accepts TCP connections;
@@ -81,10 +81,10 @@ def http_ok(port: int, timeout: float = 3.0) -> bool:
         return False
 
 
-def check(argv: list[str]) -> tuple[bool, str]:
+def check(argv: list[str], pid: int = 1) -> tuple[bool, str]:
     service = service_of(argv)
-    if not process_alive():
-        return False, "PID 1 is not running"
+    if not process_alive(pid):
+        return False, f"PID {pid} is not running"
     if service == "gateway":
         port = int(setting(argv, "gateway", "http_port", "8080"))
         return http_ok(port), f"gateway /healthz on port {port}"
@@ -95,9 +95,23 @@ def check(argv: list[str]) -> tuple[bool, str]:
     return True, f"{service or 'process'} alive"
 
 
+def find_service_pid() -> int:
+    """PID 1 normally; the first flywheel process when PID 1 is an init (tini, docker --init, k8s pause)."""
+    if service_of(read_cmdline(1)):
+        return 1
+    for entry in sorted((int(e) for e in os.listdir("/proc") if e.isdigit())):
+        try:
+            if service_of(read_cmdline(entry)):
+                return entry
+        except OSError:
+            continue
+    return 1
+
+
 def main() -> int:
     try:
-        ok, what = check(read_cmdline())
+        pid = find_service_pid()
+        ok, what = check(read_cmdline(pid), pid)
     except (OSError, ValueError) as exc:
         ok, what = False, f"health check failed: {exc}"
     print(("healthy: " if ok else "unhealthy: ") + what)

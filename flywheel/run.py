@@ -33,9 +33,9 @@ VECTOR_PRESET = {
 PIXEL_PRESET = {
     "actor": {"num_envs": "4", "n_step": "3", "gamma": "0.99", "send_hwm": "16"},
     "replay": {"capacity": "50000", "min_size_to_sample": "5000", "samples_per_insert": "4",
-               "error_buffer": "50000"},
+               "error_buffer": "2000", "block_inserts": "true"},
     "learner": {"batch_size": "32", "lr": "0.0001", "target_update_interval": "2000",
-                "publish_interval_updates": "50", "beta_anneal_updates": "200000"},
+                "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1"},
 }
 
 

@@ -37,7 +37,7 @@ def save(state: dict[str, np.ndarray], directory: Path) -> Path:
     for name, array in state.items():
         file = tmp / f"{name}.npy"
         with open(file, "wb") as fh:
-            np.save(fh, np.ascontiguousarray(array), allow_pickle=False)
+            np.save(fh, np.asarray(array, order="C"), allow_pickle=False)  # ascontiguousarray makes 0-d 1-d
             fh.flush()
             os.fsync(fh.fileno())
         manifest["arrays"][name] = {"dtype": array.dtype.name, "shape": list(array.shape)}
