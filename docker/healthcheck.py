@@ -99,7 +99,7 @@ def find_service_pid() -> int:
     """PID 1 normally; the first flywheel process when PID 1 is an init (tini, docker --init, k8s pause)."""
     if service_of(read_cmdline(1)):
         return 1
-    for entry in sorted((int(e) for e in os.listdir("/proc") if e.isdigit())):
+    for entry in sorted(int(e) for e in os.listdir("/proc") if e.isdigit()):
         try:
             if service_of(read_cmdline(entry)):
                 return entry

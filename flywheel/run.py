@@ -26,7 +26,7 @@ VECTOR_PRESET = {
     "actor": {"num_envs": "16", "n_step": "3", "gamma": "0.99", "send_hwm": "64"},
     "replay": {"capacity": "100000", "min_size_to_sample": "1000", "samples_per_insert": "8",
                "error_buffer": "2000", "alpha": "0.6", "block_inserts": "true"},
-    "learner": {"batch_size": "64", "lr": "0.001", "target_update_interval": "250", "adam_eps": "0.0001",
+    "learner": {"batch_size": "128", "lr": "0.0005", "target_update_interval": "500", "adam_eps": "0.0001",
                 "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
                 "torch_threads": "1"},
 }

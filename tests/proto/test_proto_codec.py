@@ -432,7 +432,7 @@ def test_oversized() -> None:
     with pytest.raises(OversizedMessage):  # a huge announced array is refused before touching any frame
         decode(build("weights", {"version": 1, "network": "n"}, [], a=[["t", "float32", [2**24, 2**24]]]) + [b""])
     with pytest.raises(OversizedMessage):
-        decode(build("weights", {"version": 1, "network": "n"}, [], a=[["t", "uint8", [2**24 + 1]]]) + [b""])
+        decode(build("weights", {"version": 1, "network": "n"}, [], a=[["t", "float32", [2**24 + 1]]]) + [b""])
     tensors = [(f"t{i}", np.zeros(1, np.float32)) for i in range(DEFAULT_LIMITS.max_arrays + 1)]
     with pytest.raises(OversizedMessage):  # too many arrays
         decode(build("weights", {"version": 1, "network": "n"}, tensors))

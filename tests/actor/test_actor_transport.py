@@ -1,0 +1,228 @@
+"""Actor sockets over real loopback: TransitionSender block/drop, WeightsReceiver, LeaseClient."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from flywheel import proto
+from flywheel.nets import QNetwork, build_q_network, weights_message
+from flywheel.services.actor.nstep import Emitted
+from flywheel.services.actor.transport import LeaseClient, TransitionSender, WeightsReceiver
+from flywheel.transport import FaultCounter
+
+DEADLINE_S = 10.0
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def rows(start: int, count: int) -> Emitted:
+    ids = np.arange(start, start + count)
+    obs = np.stack([ids, ids], axis=1).astype(np.float32)
+    return Emitted(obs=obs, action=ids.astype(np.int64), reward=ids.astype(np.float32),
+                   discount=np.full(count, 0.9, np.float32), next_obs=obs + 1, priority=np.ones(count, np.float32))
+
+
+def unused_endpoint(ctx: zmq.Context) -> str:
+    sock = ctx.socket(zmq.PULL)
+    sock.bind("tcp://127.0.0.1:*")
+    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    sock.close(0)
+    return endpoint
+
+
+def test_drop_mode_counts_drops_when_nobody_receives(ctx: zmq.Context) -> None:
+    sender = TransitionSender(ctx, unused_endpoint(ctx), "a0", hwm=1, on_full="drop", batch_rows=4)
+    for i in range(10):
+        sender.add([rows(4 * i, 4)], 1, lambda: True)
+    # A connect without a peer still queues up to the high-water mark; everything past it is dropped.
+    assert sender.sent + sender.dropped == 40 and sender.sent <= 8 and sender.seq == 10
+    assert sender.buffered == 0 and not sender.buffer
+    sender.close()
+
+
+def test_block_mode_delivers_everything(ctx: zmq.Context) -> None:
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 1)
+    pull.bind("tcp://127.0.0.1:*")
+    sender = TransitionSender(ctx, pull.getsockopt_string(zmq.LAST_ENDPOINT), "a0", hwm=1, on_full="block",
+                              batch_rows=6)
+    import threading
+
+    def produce() -> None:
+        for i in range(30):
+            sender.add([rows(3 * i, 3)], 7, lambda: True)  # two adds per message: concatenation
+        sender.flush(7, lambda: True)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    got: list[proto.TransitionBatch] = []
+    received = 0
+    while received < 90:
+        assert pull.poll(int(DEADLINE_S * 1000)), "sender stalled"
+        msg = proto.decode(pull.recv_multipart(), expect=proto.TransitionBatch)
+        got.append(msg)
+        received += len(msg)
+        time.sleep(0.002)  # a slow replay: the sender has to wait at the high-water mark
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive()
+    assert sender.sent == 90 and sender.dropped == 0
+    assert [m.seq for m in got] == list(range(15))
+    assert np.array_equal(np.concatenate([m.action for m in got]), np.arange(90))
+    assert all(m.weight_version == 7 and m.actor == "a0" and len(m) == 6 for m in got)
+    np.testing.assert_array_equal(got[3].next_obs, got[3].obs + 1)
+    sender.close()
+    pull.close()
+
+
+def test_block_mode_stops_when_asked_and_final_flush_still_tries(ctx: zmq.Context) -> None:
+    sender = TransitionSender(ctx, unused_endpoint(ctx), "a0", hwm=1, on_full="block", batch_rows=100)
+    sender.add([rows(0, 5)], 1, lambda: True)  # below batch_rows: buffered only
+    assert sender.buffered == 5 and sender.sent == 0
+    calls = {"idle": 0}
+    state = {"running": True}
+
+    def idle() -> None:
+        calls["idle"] += 1
+        state["running"] = False  # a stop request arrives while blocked
+
+    # Nobody receives: the first messages fill the queue, then a flush blocks until the stop request.
+    for i in range(10):
+        sender.add([rows(5 * i, 5)], 1, lambda: True)
+        sender.flush(1, lambda: state["running"], idle)
+        if sender.dropped:
+            break
+    assert sender.dropped == 5 and calls["idle"] == 1 and sender.sent == 5 * i
+    # The final flush on exit (running() already False) delivers when a receiver is there.
+    pull = ctx.socket(zmq.PULL)
+    pull.bind("tcp://127.0.0.1:*")
+    final = TransitionSender(ctx, pull.getsockopt_string(zmq.LAST_ENDPOINT), "a0", hwm=4, on_full="block",
+                             batch_rows=100)
+    final.add([rows(0, 3)], 1, lambda: True)
+    deadline = time.monotonic() + DEADLINE_S
+    while not final.sock.poll(10, zmq.POLLOUT):  # connected (the exit path never waits for that)
+        assert time.monotonic() < deadline
+    final.flush(1, lambda: False)
+    assert final.sent == 3 and final.dropped == 0
+    assert pull.poll(int(DEADLINE_S * 1000))
+    assert len(proto.decode(pull.recv_multipart())) == 3
+    for sock in (sender, final, pull):
+        sock.close()
+
+
+def params(net: QNetwork) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in net.state_dict().items()}
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context) -> None:
+    torch.manual_seed(0)
+    pub = ctx.socket(zmq.PUB)
+    pub.bind("tcp://127.0.0.1:*")
+    actor_net = build_q_network((4,), 2, hidden=32)
+    faults = FaultCounter("actor")
+    receiver = WeightsReceiver(ctx, pub.getsockopt_string(zmq.LAST_ENDPOINT), actor_net, faults)
+    learner = [build_q_network((4,), 2, hidden=32) for _ in range(4)]
+
+    def publish(msg: proto.Weights) -> None:
+        pub.send_multipart(proto.encode(msg))
+
+    def arrive() -> None:
+        assert receiver.sock.poll(int(DEADLINE_S * 1000)), "no weights arrived"
+        time.sleep(0.1)  # let the rest of a burst arrive too
+
+    # PUB/SUB joins late: repeat version 1 until the subscription is live.
+    deadline = time.monotonic() + DEADLINE_S
+    while not receiver.poll():
+        assert time.monotonic() < deadline, "subscription never became live"
+        publish(weights_message(learner[1], 1, actor_net.name))
+        time.sleep(0.02)
+    assert receiver.version == 1 and same(params(actor_net), params(learner[1]))
+
+    # Newest wins even when an older one comes after it in the same burst.
+    publish(weights_message(learner[3], 3, actor_net.name))
+    publish(weights_message(learner[2], 2, actor_net.name))
+    arrive()
+    assert receiver.poll()
+    assert receiver.version == 3 and same(params(actor_net), params(learner[3]))
+
+    # Older or repeated versions are ignored.
+    publish(weights_message(learner[2], 2, actor_net.name))
+    publish(weights_message(learner[1], 3, actor_net.name))
+    arrive()
+    assert not receiver.poll()
+    assert receiver.version == 3 and same(params(actor_net), params(learner[3]))
+
+    # Mismatched weights are refused and the acting weights stay as they were.
+    before = params(actor_net)
+    rejected = receiver.rejected
+    wrong_name = weights_message(learner[0], 10, "mlp-8-2-dueling")
+    publish(wrong_name)
+    arrive()
+    assert not receiver.poll()
+    other = build_q_network((4,), 2, hidden=64)
+    publish(weights_message(other, 11, actor_net.name))  # right name, wrong shapes
+    arrive()
+    assert not receiver.poll()
+    nan = weights_message(learner[0], 12, actor_net.name)
+    next(iter(nan.tensors.values()))[...] = np.nan
+    publish(nan)
+    arrive()
+    assert not receiver.poll()
+    pub.send_multipart([b"\x00not a header"])
+    arrive()
+    assert not receiver.poll()
+    assert receiver.rejected == rejected + 4 and faults.total == 4
+    assert receiver.version == 3 and same(params(actor_net), before)
+
+    # A good newer version still gets through afterwards.
+    publish(weights_message(learner[0], 13, actor_net.name))
+    arrive()
+    assert receiver.poll() and receiver.version == 13 and same(params(actor_net), params(learner[0]))
+    receiver.close()
+    pub.close()
+
+
+def test_lease_client_gets_and_follows_its_slot(ctx: zmq.Context) -> None:
+    router = ctx.socket(zmq.ROUTER)
+    router.bind("tcp://127.0.0.1:*")
+    faults = FaultCounter("actor")
+    client = LeaseClient(ctx, router.getsockopt_string(zmq.LAST_ENDPOINT), "actor-a", faults)
+
+    def answer(index: int, count: int, instance: str = "actor-a") -> None:
+        assert router.poll(int(DEADLINE_S * 1000))
+        identity, *frames = router.recv_multipart()
+        request = proto.decode(frames, expect=proto.LeaseRequest)
+        assert request.instance == "actor-a" and not request.release
+        router.send_multipart([identity, *proto.encode(proto.LeaseReply(instance, index, count, 30.0))])
+
+    now = time.monotonic()
+    assert not client.tick(now)
+    answer(2, 4)
+    assert client.sock.poll(int(DEADLINE_S * 1000))
+    assert client.tick(now)
+    assert (client.index, client.count, client.have_lease) == (2, 4, True)
+    assert not client.tick(now)  # renewal not due yet: nothing changes
+    later = now + 30.0
+    client.tick(later)  # renewal due
+    answer(1, 3)
+    assert client.sock.poll(int(DEADLINE_S * 1000))
+    assert client.tick(later) and (client.index, client.count) == (1, 3)
+    client.release()
+    assert router.poll(int(DEADLINE_S * 1000))
+    assert proto.decode(router.recv_multipart()[1:], expect=proto.LeaseRequest).release
+    client.close()
+    router.close()
