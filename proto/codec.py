@@ -37,7 +37,7 @@ from .messages import (
 
 Frame = Any  # bytes, memoryview, numpy array or zmq.Frame
 _ALLOWED_DTYPES = {"uint8", "int64", "float32", "float16"}
-_INT64_MAX = 2**63 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def encode(msg: Message) -> list[Frame]:
     specs: list[list[Any]] = []
     frames: list[Frame] = []
     for name, array in _arrays_of(msg):
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # not ascontiguousarray: that turns 0-d arrays into shape (1,)
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
         specs.append([name, array.dtype.name, list(array.shape)])
@@ -159,7 +159,7 @@ def _header(frames: Sequence[Frame], limits: Limits) -> dict[str, Any]:
 def _scalars(cls: type[Message], raw: dict[str, Any], limits: Limits) -> dict[str, Any]:
     extra = set(raw) - set(cls.SCALARS)
     if extra:
-        raise MalformedMessage(f"{cls.KIND}: unexpected fields {sorted(extra)[:5]}")
+        raise MalformedMessage(f"{cls.KIND}: unexpected fields {sorted(map(repr, extra))[:5]}")
     optional = {f.name for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING}
     out: dict[str, Any] = {}
     for name, tag in cls.SCALARS.items():
@@ -176,7 +176,7 @@ def _check_scalar(kind: str, name: str, value: Any, tag: str, limits: Limits) ->
         return MalformedMessage(f"{kind}: field {name!r} must be {expected}, got {type(value).__name__}")
 
     if tag == INT:
-        if not isinstance(value, int) or isinstance(value, bool) or abs(value) > _INT64_MAX:
+        if not isinstance(value, int) or isinstance(value, bool) or not _INT64_MIN <= value <= _INT64_MAX:
             raise bad("an int64")
         return value
     if tag == FLOAT:
@@ -203,20 +203,21 @@ def _check_scalar(kind: str, name: str, value: Any, tag: str, limits: Limits) ->
             raise OversizedMessage(f"{kind}: field {name!r} has more than {limits.max_map_entries} entries")
         out: dict[str, Any] = {}
         for key, item in value.items():
-            if not isinstance(key, str) or len(key) > limits.max_str:
-                raise bad("a map with short string keys")
+            if not isinstance(key, str):
+                raise bad("a map with string keys")
+            if len(key) > limits.max_str or (isinstance(item, str) and len(item) > limits.max_str):
+                raise OversizedMessage(f"{kind}: field {name!r} has a string longer than {limits.max_str} characters")
             if tag == FLOAT_MAP:
                 if isinstance(item, bool) or not isinstance(item, (int, float)):
                     raise bad("a map of numbers")
                 out[key] = float(item)
             elif tag == STR_MAP:
-                if not isinstance(item, str) or len(item) > limits.max_str:
-                    raise bad("a map of short strings")
+                if not isinstance(item, str):
+                    raise bad("a map of strings")
                 out[key] = item
             else:
-                too_long = isinstance(item, str) and len(item) > limits.max_str
-                if not isinstance(item, (int, float, str, bool)) or too_long:
-                    raise bad("a map of numbers, bools or short strings")
+                if not isinstance(item, (int, float, str, bool)):
+                    raise bad("a map of numbers, bools or strings")
                 out[key] = item
         return out
     raise MalformedMessage(f"{kind}: field {name!r} has unknown type tag {tag}")  # pragma: no cover
@@ -238,8 +239,10 @@ def _arrays(
                 and isinstance(entry[1], str) and isinstance(entry[2], list)):
             raise MalformedMessage(f"{cls.KIND}: array spec must be [name, dtype, shape]")
         name, dtype_name, shape = entry
-        if len(name) > limits.max_str or name in arrays:
-            raise MalformedMessage(f"{cls.KIND}: bad or duplicate array name {name[:40]!r}")
+        if len(name) > limits.max_str:
+            raise OversizedMessage(f"{cls.KIND}: array name {name[:40]!r} longer than {limits.max_str} characters")
+        if name in arrays:
+            raise MalformedMessage(f"{cls.KIND}: duplicate array name {name[:40]!r}")
         spec = _spec_for(cls, name)
         if dtype_name not in _ALLOWED_DTYPES or dtype_name not in spec.dtypes:
             raise BadDtype(f"{cls.KIND}: array {name!r} has dtype {dtype_name[:20]!r}, allowed {spec.dtypes}")

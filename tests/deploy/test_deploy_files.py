@@ -196,6 +196,21 @@ def test_compose_interpolated_service_variables_are_settings_fields() -> None:
                 assert field in SETTINGS[service].model_fields, f"{path.name}: ${{{var}}} is no setting"
 
 
+def test_compose_and_configmap_defaults_follow_the_vector_preset() -> None:
+    from flywheel.run import VECTOR_PRESET
+
+    services = compose()["services"]
+    configmap = k8s_objects("ConfigMap")["flywheel-config"]["data"]
+    for service, values in VECTOR_PRESET.items():
+        env = {k: compose_default(v) for k, v in environment(services[service]).items()}
+        for field, value in values.items():
+            key = f"FLYWHEEL_{service.upper()}_{field.upper()}"
+            if key in env:
+                assert env[key] == value, f"docker-compose.yml {key}={env[key]}, `flywheel run` uses {value}"
+            if key in configmap:
+                assert configmap[key] == value, f"k8s ConfigMap {key}={configmap[key]}, `flywheel run` uses {value}"
+
+
 # ---- Kubernetes ------------------------------------------------------------------------------------------------
 
 def test_k8s_has_no_kustomization() -> None:
