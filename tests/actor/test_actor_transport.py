@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -33,16 +35,16 @@ def rows(start: int, count: int) -> Emitted:
                    discount=np.full(count, 0.9, np.float32), next_obs=obs + 1, priority=np.ones(count, np.float32))
 
 
-def unused_endpoint(ctx: zmq.Context) -> str:
-    sock = ctx.socket(zmq.PULL)
-    sock.bind("tcp://127.0.0.1:*")
-    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    sock.close(0)
-    return endpoint
+@pytest.fixture
+def dead_endpoint() -> Iterator[str]:
+    """A loopback port held (bound, never listening) for the test: connections to it are refused."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        yield f"tcp://127.0.0.1:{holder.getsockname()[1]}"
 
 
-def test_drop_mode_counts_drops_when_nobody_receives(ctx: zmq.Context) -> None:
-    sender = TransitionSender(ctx, unused_endpoint(ctx), "a0", hwm=1, on_full="drop", batch_rows=4)
+def test_drop_mode_counts_drops_when_nobody_receives(ctx: zmq.Context, dead_endpoint: str) -> None:
+    sender = TransitionSender(ctx, dead_endpoint, "a0", hwm=1, on_full="drop", batch_rows=4)
     for i in range(10):
         sender.add([rows(4 * i, 4)], 1, lambda: True)
     # A connect without a peer still queues up to the high-water mark; everything past it is dropped.
@@ -57,8 +59,6 @@ def test_block_mode_delivers_everything(ctx: zmq.Context) -> None:
     pull.bind("tcp://127.0.0.1:*")
     sender = TransitionSender(ctx, pull.getsockopt_string(zmq.LAST_ENDPOINT), "a0", hwm=1, on_full="block",
                               batch_rows=6)
-    import threading
-
     def produce() -> None:
         for i in range(30):
             sender.add([rows(3 * i, 3)], 7, lambda: True)  # two adds per message: concatenation
@@ -85,8 +85,8 @@ def test_block_mode_delivers_everything(ctx: zmq.Context) -> None:
     pull.close()
 
 
-def test_block_mode_stops_when_asked_and_final_flush_still_tries(ctx: zmq.Context) -> None:
-    sender = TransitionSender(ctx, unused_endpoint(ctx), "a0", hwm=1, on_full="block", batch_rows=100)
+def test_block_mode_stops_when_asked_and_final_flush_still_tries(ctx: zmq.Context, dead_endpoint: str) -> None:
+    sender = TransitionSender(ctx, dead_endpoint, "a0", hwm=1, on_full="block", batch_rows=100)
     sender.add([rows(0, 5)], 1, lambda: True)  # below batch_rows: buffered only
     assert sender.buffered == 5 and sender.sent == 0
     calls = {"idle": 0}
@@ -140,9 +140,13 @@ def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context) -> None:
     def publish(msg: proto.Weights) -> None:
         pub.send_multipart(proto.encode(msg))
 
-    def arrive() -> None:
-        assert receiver.sock.poll(int(DEADLINE_S * 1000)), "no weights arrived"
-        time.sleep(0.1)  # let the rest of a burst arrive too
+    def poll_until_rejected(count: int) -> None:
+        """Poll (never loading anything) until ``count`` refusals in all; PUB/SUB keeps order."""
+        deadline = time.monotonic() + DEADLINE_S
+        while receiver.rejected < count:
+            assert time.monotonic() < deadline, "refusal never seen"
+            assert not receiver.poll()
+            receiver.sock.poll(50)
 
     # PUB/SUB joins late: repeat version 1 until the subscription is live.
     deadline = time.monotonic() + DEADLINE_S
@@ -155,43 +159,43 @@ def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context) -> None:
     # Newest wins even when an older one comes after it in the same burst.
     publish(weights_message(learner[3], 3, actor_net.name))
     publish(weights_message(learner[2], 2, actor_net.name))
-    arrive()
-    assert receiver.poll()
+    pub.send_multipart([b"\x00marker"])  # refused as undecodable: once counted, the burst has been read
+    deadline = time.monotonic() + DEADLINE_S
+    while receiver.version < 3 or receiver.rejected < 1:
+        assert time.monotonic() < deadline, "burst never arrived"
+        receiver.poll()
+        receiver.sock.poll(50)
     assert receiver.version == 3 and same(params(actor_net), params(learner[3]))
 
-    # Older or repeated versions are ignored.
+    # Older or repeated versions are ignored (the marker shows they were read).
     publish(weights_message(learner[2], 2, actor_net.name))
     publish(weights_message(learner[1], 3, actor_net.name))
-    arrive()
-    assert not receiver.poll()
+    pub.send_multipart([b"\x00marker"])
+    poll_until_rejected(2)
     assert receiver.version == 3 and same(params(actor_net), params(learner[3]))
 
     # Mismatched weights are refused and the acting weights stay as they were.
     before = params(actor_net)
-    rejected = receiver.rejected
-    wrong_name = weights_message(learner[0], 10, "mlp-8-2-dueling")
-    publish(wrong_name)
-    arrive()
-    assert not receiver.poll()
-    other = build_q_network((4,), 2, hidden=64)
-    publish(weights_message(other, 11, actor_net.name))  # right name, wrong shapes
-    arrive()
-    assert not receiver.poll()
+    publish(weights_message(learner[0], 10, "mlp-8-2-dueling"))  # wrong network name
+    poll_until_rejected(3)
+    publish(weights_message(build_q_network((4,), 2, hidden=64), 11, actor_net.name))  # right name, wrong shapes
+    poll_until_rejected(4)
     nan = weights_message(learner[0], 12, actor_net.name)
     next(iter(nan.tensors.values()))[...] = np.nan
     publish(nan)
-    arrive()
-    assert not receiver.poll()
+    poll_until_rejected(5)
     pub.send_multipart([b"\x00not a header"])
-    arrive()
-    assert not receiver.poll()
-    assert receiver.rejected == rejected + 4 and faults.total == 4
+    poll_until_rejected(6)
+    assert faults.total == 6
     assert receiver.version == 3 and same(params(actor_net), before)
 
     # A good newer version still gets through afterwards.
     publish(weights_message(learner[0], 13, actor_net.name))
-    arrive()
-    assert receiver.poll() and receiver.version == 13 and same(params(actor_net), params(learner[0]))
+    deadline = time.monotonic() + DEADLINE_S
+    while not receiver.poll():
+        assert time.monotonic() < deadline, "good weights never arrived"
+        receiver.sock.poll(50)
+    assert receiver.version == 13 and same(params(actor_net), params(learner[0]))
     receiver.close()
     pub.close()
 
