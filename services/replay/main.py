@@ -55,7 +55,7 @@ def main(settings: ReplaySettings) -> int:
         server.run()
     finally:
         if directory is not None:
-            server._checkpoint("exit")
+            server.checkpoint_now("exit")
         server.close()
         telemetry.close()
         control.close()

@@ -85,7 +85,7 @@ class ReplayServer:
             self._serve_pending()
             now = time.monotonic()
             if now >= self._next_checkpoint:
-                self._checkpoint("periodic")
+                self.checkpoint_now("periodic")
                 self._next_checkpoint = now + self.checkpoint_interval_s
             if self.telemetry.due(now):
                 self._report(now)
@@ -151,13 +151,13 @@ class ReplayServer:
         for command in self.control.drain():
             log.info("control: %s %s", command.command, command.args)
             if command.command == "checkpoint":
-                self._checkpoint("requested")
+                self.checkpoint_now("requested")
             elif command.command == "pause":
                 self.paused = True
             elif command.command == "resume":
                 self.paused = False
 
-    def _checkpoint(self, why: str) -> None:
+    def checkpoint_now(self, why: str) -> None:
         if self.checkpoint is None:
             return
         start = time.monotonic()
