@@ -13,23 +13,19 @@ from flywheel.settings import SettingsError, add_settings_flags, settings_from_a
 SERVICES = ("actor", "replay", "learner", "gateway")
 
 
-def _service_parts(name: str) -> tuple[type, Callable[[Any], int]]:
+def _service_main(name: str) -> Callable[[Any], int]:
     """Import lazily so ``flywheel gateway`` does not pay for torch, and so on."""
     if name == "actor":
         from flywheel.services.actor.main import main
-        from flywheel.services.actor.settings import ActorSettings
-        return ActorSettings, main
+        return main
     if name == "replay":
         from flywheel.services.replay.main import main
-        from flywheel.services.replay.settings import ReplaySettings
-        return ReplaySettings, main
+        return main
     if name == "learner":
         from flywheel.services.learner.main import main
-        from flywheel.services.learner.settings import LearnerSettings
-        return LearnerSettings, main
+        return main
     from flywheel.services.gateway.__main__ import run
-    from flywheel.services.gateway.settings import GatewaySettings
-    return GatewaySettings, run
+    return run
 
 
 def _settings_class(name: str) -> type:
@@ -63,8 +59,8 @@ def run_service(name: str, args: argparse.Namespace) -> int:
     from flywheel.envs import UnknownEnvironmentError
     from flywheel.transport import EndpointInUse
 
-    cls, main = _service_parts(name)
-    settings = settings_from_args(cls, args, name)
+    settings = settings_from_args(_settings_class(name), args, name)
+    main = _service_main(name)
     logging.basicConfig(level=settings.log_level, format=f"%(asctime)s {name} %(levelname)s %(message)s")
     try:
         return main(settings)

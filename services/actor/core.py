@@ -73,7 +73,7 @@ class ActorCore:
         rewards = np.zeros(self.num_envs)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)
-        final_obs = next_obs.copy()
+        final_obs = np.empty_like(self.obs)
         for i, env in enumerate(self.envs):
             obs, reward, term, trunc, info = env.step(int(actions[i]))
             rewards[i], terminated[i], truncated[i] = reward, term, trunc

@@ -15,7 +15,7 @@ from flywheel.nets import build_q_network
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, install_stop_signals
 
 from .core import ActorCore
-from .nstep import apex_epsilon
+from .nstep import ControlArgError, apex_epsilon, apply_exploration_command
 from .settings import ActorSettings
 from .transport import LeaseClient, TransitionSender, WeightsReceiver
 
@@ -111,10 +111,11 @@ def main(settings: ActorSettings) -> int:
                 elif command.command == "resume":
                     state["paused"] = False
                 elif command.command == "set_exploration":
-                    args = command.args
-                    state["epsilon_override"] = float(args["epsilon"]) if "epsilon" in args else None
-                    state["base"] = float(args.get("base", state["base"]))
-                    state["alpha"] = float(args.get("alpha", state["alpha"]))
+                    try:
+                        apply_exploration_command(state, command.args)
+                    except ControlArgError as exc:
+                        faults.record("control", exc)
+                        continue
                     set_epsilon()
             if lease.tick(now) and state["epsilon_override"] is None:
                 set_epsilon()

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flywheel.services.actor.nstep import Emitted, NStepAccumulator, apex_epsilon
+from flywheel.services.actor.nstep import (
+    ControlArgError,
+    Emitted,
+    NStepAccumulator,
+    apex_epsilon,
+    apply_exploration_command,
+)
 
 
 def max_q_of(obs: np.ndarray) -> np.ndarray:
@@ -160,3 +166,22 @@ def test_apex_epsilon() -> None:
     values = [apex_epsilon(i, 16) for i in range(16)]
     assert values == sorted(values, reverse=True)
     assert apex_epsilon(3, 4, base=0.5, alpha=1.0) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("args", [
+    {"epsilon": "abc"}, {"epsilon": 1.5}, {"epsilon": -0.1}, {"epsilon": True}, {"base": 0.0}, {"base": "x"},
+    {"alpha": -1}, {"alpha": 1e9}, {"epsilon": 0.1, "alpha": "x"},
+])
+def test_bad_exploration_command_is_refused_and_changes_nothing(args: dict) -> None:
+    state = {"epsilon_override": None, "base": 0.4, "alpha": 7.0}
+    with pytest.raises(ControlArgError):
+        apply_exploration_command(state, args)
+    assert state == {"epsilon_override": None, "base": 0.4, "alpha": 7.0}
+
+
+def test_exploration_command_sets_fixed_epsilon_or_schedule() -> None:
+    state = {"epsilon_override": None, "base": 0.4, "alpha": 7.0}
+    apply_exploration_command(state, {"epsilon": 0.05})
+    assert state["epsilon_override"] == 0.05
+    apply_exploration_command(state, {"base": 0.5, "alpha": 3})
+    assert state == {"epsilon_override": None, "base": 0.5, "alpha": 3.0}
