@@ -1,13 +1,14 @@
 # Two commands do everything on a fresh machine:
 #   make run    set up .venv and train on Super Mario Bros 1-1 (flywheel run; ARGS="--env CartPole-v1" etc.)
-#   make test   set up .venv, run ruff and the whole test suite
+#   make test   set up .venv (and missing Debian packages), run ruff and the whole test suite
+#   make bench SUITE=replay   install the peers and run one `flywheel bench` suite
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint clean
+.PHONY: setup system-deps run test lint bench bench-setup clean
 
 $(BIN)/flywheel: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,10 +22,19 @@ setup: $(BIN)/flywheel
 run: setup
 	$(BIN)/flywheel run $(ARGS)
 
+system-deps:
+	.ci/install-debian-packages
+
+bench-setup: setup
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+
+bench: bench-setup
+	$(BIN)/flywheel bench $(SUITE) $(ARGS)
+
 lint: setup
 	$(BIN)/ruff check .
 
-test: lint
+test: system-deps lint
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flywheel", description="Distributed Ape-X deep Q-learning over ZeroMQ.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_run_flags(sub.add_parser("run", help="run replay, learner, gateway and N actors as local processes"))
+    from flywheel.bench.cli import add_bench_flags
+
+    add_bench_flags(sub.add_parser("bench", help="run a benchmark suite side by side with its peer"))
     for name in SERVICES:
         cls = _settings_class(name)
         add_settings_flags(sub.add_parser(name, help=f"run one {name} (flags or FLYWHEEL_{name.upper()}_* vars)"),
@@ -77,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             from flywheel.run import run
 
             return run(args)
+        if args.command == "bench":
+            from flywheel.bench.cli import run_bench
+
+            return run_bench(args)
         return run_service(args.command, args)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)

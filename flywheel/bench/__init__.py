@@ -1,0 +1,1 @@
+"""``flywheel bench <suite>``: repeatable side-by-side benchmarks with JSON, Markdown and PNG results."""

@@ -1,0 +1,197 @@
+"""Measurement helpers and result files shared by every benchmark suite (medians, ratios, JSON, Markdown)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class BenchContext:
+    """What a suite is asked to do: how often to repeat, how big, and where results go."""
+
+    suite: str
+    runs: int = 3
+    warmup: int = 1
+    quick: bool = False
+    out_dir: Path = Path("bench-results")
+    seed: int = 0
+    options: dict[str, str] = field(default_factory=dict)
+
+    def option(self, name: str, default: str) -> str:
+        """A suite-specific ``--opt NAME=VALUE`` value, or ``default``."""
+        return self.options.get(name, default)
+
+    def progress(self, message: str) -> None:
+        """One progress line on stderr, so long suites show where they are."""
+        print(f"[bench {self.suite} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Row:
+    """One line of a result table: Flywheel's median against a peer's median in the same run."""
+
+    case: str
+    metric: str
+    unit: str
+    flywheel: float
+    peer: float | None = None
+    peer_name: str = ""
+    higher_is_better: bool = True
+    goal: str = ""
+    flywheel_runs: list[float] = field(default_factory=list)
+    peer_runs: list[float] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        """Flywheel over peer for rates, peer over Flywheel for times: above 1 means Flywheel is better."""
+        if self.peer is None or self.peer == 0 or self.flywheel == 0:
+            return None
+        return self.flywheel / self.peer if self.higher_is_better else self.peer / self.flywheel
+
+
+@dataclass
+class SuiteResult:
+    """Everything a suite measured, ready to be written as JSON and Markdown."""
+
+    suite: str
+    title: str
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def median(values: list[float]) -> float:
+    """Median of a non-empty list."""
+    if not values:
+        raise ValueError("median of no measurements")
+    return float(statistics.median(values))
+
+
+def repeat(measure_once: Callable[[], float], runs: int, warmup: int = 0) -> list[float]:
+    """Call ``measure_once`` ``warmup`` times (discarded), then ``runs`` times, and return the kept values."""
+    if runs < 1:
+        raise ValueError("runs must be at least 1")
+    for _ in range(warmup):
+        measure_once()
+    return [float(measure_once()) for _ in range(runs)]
+
+
+def rate(work: float, seconds: float) -> float:
+    """Work per second, refusing a zero-length interval."""
+    if seconds <= 0:
+        raise ValueError("a measured interval must be positive")
+    return work / seconds
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+    }
+    try:
+        import psutil
+
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        pass
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def markdown_table(result: SuiteResult) -> str:
+    """The suite's rows as a Markdown table, ratios above 1 meaning Flywheel is ahead."""
+    lines = [
+        "| case | metric | Flywheel | peer | peer value | Flywheel ÷ peer | goal |",
+        "|---|---|---:|---|---:|---:|---|",
+    ]
+    for row in result.rows:
+        ratio = row.ratio
+        ratio_text = "–" if ratio is None else f"{ratio:.2f}x"
+        lines.append(
+            f"| {row.case} | {row.metric} ({row.unit}) | {_fmt(row.flywheel)} | {row.peer_name or '–'} | "
+            f"{_fmt(row.peer)} | {ratio_text} | {row.goal or '–'} |"
+        )
+    return "\n".join(lines)
+
+
+def render_markdown(result: SuiteResult, ctx: BenchContext, command: str, machine: dict[str, Any]) -> str:
+    """A complete Markdown section: title, command, machine, table, notes and plots."""
+    parts = [
+        f"## {result.title}",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine.get('cpus')} CPUs ({machine.get('cpu_model')}), {machine.get('memory_gib')} GiB, "
+        f"GPU: {machine.get('gpu') or 'none'}; torch {machine.get('torch')}; "
+        f"median of {ctx.runs} runs after {ctx.warmup} warm-up.",
+        "",
+        markdown_table(result),
+    ]
+    if result.notes:
+        parts += ["", *[f"- {note}" for note in result.notes]]
+    for plot in result.plots:
+        parts += ["", f"![{Path(plot).stem}]({plot})"]
+    return "\n".join(parts) + "\n"
+
+
+def write_results(result: SuiteResult, ctx: BenchContext, command: str) -> tuple[Path, Path]:
+    """Write ``<suite>.json`` and ``<suite>.md`` into ``ctx.out_dir`` and return their paths."""
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
+    payload = {
+        "suite": result.suite,
+        "title": result.title,
+        "command": command,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine,
+        "runs": ctx.runs,
+        "warmup": ctx.warmup,
+        "quick": ctx.quick,
+        "rows": [asdict(row) | {"ratio": row.ratio} for row in result.rows],
+        "notes": result.notes,
+        "plots": result.plots,
+        "extra": result.extra,
+    }
+    json_path = ctx.out_dir / f"{result.suite}.json"
+    md_path = ctx.out_dir / f"{result.suite}.md"
+    json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    md_path.write_text(render_markdown(result, ctx, command, machine))
+    return json_path, md_path

@@ -1,0 +1,57 @@
+"""The benchmark runner: medians, ratios, result files and the ``flywheel bench`` command's errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flywheel.bench.cli import suite_names
+from flywheel.bench.runner import BenchContext, Row, SuiteResult, median, rate, repeat, write_results
+from flywheel.cli import main
+
+
+def test_median_and_repeat_discard_warmup() -> None:
+    calls = iter([100.0, 3.0, 1.0, 2.0])
+    values = repeat(lambda: next(calls), runs=3, warmup=1)
+    assert values == [3.0, 1.0, 2.0]
+    assert median(values) == 2.0
+    with pytest.raises(ValueError):
+        median([])
+    with pytest.raises(ValueError):
+        rate(10, 0.0)
+
+
+def test_ratio_direction() -> None:
+    faster = Row(case="c", metric="throughput", unit="1/s", flywheel=200.0, peer=100.0)
+    assert faster.ratio == pytest.approx(2.0)
+    quicker = Row(case="c", metric="time", unit="s", flywheel=50.0, peer=100.0, higher_is_better=False)
+    assert quicker.ratio == pytest.approx(2.0)
+    assert Row(case="c", metric="m", unit="u", flywheel=1.0).ratio is None
+
+
+def test_write_results(tmp_path: Path) -> None:
+    ctx = BenchContext(suite="demo", runs=2, warmup=0, out_dir=tmp_path)
+    result = SuiteResult(suite="demo", title="Demo", notes=["a note"])
+    result.rows.append(Row(case="x", metric="rate", unit="1/s", flywheel=3000.0, peer=1500.0, peer_name="peer"))
+    json_path, md_path = write_results(result, ctx, "flywheel bench demo")
+    payload = json.loads(json_path.read_text())
+    assert payload["rows"][0]["ratio"] == pytest.approx(2.0)
+    assert payload["machine"]["cpus"] >= 1
+    text = md_path.read_text()
+    assert "| x | rate (1/s) | 3,000 | peer | 1,500 | 2.00x |" in text
+    assert "- a note" in text
+
+
+def test_unknown_suite_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "no-such-suite"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown bench suite 'no-such-suite'" in err
+    for name in suite_names():
+        assert name in err
+
+
+def test_bad_opt_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "list", "--opt", "novalue"]) == 2
+    assert "--opt expects NAME=VALUE" in capsys.readouterr().err
