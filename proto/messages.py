@@ -78,6 +78,7 @@ class TransitionBatch(Message):
         "discount": BATCH_F32,
         "next_obs": PIXELS_OR_VECTORS,
         "priority": ArraySpec(("float32",), optional=True),
+        "stream": ArraySpec(("int64",), optional=True),
     }
     actor: str
     weight_version: int
@@ -88,9 +89,12 @@ class TransitionBatch(Message):
     discount: np.ndarray
     next_obs: np.ndarray
     priority: np.ndarray | None = None
+    # The actor's environment slot of each row: (actor, stream) names one sequence of consecutive env steps,
+    # which lets replay store each frame of a stack once. Absent: replay stores every stack whole.
+    stream: np.ndarray | None = None
 
     def validate(self) -> None:
-        _batch_size(self, ("obs", "action", "reward", "discount", "next_obs", "priority"))
+        _batch_size(self, ("obs", "action", "reward", "discount", "next_obs", "priority", "stream"))
         _same_obs(self)
 
     def __len__(self) -> int:
