@@ -1,30 +1,50 @@
-"""Environment factory: any registered Gymnasium id plus every gym-super-mario-bros id."""
+"""Environments by id: Super Mario Bros, Atari (ale-py), Snake, MettaGrid and any Gymnasium id, single or as vectors.
+
+An id may carry options after ``?``, e.g. ``SuperMarioBros-1-1-v0?actions=right_only`` or
+``ALE/Breakout-v5?clip_rewards=false,repeat_action_probability=0``: every service derives the
+same observation shape and action count from the same id string.
+"""
 
 from __future__ import annotations
 
 import difflib
+import json
+import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
 import numpy as np
 
+from flywheel.envs.atari import AtariConfig, is_atari_id, register_ale
 from flywheel.envs.mario import MarioConfig, MarioEnv, mario_env_ids, parse_mario_id
+from flywheel.envs.metta import METTAGRID_IDS, is_mettagrid_id
+from flywheel.envs.snake import SNAKE_IDS, SnakeConfig, SnakeEnv, SnakeVector, register_snake
+from flywheel.envs.vector import EpisodeEnd, InProcessVector, VectorEnv, VectorStep
 
 __all__ = [
     "EnvSpec",
+    "EpisodeEnd",
     "UnknownEnvironmentError",
+    "VectorEnv",
+    "VectorStep",
+    "env_family",
     "env_spec",
     "known_env_ids",
     "make_env",
+    "make_vector_env",
+    "split_env_id",
 ]
 
-_EXAMPLE_IDS = ("CartPole-v1", "SuperMarioBros-1-1-v0", "SuperMarioBros-v0", "SuperMarioBrosRandomStages-v0")
+Family = Literal["mario", "atari", "snake", "mettagrid", "gymnasium"]
+_EXAMPLE_IDS = ("CartPole-v1", "SuperMarioBros-1-1-v0", "ALE/Pong-v5", "Snake-v0", "MettaGrid-v0")
+
+register_snake()
 
 
 class UnknownEnvironmentError(ValueError):
-    """Raised for an env id that is neither a registered Gymnasium id nor a Mario id."""
+    """Raised for an env id that no family (Mario, Atari, Snake, MettaGrid, Gymnasium) knows."""
 
     def __init__(self, env_id: str) -> None:
         """Build a one-line message with suggestions and the accepted id families."""
@@ -33,55 +53,146 @@ class UnknownEnvironmentError(ValueError):
         hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
         super().__init__(
             f"unknown environment id {env_id!r}{hint}; known: {', '.join(_EXAMPLE_IDS)}, ... "
-            "(any registered Gymnasium id, every gym-super-mario-bros id SuperMarioBros[-W-S]-vN / "
-            "SuperMarioBrosRandomStages-vN / SuperMarioBros2-vN); list them with "
+            "(every gym-super-mario-bros id SuperMarioBros[-W-S]-vN / SuperMarioBrosRandomStages-vN / "
+            "SuperMarioBros2-vN, every ale-py id ALE/<Game>-v5 / <Game>NoFrameskip-v4, Snake-v0, "
+            f"{' / '.join(METTAGRID_IDS)}, any registered Gymnasium id); list them with "
             "flywheel.envs.known_env_ids()"
         )
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """Static description of an env's observations and actions as seen by the learner."""
+    """Static description of an env's observations and actions as seen by the learner.
+
+    ``agents`` is how many env slots one simulation fills (MettaGrid: its agents; else 1).
+    """
 
     env_id: str
     obs_shape: tuple[int, ...]
     obs_dtype: str
     n_actions: int
+    agents: int = 1
 
 
 def known_env_ids() -> list[str]:
-    """Return every accepted id: Mario ids first, then the Gymnasium registry (sorted)."""
-    return mario_env_ids() + sorted(gymnasium.registry)
+    """Every accepted id (without options): Mario, Snake, MettaGrid, then the Gymnasium registry with ale-py's."""
+    register_ale()
+    ours = mario_env_ids() + list(SNAKE_IDS) + list(METTAGRID_IDS)
+    return ours + sorted(set(gymnasium.registry) - set(ours))
 
 
-def _check_known(env_id: str) -> bool:
-    """Return True for a Mario id, False for a Gymnasium id; raise if neither."""
+def _option_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def split_env_id(env_id: str) -> tuple[str, dict[str, Any]]:
+    """Split ``"ID?name=value,name=value"`` into the id and its options (values read as JSON, else strings)."""
     if not isinstance(env_id, str):
         raise TypeError(f"env_id must be a str, got {type(env_id).__name__}")
-    if parse_mario_id(env_id) is not None:
-        return True
-    if env_id in gymnasium.registry:
-        return False
-    raise UnknownEnvironmentError(env_id)
+    base, _, query = env_id.partition("?")
+    options: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in query.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"bad option {item!r} in environment id {env_id!r}; expected name=value")
+        options[name.strip()] = _option_value(value.strip())
+    return base, options
+
+
+def env_family(env_id: str) -> Family:
+    """Which family builds ``env_id`` (options after ``?`` ignored); raise UnknownEnvironmentError if none."""
+    base, _ = split_env_id(env_id)
+    if parse_mario_id(base) is not None:
+        return "mario"
+    if base in SNAKE_IDS:
+        return "snake"
+    if is_mettagrid_id(base):
+        return "mettagrid"
+    if base not in gymnasium.registry:
+        register_ale()
+    if base in gymnasium.registry:
+        return "atari" if is_atari_id(base) else "gymnasium"
+    raise UnknownEnvironmentError(base)
+
+
+def _resolve(env_id: str, options: dict[str, Any]) -> tuple[str, Family, dict[str, Any]]:
+    base, from_id = split_env_id(env_id)
+    family = env_family(base)
+    return base, family, {**from_id, **options}
 
 
 def make_env(env_id: str, seed: int | None = None, **options: Any) -> gymnasium.Env[np.ndarray, Any]:
-    """Build an env for ``env_id``; ``seed`` seeds its first reset and action space.
+    """Build one env for ``env_id``; ``seed`` seeds its first reset and action space.
 
-    Mario options: actions ("simple" | "right_only" | "complex"), frame_skip,
-    stack, size, max_episode_steps, stages, render_mode.  Gymnasium options are
-    passed to ``gymnasium.make``.
+    Options (also accepted after ``?`` in the id): Mario — actions ("simple" | "right_only" |
+    "complex"), frame_skip, stack, size, max_episode_steps, stages; Atari — see AtariConfig;
+    Snake — see SnakeConfig; Gymnasium ids — passed to ``gymnasium.make``. MettaGrid is
+    multi-agent: use :func:`make_vector_env`.
     """
-    if _check_known(env_id):
-        env: gymnasium.Env[np.ndarray, Any] = MarioEnv(env_id, **options)
+    base, family, options = _resolve(env_id, options)
+    env: gymnasium.Env[np.ndarray, Any]
+    if family == "mario":
+        env = MarioEnv(base, **options)
+    elif family == "atari":
+        from flywheel.envs.atari import AtariEnv
+
+        env = AtariEnv(base, **options)
+    elif family == "snake":
+        env = SnakeEnv(**options)
+    elif family == "mettagrid":
+        raise ValueError(f"{base} is multi-agent: build it with flywheel.envs.make_vector_env (agents become slots)")
     else:
         from flywheel.envs.gym_envs import make_gymnasium_env
 
-        env = make_gymnasium_env(env_id, **options)
+        env = make_gymnasium_env(base, **options)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)
     return env
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int | None = None, *,
+                    mode: Literal["inprocess", "subprocess"] = "inprocess", workers: int | None = None,
+                    groups: int = 2, slot_offset: int = 0, **options: Any) -> VectorEnv:
+    """``num_envs`` slots of ``env_id`` with auto-reset; slot ``i`` is seeded with ``seed + i``.
+
+    ``inprocess`` steps them in this process (Snake and MettaGrid natively vectorised, others one
+    after another); ``subprocess`` spreads them over ``workers`` processes (default: the usable
+    cores) sharing memory, double-buffered in ``groups`` halves.
+    """
+    base, family, options = _resolve(env_id, options)
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if mode == "subprocess":
+        from flywheel.envs.subproc import SubprocessVector
+
+        spec = env_spec(base, **options)
+        count = workers if workers else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        return SubprocessVector(base, num_envs, obs_shape=spec.obs_shape, obs_dtype=spec.obs_dtype,
+                                n_actions=spec.n_actions, seed=seed, workers=count, groups=groups,
+                                atom=spec.agents, options=options)
+    if mode != "inprocess":
+        raise ValueError(f"vector mode must be 'inprocess' or 'subprocess', got {mode!r}")
+    if family == "snake":
+        return SnakeVector(num_envs, seed, slot_offset=slot_offset, **options)
+    if family == "mettagrid":
+        from flywheel.envs.metta import MettaGridVector
+
+        return MettaGridVector(base, num_envs, seed, slot_offset=slot_offset, **options)
+    seeds = [None if seed is None else seed + i for i in range(num_envs)]
+    envs = []
+    try:
+        for _ in range(num_envs):
+            envs.append(make_env(base, **options))
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    return InProcessVector(envs, seeds, slot_offset=slot_offset)
 
 
 _SPEC_CACHE: dict[tuple[str, tuple[tuple[str, Any], ...]], EnvSpec] = {}
@@ -90,12 +201,20 @@ _SPEC_LOCK = threading.Lock()
 
 def _compute_spec(env_id: str, options: dict[str, Any]) -> EnvSpec:
     """Derive the spec, building (and closing) one env only for Gymnasium ids."""
-    if _check_known(env_id):
-        config = MarioConfig.from_options(**options)
-        return EnvSpec(env_id, config.obs_shape, "uint8", config.n_actions)
-    from flywheel.envs.gym_envs import make_gymnasium_env
+    base, family, options = _resolve(env_id, options)
+    if family == "mario":
+        mario = MarioConfig.from_options(**options)
+        return EnvSpec(env_id, mario.obs_shape, "uint8", mario.n_actions)
+    if family == "snake":
+        return EnvSpec(env_id, SnakeConfig.from_options(**options).obs_shape, "uint8", 4)
+    if family == "mettagrid":
+        from flywheel.envs.metta import mettagrid_spec
 
-    env = make_gymnasium_env(env_id, **options)
+        metta = mettagrid_spec(base, **options)
+        return EnvSpec(env_id, metta.obs_shape, "uint8", metta.n_actions, metta.agents)
+    if family == "atari":
+        AtariConfig.from_options(**options)  # validate before building an emulator
+    env = make_env(base, **options)
     try:
         space = env.observation_space
         return EnvSpec(env_id, tuple(int(d) for d in space.shape), np.dtype(space.dtype).name, int(env.action_space.n))

@@ -1,0 +1,202 @@
+"""Vectors of environments with auto-reset: the interface actors step, and the in-process implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+# Info keys of an episode's last step that become episode metrics (Mario: distance, flag, world, stage).
+EPISODE_INFO_METRICS: dict[str, str] = {"x_pos": "distance", "flag_get": "flag", "world": "world", "stage": "stage"}
+
+
+@dataclass
+class EpisodeEnd:
+    """One finished episode of one env slot: its return and length plus env-specific metrics."""
+
+    slot: int
+    ret: float
+    length: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> list[Any]:
+        """A JSON-able form (subprocess workers send these through a pipe)."""
+        return [self.slot, self.ret, self.length, self.metrics]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> EpisodeEnd:
+        """Rebuild from :meth:`to_json`."""
+        slot, ret, length, metrics = data
+        return cls(int(slot), float(ret), int(length), {str(k): float(v) for k, v in metrics.items()})
+
+
+@dataclass
+class VectorStep:
+    """The outcome of one step of a group of slots.
+
+    ``obs`` is what each slot acts on next (the reset observation where an episode ended);
+    ``final_obs`` is the last observation of the ended episode where ``terminated | truncated``
+    and equals ``obs`` elsewhere. Arrays may be reused by the vector's next step of the same
+    group: copy what you keep.
+    """
+
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
+    episodes: list[EpisodeEnd]
+
+
+class VectorEnv:
+    """A fixed number of env slots stepped together; episodes end and restart by themselves.
+
+    Slots are split into ``groups`` (contiguous ranges). An actor may have one group in flight
+    (``step_async``) while it computes actions for another, as Sample Factory's double-buffered
+    sampling does; synchronous vectors have a single group and step inside ``step_wait``.
+    """
+
+    num_envs: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    n_actions: int
+
+    @property
+    def groups(self) -> list[range]:
+        """Slot ranges that are stepped as one unit (one group: the whole vector)."""
+        return [range(self.num_envs)]
+
+    def reset(self) -> np.ndarray:
+        """Reset every slot (seeded at construction) and return (num_envs, *obs_shape) observations."""
+        raise NotImplementedError
+
+    def step_async(self, group: int, actions: np.ndarray) -> None:
+        """Start stepping ``group``'s slots with ``actions`` (one per slot of the group)."""
+        raise NotImplementedError
+
+    def step_wait(self, group: int) -> VectorStep:
+        """Finish the step started for ``group`` and return its outcome."""
+        raise NotImplementedError
+
+    def step(self, actions: np.ndarray) -> VectorStep:
+        """Step every slot (only for single-group vectors)."""
+        if len(self.groups) != 1:
+            raise RuntimeError("step() needs a single-group vector; use step_async/step_wait per group")
+        self.step_async(0, actions)
+        return self.step_wait(0)
+
+    def close(self) -> None:
+        """Free the environments; safe to call twice."""
+
+
+class SyncVectorEnv(VectorEnv):
+    """A single-group vector that steps in the caller's thread: ``step_wait`` does the work."""
+
+    def __init__(self) -> None:
+        """Start with no actions pending."""
+        self._pending: np.ndarray | None = None
+
+    def step_async(self, group: int, actions: np.ndarray) -> None:
+        """Remember the actions; stepping happens in :meth:`step_wait`."""
+        if group != 0:
+            raise ValueError(f"{type(self).__name__} has one group, got group {group}")
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_envs,):
+            raise ValueError(f"expected {self.num_envs} actions, got shape {actions.shape}")
+        self._pending = actions
+
+    def step_wait(self, group: int) -> VectorStep:
+        """Step with the remembered actions."""
+        if self._pending is None:
+            raise RuntimeError("step_wait without step_async")
+        actions, self._pending = self._pending, None
+        return self._step(actions)
+
+    def _step(self, actions: np.ndarray) -> VectorStep:
+        raise NotImplementedError
+
+
+class InProcessVector(SyncVectorEnv):
+    """Gymnasium envs stepped one after another in this process, each reset on its own when done.
+
+    Slot ``i`` is reset with ``seeds[i]`` the first time. Episode returns and lengths are kept here;
+    an env that accounts for its own episodes (``reports_episodes = True``, e.g. Atari with episodic
+    life, where losing a life ends a training episode but not the game) reports them in
+    ``info["episode"]`` instead.
+    """
+
+    def __init__(self, envs: Sequence[gymnasium.Env[np.ndarray, Any]], seeds: Sequence[int | None] | None = None,
+                 slot_offset: int = 0) -> None:
+        """Take ownership of ``envs`` (all with the same spaces)."""
+        super().__init__()
+        if not envs:
+            raise ValueError("a vector needs at least one environment")
+        self.envs = list(envs)
+        self.seeds = list(seeds) if seeds is not None else [None] * len(self.envs)
+        self.slot_offset = slot_offset
+        space = self.envs[0].observation_space
+        self.num_envs = len(self.envs)
+        self.obs_shape = tuple(int(d) for d in space.shape)
+        self.obs_dtype = np.dtype(space.dtype)
+        self.n_actions = int(self.envs[0].action_space.n)
+        self._self_reporting = [bool(getattr(env.unwrapped, "reports_episodes", False)) for env in self.envs]
+        self._ret = np.zeros(self.num_envs)
+        self._len = np.zeros(self.num_envs, dtype=np.int64)
+        self._obs = np.zeros((self.num_envs, *self.obs_shape), dtype=self.obs_dtype)
+        self._final = np.zeros_like(self._obs)
+        self._closed = False
+
+    def reset(self) -> np.ndarray:
+        """Reset each env with its seed."""
+        for i, env in enumerate(self.envs):
+            seed = self.seeds[i]
+            self._obs[i] = env.reset(seed=seed)[0]
+            if seed is not None:
+                env.action_space.seed(seed)
+        self._ret[:] = 0.0
+        self._len[:] = 0
+        return self._obs.copy()
+
+    def _step(self, actions: np.ndarray) -> VectorStep:
+        n = self.num_envs
+        reward = np.zeros(n, dtype=np.float32)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        episodes: list[EpisodeEnd] = []
+        obs_out, final = self._obs, self._final
+        for i, env in enumerate(self.envs):
+            obs, r, term, trunc, info = env.step(int(actions[i]))
+            reward[i], terminated[i], truncated[i] = r, term, trunc
+            self._ret[i] += r
+            self._len[i] += 1
+            if term or trunc:
+                final[i] = obs
+                self._record(i, info, episodes)
+                obs, _ = env.reset()
+            else:
+                final[i] = obs
+            obs_out[i] = obs
+        return VectorStep(obs_out, reward, terminated, truncated, final, episodes)
+
+    def _record(self, i: int, info: dict[str, Any], episodes: list[EpisodeEnd]) -> None:
+        slot = self.slot_offset + i
+        if self._self_reporting[i]:
+            done = info.get("episode")
+            if done is not None:
+                metrics = {k: float(v) for k, v in done.items() if k not in ("return", "length")}
+                episodes.append(EpisodeEnd(slot, float(done["return"]), int(done["length"]), metrics))
+            return
+        metrics = {name: float(info[key]) for key, name in EPISODE_INFO_METRICS.items() if key in info}
+        episodes.append(EpisodeEnd(slot, float(self._ret[i]), int(self._len[i]), metrics))
+        self._ret[i] = 0.0
+        self._len[i] = 0
+
+    def close(self) -> None:
+        """Close every env once."""
+        if not self._closed:
+            self._closed = True
+            for env in self.envs:
+                env.close()
