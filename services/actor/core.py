@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
 
-from flywheel.envs import make_env
+from flywheel.envs import EpisodeEnd, VectorEnv, make_vector_env
 from flywheel.nets import QNetwork
 
 from .nstep import Emitted, NStepAccumulator
@@ -23,106 +25,155 @@ class EpisodeStats:
     distances: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     flags: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     eval_returns: deque[float] = field(default_factory=lambda: deque(maxlen=10))
+    last_metrics: dict[str, float] = field(default_factory=dict)
     episodes: int = 0
     eval_episodes: int = 0
 
+    def record(self, episode: EpisodeEnd) -> None:
+        """Add one finished training episode."""
+        self.returns.append(episode.ret)
+        self.lengths.append(episode.length)
+        if "distance" in episode.metrics:
+            self.distances.append(episode.metrics["distance"])
+        if "flag" in episode.metrics:
+            self.flags.append(episode.metrics["flag"])
+        self.last_metrics = dict(episode.metrics)
+        self.episodes += 1
+
+
+@dataclass
+class TimeSplit:
+    """Seconds the actor spent in each part of its loop (cumulative)."""
+
+    env: float = 0.0  # stepping environments, or waiting for the workers that step them
+    inference: float = 0.0  # the batched forward passes
+    other: float = 0.0  # n-step returns, priorities, epsilon-greedy choice, copies
+
+    def as_counters(self) -> dict[str, float]:
+        """Telemetry counter names."""
+        return {"env_seconds_total": self.env, "inference_seconds_total": self.inference,
+                "bookkeeping_seconds_total": self.other}
+
 
 class ActorCore:
-    """Steps ``num_envs`` environments (plus an optional greedy evaluation env) with one network."""
+    """Steps a :class:`VectorEnv` with one network, one slot group per call.
 
-    def __init__(self, env_id: str, num_envs: int, net: QNetwork, *, n_step: int, gamma: float,
-                 eval_envs: int = 0, seed: int | None = None) -> None:
-        self.envs = [make_env(env_id, seed=None if seed is None else seed + i) for i in range(num_envs)]
-        self.eval_env = make_env(env_id, seed=None if seed is None else seed + 10_000) if eval_envs else None
+    With a double-buffered (subprocess) vector, group B's forward pass runs while the workers
+    step group A. An optional greedy evaluation vector (epsilon 0, never sent) is stepped with
+    group 0. Every emitted row carries its env slot in ``stream``; rows of one slot come in step
+    order.
+    """
+
+    def __init__(self, vec: VectorEnv, net: QNetwork, *, n_step: int, gamma: float,
+                 eval_vec: VectorEnv | None = None, seed: int | None = None) -> None:
+        self.vec = vec
+        self.eval_vec = eval_vec
         self.net = net
         self.rng = np.random.default_rng(seed)
-        self.n_actions = int(self.envs[0].action_space.n)
-        self.obs = np.stack([env.reset(seed=None if seed is None else seed + i)[0]
-                             for i, env in enumerate(self.envs)])
-        self.eval_obs = self.eval_env.reset()[0] if self.eval_env is not None else None
-        self.nstep = NStepAccumulator(num_envs, self.obs.shape[1:], self.obs.dtype, n_step, gamma)
-        self.ep_return = np.zeros(num_envs)
-        self.ep_length = np.zeros(num_envs, dtype=np.int64)
-        self.eval_return = 0.0
+        self.n_actions = vec.n_actions
+        self.groups = vec.groups
+        first = vec.reset()
+        self.obs = [np.array(first[g.start:g.stop]) for g in self.groups]
+        self.nstep = [NStepAccumulator(len(g), vec.obs_shape, vec.obs_dtype, n_step, gamma, stream_base=g.start)
+                      for g in self.groups]
+        self.actions = [np.zeros(len(g), dtype=np.int64) for g in self.groups]
+        self.q_sa = [np.zeros(len(g)) for g in self.groups]
+        self.in_flight = [False] * len(self.groups)
+        self.eval_obs = eval_vec.reset() if eval_vec is not None else None
         self.stats = EpisodeStats()
+        self.times = TimeSplit()
         self.epsilon = 0.4
         self.env_steps = 0
+        self._next = 0
 
     @property
     def num_envs(self) -> int:
-        return len(self.envs)
+        return self.vec.num_envs
 
     def _q_values(self, obs: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
         with torch.inference_mode():
-            return self.net(torch.from_numpy(obs)).float().numpy()
+            q = self.net(torch.from_numpy(obs)).float().numpy()
+        self.times.inference += time.perf_counter() - start
+        return q
 
     def step(self) -> list[Emitted]:
-        """Advance every environment one step; return the transitions that became ready."""
+        """Advance one slot group one step; return the transitions that became ready."""
+        start = time.perf_counter()
+        g = self._next
+        self._next = (g + 1) % len(self.groups)
         ready: list[Emitted] = []
-        batch = self.obs if self.eval_obs is None else np.concatenate([self.obs, self.eval_obs[None]])
+        env_s = 0.0
+        infer_before = self.times.inference
+        if self.in_flight[g]:
+            wait_start = time.perf_counter()
+            res = self.vec.step_wait(g)
+            env_s += time.perf_counter() - wait_start
+            final_max_q = None
+            if res.truncated.any():
+                final_max_q = np.zeros(len(res.truncated))
+                rows = np.flatnonzero(res.truncated)
+                final_max_q[rows] = self._q_values(np.ascontiguousarray(res.final_obs[rows])).max(axis=1)
+            emitted = self.nstep[g].push(self.obs[g], self.actions[g], self.q_sa[g], res.reward, res.terminated,
+                                         res.truncated, res.final_obs, final_max_q)
+            if emitted is not None:
+                ready.append(emitted)
+            np.copyto(self.obs[g], res.obs)
+            for episode in res.episodes:
+                self.stats.record(episode)
+            self.env_steps += len(res.reward)
+        n = len(self.obs[g])
+        with_eval = g == 0 and self.eval_obs is not None
+        batch = np.concatenate([self.obs[g], self.eval_obs]) if with_eval else self.obs[g]
         q_all = self._q_values(batch)
-        q = q_all[: self.num_envs]
-        finished = self.nstep.finish(q.max(axis=1))
+        q = q_all[:n]
+        finished = self.nstep[g].finish(q.max(axis=1))
         if finished is not None:
             ready.append(finished)
-        greedy = q.argmax(axis=1)
-        explore = self.rng.random(self.num_envs) < self.epsilon
-        actions = np.where(explore, self.rng.integers(0, self.n_actions, self.num_envs), greedy)
-        q_sa = q[np.arange(self.num_envs), actions]
-        next_obs = np.empty_like(self.obs)
-        rewards = np.zeros(self.num_envs)
-        terminated = np.zeros(self.num_envs, dtype=bool)
-        truncated = np.zeros(self.num_envs, dtype=bool)
-        final_obs = np.empty_like(self.obs)
-        for i, env in enumerate(self.envs):
-            obs, reward, term, trunc, info = env.step(int(actions[i]))
-            rewards[i], terminated[i], truncated[i] = reward, term, trunc
-            final_obs[i] = obs
-            if term or trunc:
-                self._end_episode(i, reward, info)
-                obs, _ = env.reset()
-            else:
-                self.ep_return[i] += reward
-                self.ep_length[i] += 1
-            next_obs[i] = obs
-        final_max_q = None
-        if truncated.any():
-            final_max_q = np.zeros(self.num_envs)
-            rows = np.nonzero(truncated)[0]
-            final_max_q[rows] = self._q_values(final_obs[rows]).max(axis=1)
-        emitted = self.nstep.push(self.obs, actions, q_sa, rewards, terminated, truncated, final_obs, final_max_q)
-        if emitted is not None:
-            ready.append(emitted)
-        self.obs = next_obs
-        self.env_steps += self.num_envs
-        if self.eval_env is not None:
-            self._step_eval(int(q_all[-1].argmax()))
+        actions = q.argmax(axis=1)
+        explore = self.rng.random(n) < self.epsilon
+        if explore.any():
+            actions = np.where(explore, self.rng.integers(0, self.n_actions, n), actions)
+        self.actions[g] = actions
+        self.q_sa[g] = q[np.arange(n), actions]
+        wait_start = time.perf_counter()
+        self.vec.step_async(g, actions)
+        self.in_flight[g] = True
+        if with_eval:
+            self._step_eval(q_all[n:].argmax(axis=1))
+        env_s += time.perf_counter() - wait_start
+        self.times.env += env_s
+        self.times.other += time.perf_counter() - start - env_s - (self.times.inference - infer_before)
         return ready
 
-    def _end_episode(self, i: int, reward: float, info: dict) -> None:
-        stats = self.stats
-        stats.returns.append(float(self.ep_return[i] + reward))
-        stats.lengths.append(int(self.ep_length[i] + 1))
-        if "x_pos" in info:
-            stats.distances.append(float(info["x_pos"]))
-            stats.flags.append(float(bool(info.get("flag_get", False))))
-        stats.episodes += 1
-        self.ep_return[i] = 0.0
-        self.ep_length[i] = 0
-
-    def _step_eval(self, action: int) -> None:
-        assert self.eval_env is not None
-        obs, reward, term, trunc, _ = self.eval_env.step(action)
-        self.eval_return += float(reward)
-        if term or trunc:
-            self.stats.eval_returns.append(self.eval_return)
+    def _step_eval(self, actions: np.ndarray) -> None:
+        assert self.eval_vec is not None
+        res = self.eval_vec.step(actions)
+        self.eval_obs = np.array(res.obs)
+        for episode in res.episodes:
+            self.stats.eval_returns.append(episode.ret)
             self.stats.eval_episodes += 1
-            self.eval_return = 0.0
-            obs, _ = self.eval_env.reset()
-        self.eval_obs = obs
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
-        if self.eval_env is not None:
-            self.eval_env.close()
+        self.vec.close()
+        if self.eval_vec is not None:
+            self.eval_vec.close()
+
+
+def build_core(env_id: str, num_envs: int, net: QNetwork, *, n_step: int, gamma: float, eval_envs: int = 0,
+               seed: int | None = None, vector_mode: Literal["inprocess", "subprocess"] = "inprocess",
+               workers: int | None = None) -> ActorCore:
+    """An ActorCore over ``num_envs`` slots of ``env_id``; ``eval_envs`` adds one greedy env (one simulation)."""
+    vec = make_vector_env(env_id, num_envs, seed, mode=vector_mode, workers=workers)
+    eval_vec = None
+    try:
+        if eval_envs:
+            from flywheel.envs import env_spec
+
+            eval_vec = make_vector_env(env_id, env_spec(env_id).agents, None if seed is None else seed + 10_000)
+        return ActorCore(vec, net, n_step=n_step, gamma=gamma, eval_vec=eval_vec, seed=seed)
+    except BaseException:
+        vec.close()
+        if eval_vec is not None:
+            eval_vec.close()
+        raise

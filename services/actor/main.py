@@ -10,11 +10,12 @@ import numpy as np
 import torch
 import zmq
 
-from flywheel.envs import env_spec
+from flywheel.envs import UnknownEnvironmentError, env_spec
 from flywheel.nets import build_q_network
+from flywheel.settings import fail
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, install_stop_signals
 
-from .core import ActorCore
+from .core import ActorCore, build_core
 from .nstep import ControlArgError, apex_epsilon, apply_exploration_command
 from .settings import ActorSettings
 from .transport import LeaseClient, TransitionSender, WeightsReceiver
@@ -27,13 +28,67 @@ def _mean(values: object) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
+def _build(settings: ActorSettings) -> tuple[ActorCore, Any]:
+    """The network and the acting core; a bad env id or option stops the actor with one line."""
+    try:
+        spec = env_spec(settings.env_id)
+        net = build_q_network(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden)
+        net.eval()
+        core = build_core(settings.env_id, settings.num_envs, net, n_step=settings.n_step, gamma=settings.gamma,
+                          eval_envs=settings.eval_envs, seed=settings.seed, vector_mode=settings.vector_mode,
+                          workers=settings.workers or None)
+    except UnknownEnvironmentError:
+        raise
+    except (TypeError, ValueError, ImportError, RuntimeError) as exc:
+        raise fail(f"flywheel actor: cannot build {settings.env_id!r} x {settings.num_envs} "
+                   f"(--env-id / FLYWHEEL_ACTOR_ENV_ID, --num-envs): {exc}") from None
+    return core, spec
+
+
+def _telemetry(core: ActorCore, sender: TransitionSender, weights: WeightsReceiver, lease: LeaseClient,
+               state: dict[str, Any], rate: dict[str, float], now: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Counters and gauges of one report."""
+    if now - rate["since"] >= 5.0:  # a 5 s window: blocked actors advance in bursts
+        rate["per_s"] = (core.env_steps - rate["steps"]) / (now - rate["since"])
+        rate["since"], rate["steps"] = now, core.env_steps
+    stats = core.stats
+    gauges = {
+        "epsilon": core.epsilon, "weight_version": weights.version, "weight_version_newest": weights.newest_seen,
+        "policy_lag_versions": weights.lag, "weight_age_seconds": now - weights.updated_at,
+        "env_steps_per_second": rate["per_s"], "episode_return_mean": _mean(stats.returns),
+        "episode_length_mean": _mean(stats.lengths), "lease_index": lease.index, "lease_count": lease.count,
+        "paused": float(state["paused"]), "send_blocked_seconds": sender.blocked_s, "num_envs": core.num_envs,
+        "slot_groups": len(core.groups),
+    }
+    if stats.returns:
+        gauges["episode_return_last"] = stats.returns[-1]
+    if stats.distances:
+        gauges["mario_distance_mean"] = _mean(stats.distances)
+        gauges["mario_distance_max"] = max(stats.distances)
+    if stats.flags:
+        gauges["mario_flag_rate"] = _mean(stats.flags)
+    for key in ("world", "stage"):
+        if key in stats.last_metrics:
+            gauges[f"mario_{key}_last"] = stats.last_metrics[key]
+    if stats.eval_returns:
+        gauges["eval_return_mean"] = _mean(stats.eval_returns)
+        gauges["eval_return_last"] = stats.eval_returns[-1]
+    counters = {
+        "env_steps_total": core.env_steps, "episodes_total": stats.episodes,
+        "eval_episodes_total": stats.eval_episodes, "transitions_sent_total": sender.sent,
+        "transitions_dropped_total": sender.dropped, "weights_received_total": weights.received,
+        "weights_rejected_total": weights.rejected, "weights_stale_total": weights.stale,
+        "messages_rejected_total": weights.faults.total, "send_seconds_total": sender.send_s,
+        "send_blocked_seconds_total": sender.blocked_s, "weights_load_seconds_total": weights.load_s,
+        **core.times.as_counters(),
+    }
+    return counters, gauges
+
+
 def main(settings: ActorSettings) -> int:
     torch.set_num_threads(1)
-    spec = env_spec(settings.env_id)
-    net = build_q_network(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden)
-    net.eval()
-    core = ActorCore(settings.env_id, settings.num_envs, net, n_step=settings.n_step, gamma=settings.gamma,
-                     eval_envs=settings.eval_envs, seed=settings.seed)
+    core, spec = _build(settings)  # before any ZeroMQ context: env workers are started first
+    net = core.net
     ctx = zmq.Context()
     faults = FaultCounter("actor")
     telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, "actor", settings.instance,
@@ -41,7 +96,7 @@ def main(settings: ActorSettings) -> int:
     control = ControlSubscriber(ctx, settings.control_endpoint, "actor", settings.instance, faults)
     sender = TransitionSender(ctx, settings.transitions_endpoint, settings.instance, hwm=settings.send_hwm,
                               on_full=settings.on_full, batch_rows=settings.send_batch or settings.num_envs)
-    weights = WeightsReceiver(ctx, settings.weights_endpoint, net, faults)
+    weights = WeightsReceiver(ctx, settings.weights_endpoint, net, faults, interval_s=settings.weights_interval_s)
     lease = LeaseClient(ctx, settings.lease_endpoint, settings.instance, faults)
     state: dict[str, Any] = {"running": True, "paused": False, "epsilon_override": settings.epsilon,
                              "base": settings.epsilon_base, "alpha": settings.epsilon_alpha}
@@ -52,55 +107,34 @@ def main(settings: ActorSettings) -> int:
 
     def set_epsilon() -> None:
         fixed = state["epsilon_override"]
-        core.epsilon = float(fixed) if fixed is not None else apex_epsilon(
+        epsilon = float(fixed) if fixed is not None else apex_epsilon(
             lease.index, lease.count, state["base"], state["alpha"])
+        if epsilon != core.epsilon:
+            log.info("epsilon %.5f (actor %d of %d)", epsilon, lease.index, lease.count)
+        core.epsilon = epsilon
 
     if settings.epsilon is None and not lease.wait_first(3.0):
         log.warning("no lease from %s yet: acting as actor 0 of 1 until one arrives", settings.lease_endpoint)
     set_epsilon()
-    log.info("actor %s: %d x %s (%s, %d actions), epsilon %.4f, sending to %s",
-             settings.instance, settings.num_envs, settings.env_id, net.name, spec.n_actions, core.epsilon,
-             settings.transitions_endpoint)
-    rate = {"since": time.monotonic(), "steps": 0, "per_s": 0.0}
+    log.info("actor %s: %d x %s (%s, %d actions, %s, %d slot group(s)), epsilon %.4f, sending to %s",
+             settings.instance, settings.num_envs, settings.env_id, net.name, spec.n_actions, settings.vector_mode,
+             len(core.groups), core.epsilon, settings.transitions_endpoint)
+    rate = {"since": time.monotonic(), "steps": 0.0, "per_s": 0.0}
 
     def report() -> None:
         now = time.monotonic()
-        if not telemetry.due(now):
-            return
-        if now - rate["since"] >= 5.0:  # a 5 s window: blocked actors advance in bursts
-            rate["per_s"] = (core.env_steps - rate["steps"]) / (now - rate["since"])
-            rate["since"], rate["steps"] = now, core.env_steps
-        stats = core.stats
-        gauges = {
-            "epsilon": core.epsilon, "weight_version": weights.version,
-            "weight_age_seconds": now - weights.updated_at, "env_steps_per_second": rate["per_s"],
-            "episode_return_mean": _mean(stats.returns), "episode_length_mean": _mean(stats.lengths),
-            "lease_index": lease.index, "lease_count": lease.count, "paused": float(state["paused"]),
-            "send_blocked_seconds": sender.blocked_s, "num_envs": core.num_envs,
-        }
-        if stats.returns:
-            gauges["episode_return_last"] = stats.returns[-1]
-        if stats.distances:
-            gauges["mario_distance_mean"] = _mean(stats.distances)
-            gauges["mario_distance_max"] = max(stats.distances)
-            gauges["mario_flag_rate"] = _mean(stats.flags)
-        if stats.eval_returns:
-            gauges["eval_return_mean"] = _mean(stats.eval_returns)
-            gauges["eval_return_last"] = stats.eval_returns[-1]
-        counters = {
-            "env_steps_total": core.env_steps, "episodes_total": stats.episodes,
-            "eval_episodes_total": stats.eval_episodes, "transitions_sent_total": sender.sent,
-            "transitions_dropped_total": sender.dropped, "weights_received_total": weights.received,
-            "weights_rejected_total": weights.rejected, "messages_rejected_total": faults.total,
-            "telemetry_dropped_total": telemetry.dropped,
-        }
-        telemetry.send(counters, gauges, {"env_id": settings.env_id, "network": net.name})
+        if telemetry.due(now):
+            counters, gauges = _telemetry(core, sender, weights, lease, state, rate, now)
+            counters["telemetry_dropped_total"] = telemetry.dropped
+            telemetry.send(counters, gauges, {"env_id": settings.env_id, "network": net.name,
+                                              "vector_mode": settings.vector_mode})
 
     def idle() -> None:
         if lease.tick(time.monotonic()) and state["epsilon_override"] is None:
             set_epsilon()
         report()
 
+    code = 0
     try:
         while state["running"]:
             now = time.monotonic()
@@ -119,7 +153,7 @@ def main(settings: ActorSettings) -> int:
                     set_epsilon()
             if lease.tick(now) and state["epsilon_override"] is None:
                 set_epsilon()
-            weights.poll()
+            weights.poll(now)
             if state["paused"]:
                 control.sock.poll(200)
             else:
@@ -128,6 +162,9 @@ def main(settings: ActorSettings) -> int:
             if settings.max_env_steps and core.env_steps >= settings.max_env_steps:
                 log.info("reached %d env steps, stopping", core.env_steps)
                 break
+    except RuntimeError as exc:  # EnvWorkerError and env failures: one clear line, non-zero exit
+        log.error("actor stopping: %s", exc)
+        code = 1
     finally:
         sender.flush(weights.version, lambda: False)
         lease.release()
@@ -136,4 +173,4 @@ def main(settings: ActorSettings) -> int:
         ctx.term()
         core.close()
     log.info("actor stopped after %d env steps, %d episodes", core.env_steps, core.stats.episodes)
-    return 0
+    return code

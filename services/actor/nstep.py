@@ -17,6 +17,7 @@ class Emitted:
     discount: np.ndarray
     next_obs: np.ndarray
     priority: np.ndarray
+    stream: np.ndarray | None = None  # env slot of each row (rows of one slot come in step order)
 
     def __len__(self) -> int:
         return int(self.action.shape[0])
@@ -32,10 +33,11 @@ class NStepAccumulator:
     """
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str,
-                 n: int, gamma: float) -> None:
+                 n: int, gamma: float, stream_base: int = 0) -> None:
         if n < 1:
             raise ValueError("n must be at least 1")
         self.num_envs, self.n, self.gamma = num_envs, n, gamma
+        self.stream_base = stream_base
         self.obs_w = np.zeros((n, num_envs, *obs_shape), dtype=obs_dtype)
         self.act_w = np.zeros((n, num_envs), dtype=np.int64)
         self.rew_w = np.zeros((n, num_envs), dtype=np.float64)
@@ -72,7 +74,9 @@ class NStepAccumulator:
         returns[0] = self.rew_w[slots_by_age[0]]
         for j in range(1, self.n):
             returns[j] = self.rew_w[slots_by_age[j]] + self.gamma * returns[j - 1]
-        age_idx, env_idx = np.nonzero(emit)
+        # Env-major, oldest step first: the rows of each env (stream) leave in step order.
+        env_idx, newer = np.nonzero(emit[::-1].T)
+        age_idx = self.n - 1 - newer
         slots = slots_by_age[age_idx]
         discount = self.gamma ** (age_idx + 1) * (1.0 - terminated[env_idx])
         rows = Emitted(
@@ -82,6 +86,7 @@ class NStepAccumulator:
             discount=discount.astype(np.float32),
             next_obs=np.asarray(next_obs)[env_idx],
             priority=np.zeros(len(env_idx), dtype=np.float32),
+            stream=(env_idx + self.stream_base).astype(np.int64),
         )
         base = rows.reward - self.qsa_w[slots, env_idx]
         self.filled[done] = 0
@@ -115,6 +120,7 @@ def _take(rows: Emitted, mask: np.ndarray) -> Emitted:
     return Emitted(
         obs=rows.obs[mask], action=rows.action[mask], reward=rows.reward[mask], discount=rows.discount[mask],
         next_obs=rows.next_obs[mask], priority=rows.priority[mask],
+        stream=None if rows.stream is None else rows.stream[mask],
     )
 
 

@@ -15,8 +15,13 @@ class ActorSettings(CommonSettings):
 
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_ACTOR_", extra="forbid", validate_default=True)
 
-    env_id: str = Field("SuperMarioBros-1-1-v0", description="environment id (Gymnasium or gym-super-mario-bros)")
-    num_envs: int = Field(8, ge=1, le=4096, description="environments stepped as one vector")
+    env_id: str = Field("SuperMarioBros-1-1-v0", description="environment id, options after '?' "
+                        "(e.g. SuperMarioBros-1-1-v0?actions=right_only, ALE/Pong-v5?clip_rewards=false)")
+    num_envs: int = Field(8, ge=1, le=4096, description="env slots stepped as one vector (MettaGrid: agents)")
+    vector_mode: Literal["inprocess", "subprocess"] = Field(
+        "inprocess", description="step envs in this process, or in worker processes over shared memory "
+        "(double-buffered: inference overlaps stepping)")
+    workers: int = Field(0, ge=0, le=256, description="worker processes in subprocess mode (0: the usable cores)")
     n_step: int = Field(3, ge=1, le=100, description="steps in each n-step return")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     dueling: bool = Field(True, description="dueling network head (must match the learner)")
@@ -31,5 +36,7 @@ class ActorSettings(CommonSettings):
     transitions_endpoint: str = Field("tcp://127.0.0.1:5555", description="replay PULL endpoint")
     weights_endpoint: str = Field("tcp://127.0.0.1:5557", description="learner weights PUB endpoint")
     lease_endpoint: str = Field("tcp://127.0.0.1:5560", description="gateway lease ROUTER endpoint")
+    weights_interval_s: float = Field(0.0, ge=0, le=3600, description="load new weights at most this often "
+                                      "(0: as soon as they arrive; newer ones replace waiting ones)")
     max_env_steps: int = Field(0, ge=0, description="stop after this many env steps (0: run until stopped)")
     seed: int | None = Field(None, description="seed for environments and exploration")

@@ -18,6 +18,12 @@ from .nstep import Emitted
 log = logging.getLogger("flywheel.actor")
 
 
+class StaleWeights(ValueError):
+    """A weights version not newer than the one acting."""
+
+    fault = "stale_version"
+
+
 class TransitionSender:
     """Batches emitted rows into TransitionBatch messages and PUSHes them to replay."""
 
@@ -27,14 +33,20 @@ class TransitionSender:
         self.sock.connect(endpoint)
         self.actor, self.on_full, self.batch_rows = actor, on_full, batch_rows
         self.buffer: list[Emitted] = []
+        self.buffer_version = 0
         self.buffered = 0
         self.seq = 0
         self.sent = 0
         self.dropped = 0
         self.blocked_s = 0.0
+        self.send_s = 0.0  # concatenating, encoding and handing to ZeroMQ (blocked time excluded)
 
     def add(self, rows: list[Emitted], weight_version: int, running: Callable[[], bool],
             idle: Callable[[], None] = lambda: None) -> None:
+        """Buffer rows made with ``weight_version``; a batch never mixes versions, so each carries its own."""
+        if self.buffer and weight_version != self.buffer_version:
+            self.flush(self.buffer_version, running, idle)
+        self.buffer_version = weight_version
         for r in rows:
             self.buffer.append(r)
             self.buffered += len(r)
@@ -45,13 +57,16 @@ class TransitionSender:
         """Send what is buffered; in block mode wait (calling ``idle`` every 200 ms) until replay takes it."""
         if not self.buffer:
             return
+        began = time.perf_counter()
         parts, self.buffer, count = self.buffer, [], self.buffered
         self.buffered = 0
         cat = (lambda name: np.concatenate([getattr(p, name) for p in parts])) if len(parts) > 1 else (
             lambda name: getattr(parts[0], name))
+        streams = None if any(p.stream is None for p in parts) else cat("stream")
         msg = proto.TransitionBatch(
             actor=self.actor, weight_version=weight_version, seq=self.seq, obs=cat("obs"), action=cat("action"),
             reward=cat("reward"), discount=cat("discount"), next_obs=cat("next_obs"), priority=cat("priority"),
+            stream=streams,
         )
         frames = proto.encode(msg)
         self.seq += 1
@@ -61,7 +76,14 @@ class TransitionSender:
                 self.sent += count
             except zmq.Again:
                 self.dropped += count
+            self.send_s += time.perf_counter() - began
             return
+        if self.sock.poll(0, zmq.POLLOUT):  # the common case: room at the high-water mark
+            self.sock.send_multipart(frames, copy=False)
+            self.sent += count
+            self.send_s += time.perf_counter() - began
+            return
+        self.send_s += time.perf_counter() - began
         start = time.monotonic()
         while True:  # block, but wake up to notice a stop request; always try once (the final flush on exit)
             if self.sock.poll(200, zmq.POLLOUT):
@@ -79,21 +101,43 @@ class TransitionSender:
 
 
 class WeightsReceiver:
-    """SUBscribes to the learner's weights; only the newest pending version is loaded."""
+    """SUBscribes to the learner's weights and loads the newest version at most every ``interval_s``.
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, net: QNetwork, faults: FaultCounter) -> None:
+    Every ``poll`` drains the socket (so the queue never holds stale versions) and remembers only
+    the newest decodable message; loading it into the acting network happens when the interval has
+    passed, so a fast learner never stalls acting. Weights that do not fit the network, and versions
+    not newer than the one acting (e.g. a learner restarted without --resume), are refused, counted
+    and logged once per kind; acting goes on with the weights it has.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, net: QNetwork, faults: FaultCounter, *,
+                 interval_s: float = 0.0) -> None:
         self.sock = make_socket(ctx, zmq.SUB, rcvhwm=2, max_msg_bytes=512 << 20)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         self.sock.connect(endpoint)
         self.net, self.faults = net, faults
-        self.version = 0
+        self.interval_s = interval_s
+        self.version = 0  # the version acting now
+        self.newest_seen = 0  # the newest version that arrived (loaded or waiting for the interval)
         self.received = 0
         self.rejected = 0
+        self.stale = 0
+        self.pending: proto.Weights | None = None
         self.updated_at = time.monotonic()
+        self.loaded_at = float("-inf")
+        self.load_s = 0.0
 
-    def poll(self) -> bool:
-        """Load the newest weights waiting, if any; returns whether the network changed."""
-        newest: proto.Weights | None = None
+    @property
+    def lag(self) -> int:
+        """Policy lag in versions: the newest version known minus the version acting."""
+        return max(0, self.newest_seen - self.version)
+
+    def _refuse(self, kind: str, exc: Exception) -> None:
+        self.faults.record(kind, exc)
+        self.rejected += 1
+
+    def poll(self, now: float | None = None) -> bool:
+        """Drain waiting messages; load the newest if the interval allows. Returns whether the network changed."""
         while True:
             try:
                 frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
@@ -102,26 +146,37 @@ class WeightsReceiver:
             try:
                 msg = proto.decode(frames, expect=proto.Weights)
             except proto.DecodeError as exc:
-                self.faults.record("weights", exc)
-                self.rejected += 1
+                self._refuse("weights", exc)
                 continue
             assert isinstance(msg, proto.Weights)
-            if msg.version <= (self.version if newest is None else newest.version):
-                continue  # older or repeated: keep what we have (or the newest seen in this drain)
-            newest = msg
-        if newest is None:
+            floor = max(self.version, self.pending.version if self.pending is not None else 0)
+            if msg.version <= floor:
+                if msg.version <= self.version:
+                    self.stale += 1
+                    self._refuse("weights", StaleWeights(
+                        f"weights version {msg.version} is not newer than the acting version {self.version} "
+                        "(a learner restarted without --resume?)"))
+                continue  # older than one already waiting: the waiting one wins
+            self.pending = msg
+            self.newest_seen = max(self.newest_seen, msg.version)
+        now = time.monotonic() if now is None else now
+        if self.pending is None or now - self.loaded_at < self.interval_s:
             return False
+        newest, self.pending = self.pending, None
+        began = time.perf_counter()
         try:
             load_weights(self.net, newest, self.net.name)
         except WeightsMismatch as exc:
-            self.faults.record("weights", exc)
-            self.rejected += 1
+            exc.fault = "mismatch"  # type: ignore[attr-defined]
+            self._refuse("weights", exc)
             return False
+        finally:
+            self.load_s += time.perf_counter() - began
         if self.version == 0:
             log.info("first weights received: version %d", newest.version)
         self.version = newest.version
         self.received += 1
-        self.updated_at = time.monotonic()
+        self.updated_at = self.loaded_at = now
         return True
 
     def close(self) -> None:

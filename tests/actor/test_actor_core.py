@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flywheel.nets import build_q_network
-from flywheel.services.actor.core import ActorCore
+from flywheel.services.actor.core import ActorCore, build_core
 from flywheel.services.actor.nstep import Emitted
 
 
@@ -20,7 +20,7 @@ def _one_thread() -> None:
 def make_core(num_envs: int = 4, n_step: int = 3, eval_envs: int = 0, seed: int | None = 1) -> ActorCore:
     net = build_q_network((4,), 2, hidden=32)
     net.eval()
-    return ActorCore("CartPole-v1", num_envs, net, n_step=n_step, gamma=0.99, eval_envs=eval_envs, seed=seed)
+    return build_core("CartPole-v1", num_envs, net, n_step=n_step, gamma=0.99, eval_envs=eval_envs, seed=seed)
 
 
 def greedy(core: ActorCore, obs: np.ndarray) -> np.ndarray:
@@ -31,13 +31,13 @@ def greedy(core: ActorCore, obs: np.ndarray) -> np.ndarray:
 def test_shapes_counting_and_episode_stats() -> None:
     core = make_core()
     try:
-        assert core.obs.shape == (4, 4) and core.obs.dtype == np.float32 and core.n_actions == 2
+        assert core.obs[0].shape == (4, 4) and core.obs[0].dtype == np.float32 and core.n_actions == 2
         rows: list[Emitted] = []
         steps = 0
         while core.stats.episodes < 3 and steps < 2000:
             rows += core.step()
             steps += 1
-        assert core.env_steps == 4 * steps
+        assert core.env_steps == 4 * (steps - 1)  # the first call only picks actions
         assert core.stats.episodes >= 3
         # CartPole pays 1 per step: returns equal lengths.
         assert list(core.stats.returns) == [float(n) for n in core.stats.lengths]
@@ -67,7 +67,7 @@ def test_eval_env_produces_eval_returns() -> None:
             steps += 1
         assert core.stats.eval_episodes >= 2
         assert all(1 <= r <= 500 for r in core.stats.eval_returns)
-        assert core.env_steps == 2 * steps  # the eval env does not count as training steps
+        assert core.env_steps == 2 * (steps - 1)  # the eval env does not count as training steps
     finally:
         core.close()
 
