@@ -7,9 +7,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+import psutil
 import zmq
 
-from flywheel import proto
+from flywheel import __version__, proto
 
 log = logging.getLogger("flywheel.transport")
 
@@ -62,11 +63,38 @@ class FaultCounter:
         return sum(self.counts.values())
 
 
+class ProcessStats:
+    """This process's CPU seconds, resident memory and threads (psutil), for the hardware dashboard."""
+
+    def __init__(self) -> None:
+        self._proc: psutil.Process | None = psutil.Process()
+
+    def sample(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(counters, gauges); empty when the process table cannot be read (the caller carries on)."""
+        if self._proc is None:
+            return {}, {}
+        try:
+            with self._proc.oneshot():
+                cpu = self._proc.cpu_times()
+                rss = self._proc.memory_info().rss
+                threads = self._proc.num_threads()
+        except (psutil.Error, OSError) as exc:
+            log.warning("process statistics unavailable (%s); not reporting them", exc)
+            self._proc = None
+            return {}, {}
+        return ({"process_cpu_seconds_total": float(cpu.user + cpu.system)},
+                {"process_resident_memory_bytes": float(rss), "process_threads": float(threads)})
+
+
 class TelemetryReporter:
-    """PUSHes an instance's counters and gauges to the gateway; never blocks, drops when full."""
+    """PUSHes an instance's counters and gauges to the gateway; never blocks, drops when full.
+
+    Every report also carries the process's CPU seconds, resident memory and thread count (unless the caller
+    reports those keys itself) and the Flywheel version in ``info``, so every service gets them for free.
+    """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, service: str, instance: str,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, process_stats: bool = True) -> None:
         self.sock = make_socket(ctx, zmq.PUSH, sndhwm=4)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)
         self.sock.connect(endpoint)
@@ -74,6 +102,7 @@ class TelemetryReporter:
         self.seq = 0
         self.dropped = 0
         self._next = 0.0
+        self.process = ProcessStats() if process_stats else None
 
     def due(self, now: float | None = None) -> bool:
         return (now if now is not None else time.monotonic()) >= self._next
@@ -81,7 +110,12 @@ class TelemetryReporter:
     def send(self, counters: dict[str, float], gauges: dict[str, float], info: dict[str, str] | None = None) -> None:
         self._next = time.monotonic() + self.interval_s
         self.seq += 1
-        msg = proto.Telemetry(self.service, self.instance, self.seq, time.time(), counters, gauges, info or {})
+        info = {"version": __version__, **(info or {})}
+        if self.process is not None:
+            proc_counters, proc_gauges = self.process.sample()
+            counters = {**proc_counters, **counters}
+            gauges = {**proc_gauges, **gauges}
+        msg = proto.Telemetry(self.service, self.instance, self.seq, time.time(), counters, gauges, info)
         try:
             self.sock.send_multipart(proto.encode(msg), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:

@@ -57,18 +57,25 @@ def run(settings: GatewaySettings) -> int:
     import uvicorn
 
     from .app import GatewayService, create_app
+    from .auth import StartupError
 
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    service = GatewayService(settings)
     try:
+        service = GatewayService(settings)
+        app = create_app(settings, service)  # refuses settings it must not start with (StartupError)
         http = listen_socket(settings.http_host, settings.http_port)
+    except (StartupError, EndpointInUse) as exc:
+        print(f"error: flywheel gateway: {exc}", file=sys.stderr)
+        return 2
+    try:
         service.bind()
     except EndpointInUse as exc:
+        http.close()
         print(f"error: flywheel gateway: {exc}", file=sys.stderr)
         return 2
     host, port = http.getsockname()[:2]
-    logging.getLogger("flywheel.gateway").info("HTTP on http://%s:%s (metrics, status, healthz, control)", host, port)
-    app = create_app(settings, service)
+    logging.getLogger("flywheel.gateway").info("HTTP on http://%s:%s (live page, metrics, status, healthz, control)",
+                                               host, port)
     server = _server_class()(uvicorn.Config(app, log_level=settings.log_level.lower(), access_log=False))
     server.run(sockets=[http])
     return 0

@@ -1,258 +1,97 @@
-"""The gateway: telemetry in, control and leases out over ZeroMQ; /metrics, /status, /healthz and /control over HTTP.
+"""The gateway's HTTP API (FastAPI): /, /metrics, /status, /history, /healthz and token-protected /control.
 
-One asyncio event loop runs the HTTP handlers and the ZeroMQ tasks, so the state needs no locks.
+Every route is in the OpenAPI document (/openapi.json, /docs), with a request schema and examples per control
+command; every 4xx answer is JSON ``{"error": "<reason>"}``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import hmac
+import json
 import logging
-import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
 
-import zmq
-import zmq.asyncio
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi import Depends, FastAPI, Header, Query, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from flywheel import __version__, proto
-from flywheel.transport import FaultCounter, bind, make_socket
+from flywheel import __version__
 
-from .control import CommandError, ControlBook, UnknownCommand
-from .lease import LeaseFull, LeaseTable
-from .metrics import CapacityExceeded, MetricsWriter, Registry, render_instances
+from . import views
+from .auth import StartupError, startup_problem
+from .control import COMMANDS, TARGET_PATTERN, CommandError, CommandSpec, UnknownCommand
+from .page import LIVE_PAGE
+from .service import GatewayService
 from .settings import GatewaySettings
 
+__all__ = ["GatewayService", "create_app"]
 log = logging.getLogger("flywheel.gateway")
 PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_SMALL_MSG = 64 * 1024
+OPERATOR_PATTERN = r"^[ -~]{1,64}$"
+# Only documents the scheme in OpenAPI; the check itself is ControlAuth.check on the raw header.
+BEARER = HTTPBearer(auto_error=False, scheme_name="controlToken",
+                    description="FLYWHEEL_GATEWAY_CONTROL_TOKEN (or the file FLYWHEEL_GATEWAY_CONTROL_TOKEN_FILE)")
 
 
-class GatewayService:
-    """The gateway's sockets, state and background tasks."""
+class ErrorBody(BaseModel):
+    """Every refused request gets this, with the reason."""
 
-    def __init__(self, settings: GatewaySettings, ctx: zmq.asyncio.Context | None = None) -> None:
-        self.settings = settings
-        self.ctx = ctx or zmq.asyncio.Context()
-        self._own_ctx = ctx is None
-        self.registry = Registry(settings.stale_after_s, settings.forget_after_s, settings.max_instances)
-        self.control = ControlBook(settings.one_shot_repeat_s)
-        self.leases = LeaseTable(settings.lease_ttl_s, settings.max_instances)
-        self.faults = FaultCounter("gateway")
-        self.started = time.monotonic()
-        self.endpoints: dict[str, str] = {}
-        self.tasks: list[asyncio.Task[None]] = []
-        self.published = 0
-        self.lease_requests = 0
-        self.telemetry_sock: zmq.asyncio.Socket | None = None
-        self.control_sock: zmq.asyncio.Socket | None = None
-        self.lease_sock: zmq.asyncio.Socket | None = None
-
-    # -- sockets -------------------------------------------------------------------------------------------------
-
-    def bind(self) -> None:
-        """Bind the three endpoints; raises EndpointInUse with a message that names the setting."""
-        if self.telemetry_sock is not None:
-            return
-        s = self.settings
-        socks = []
-        try:
-            tel = make_socket(self.ctx, zmq.PULL, rcvhwm=s.telemetry_hwm, max_msg_bytes=_SMALL_MSG)
-            socks.append(tel)
-            bind(tel, s.telemetry_endpoint, "gateway telemetry", "FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT")
-            ctl = make_socket(self.ctx, zmq.PUB, sndhwm=1000)
-            socks.append(ctl)
-            bind(ctl, s.control_endpoint, "gateway control", "FLYWHEEL_GATEWAY_CONTROL_ENDPOINT")
-            lease = make_socket(self.ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=_SMALL_MSG)
-            socks.append(lease)
-            bind(lease, s.lease_endpoint, "gateway leases", "FLYWHEEL_GATEWAY_LEASE_ENDPOINT")
-        except Exception:
-            for sock in socks:
-                sock.close(0)
-            raise
-        self.telemetry_sock, self.control_sock, self.lease_sock = tel, ctl, lease
-        for name, sock in (("telemetry", tel), ("control", ctl), ("lease", lease)):
-            self.endpoints[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-
-    async def start(self) -> None:
-        self.bind()
-        self.tasks = [
-            asyncio.create_task(self._telemetry_loop(), name="gateway-telemetry"),
-            asyncio.create_task(self._lease_loop(), name="gateway-lease"),
-            asyncio.create_task(self._repeat_loop(), name="gateway-repeat"),
-        ]
-        log.info("gateway up: %s", ", ".join(f"{k} {v}" for k, v in self.endpoints.items()))
-
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self.tasks = []
-        for sock in (self.telemetry_sock, self.control_sock, self.lease_sock):
-            if sock is not None:
-                sock.close(0)
-        self.telemetry_sock = self.control_sock = self.lease_sock = None
-        if self._own_ctx:
-            self.ctx.term()
-
-    def healthy(self) -> tuple[bool, str]:
-        if not self.tasks:
-            return False, "not started"
-        for task in self.tasks:
-            if task.done():
-                exc = None if task.cancelled() else task.exception()
-                return False, f"{task.get_name()} stopped: {exc!r}"
-        return True, "ok"
-
-    # -- loops ---------------------------------------------------------------------------------------------------
-
-    def accept_telemetry(self, frames: list[Any]) -> bool:
-        """Decode and store one telemetry message; a bad one is counted and logged once per fault."""
-        try:
-            msg = proto.decode(frames, expect=proto.Telemetry)
-            assert isinstance(msg, proto.Telemetry)
-            self.registry.update(msg)
-        except proto.DecodeError as exc:  # TelemetryRejected is one too
-            self.faults.record("telemetry", exc)
-            return False
-        return True
-
-    async def _telemetry_loop(self) -> None:
-        assert self.telemetry_sock is not None
-        while True:
-            frames = await self.telemetry_sock.recv_multipart(copy=False)
-            self.accept_telemetry(frames)
-
-    def answer_lease(self, frames: list[Any]) -> list[Any] | None:
-        """Reply frames for one ROUTER message (DEALER or REQ envelope), or None when it is refused."""
-        if len(frames) < 2:
-            self.faults.record("lease", proto.TruncatedMessage("lease: no payload after the routing id"))
-            return None
-        envelope, body = frames[:1], frames[1:]
-        if len(body) > 1 and len(body[0]) == 0:  # REQ sockets add an empty delimiter frame
-            envelope, body = frames[:2], frames[2:]
-        self.lease_requests += 1
-        try:
-            request = proto.decode(body, expect=proto.LeaseRequest)
-            assert isinstance(request, proto.LeaseRequest)
-            reply = self.leases.handle(request)
-        except proto.DecodeError as exc:
-            self.faults.record("lease", exc)
-            return None
-        except LeaseFull as exc:
-            self.faults.record("lease", CapacityExceeded(str(exc)))
-            return None
-        return [*envelope, *proto.encode(reply)]
-
-    async def _lease_loop(self) -> None:
-        assert self.lease_sock is not None
-        while True:
-            frames = await self.lease_sock.recv_multipart(copy=True)
-            reply = self.answer_lease(frames)
-            if reply is not None:
-                with contextlib.suppress(zmq.Again, zmq.ZMQError):  # the peer went away: nothing to do
-                    await self.lease_sock.send_multipart(reply, flags=zmq.NOBLOCK)
-
-    async def publish(self, msg: proto.Control) -> None:
-        assert self.control_sock is not None
-        await self.control_sock.send_multipart(proto.encode(msg))
-        self.published += 1
-
-    async def _repeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.control_repeat_s)
-            for msg in self.control.to_repeat():
-                await self.publish(msg)
-            self.leases.expire()
-            self.registry.forget_old()
-
-    # -- views ---------------------------------------------------------------------------------------------------
-
-    def metrics_text(self) -> str:
-        now = time.monotonic()
-        w = MetricsWriter()
-        render_instances(self.registry, w, now)
-        g = {"service": "gateway", "instance": self.settings.instance}
-        w.add("flywheel_gateway_telemetry_received_total", "counter", "telemetry messages accepted", g,
-              self.registry.received)
-        for fault_key in sorted(self.faults.counts) or ["telemetry:malformed"]:
-            where, fault = fault_key.split(":", 1)
-            w.add("flywheel_gateway_messages_rejected_total", "counter", "messages refused, by socket and fault",
-                  {**g, "socket": where, "fault": fault}, self.faults.counts.get(fault_key, 0))
-        by_service = self.registry.by_service()
-        for service, states in by_service.items():
-            live = sum(self.registry.live(s, now) for s in states)
-            w.add("flywheel_gateway_instances", "gauge", "instances known, by service and state",
-                  {**g, "of_service": service, "state": "up"}, live)
-            w.add("flywheel_gateway_instances", "gauge", "instances known, by service and state",
-                  {**g, "of_service": service, "state": "down"}, len(states) - live)
-        w.add("flywheel_gateway_leases", "gauge", "live exploration leases (the N of Ape-X eps_i)", g,
-              len(self.leases))
-        w.add("flywheel_gateway_lease_requests_total", "counter", "lease requests received", g, self.lease_requests)
-        w.add("flywheel_gateway_leases_expired_total", "counter", "leases dropped because the actor went silent", g,
-              self.leases.expired)
-        for command in sorted(self.control.issued):
-            w.add("flywheel_gateway_control_commands_total", "counter", "control commands accepted, by command",
-                  {**g, "command": command}, self.control.issued[command])
-        w.add("flywheel_gateway_control_published_total", "counter", "control messages published, repeats included",
-              g, self.published)
-        w.add("flywheel_gateway_invalid_metric_keys", "gauge", "telemetry keys skipped as invalid metric names", g,
-              self.registry.bad_keys)
-        w.add("flywheel_gateway_metric_type_conflicts", "gauge", "samples skipped: name reported as two types", g,
-              w.conflicts)
-        w.add("flywheel_gateway_uptime_seconds", "gauge", "seconds since the gateway started", g,
-              now - self.started)
-        return w.text()
-
-    def status(self) -> dict[str, Any]:
-        now = time.monotonic()
-        services: dict[str, Any] = {}
-        for service, states in self.registry.by_service().items():
-            instances = []
-            totals: dict[str, float] = {}
-            for s in states:
-                live = self.registry.live(s, now)
-                if live:
-                    for k, v in s.counters.items():
-                        totals[k] = totals.get(k, 0.0) + v
-                entry: dict[str, Any] = {
-                    "instance": s.instance, "up": live, "age_s": round(s.age(now), 3), "seq": s.seq,
-                    "sent_time": s.sent_time, "restarts": s.restarts,
-                    "counters": s.counters, "gauges": s.gauges, "info": s.info,
-                }
-                index = self.leases.index_of(s.instance)
-                if index is not None:
-                    entry["lease"] = {"index": index, "count": len(self.leases)}
-                instances.append(entry)
-            services[service] = {
-                "up": sum(1 for i in instances if i["up"]), "down": sum(1 for i in instances if not i["up"]),
-                "totals": totals, "instances": instances,
-            }
-        return {
-            "gateway": {
-                "instance": self.settings.instance, "version": __version__,
-                "uptime_s": round(now - self.started, 3), "endpoints": self.endpoints,
-                "control_enabled": bool(self.settings.control_token.get_secret_value()),
-                "telemetry_received": self.registry.received, "rejected": dict(self.faults.counts),
-            },
-            "services": services,
-            "leases": {"count": len(self.leases), "actors": list(self.leases.slots), "ttl_s": self.leases.ttl_s},
-            "control": self.control.state(),
-        }
+    error: str = Field(examples=["lr must be in (0, 1], got 5"])
 
 
-def _json_error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+class Accepted(BaseModel):
+    """A command as published on the control channel."""
+
+    seq: int = Field(description="sequence number; subscribers drop repeats by it")
+    command: str
+    target: str = Field(description="'*', a service name or an instance name")
+    args: dict[str, Any] = Field(description="the checked arguments, as sent")
+
+
+class Health(BaseModel):
+    ok: bool
+    detail: str
+
+
+class Reject(Exception):
+    """Answer ``status`` with ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    reasons = {400: "the body is not a JSON object", 401: "missing or wrong bearer token",
+               403: "control is off on this gateway", 404: "no such command", 413: "body too large",
+               422: "an argument, the target or a parameter is out of range"}
+    return {code: {"model": ErrorBody, "description": reasons[code]} for code in codes}
+
+
+def _body_doc(name: str, spec: CommandSpec) -> dict[str, Any]:
+    examples = {key: {"summary": f"{name} {json.dumps(value)}", "value": value} for key, value in spec.examples.items()}
+    content: dict[str, Any] = {"schema": spec.schema}
+    if examples:
+        content["examples"] = examples
+    try:
+        spec.check({})
+        required = False
+    except CommandError:
+        required = True
+    return {"requestBody": {"required": required, "description": spec.help,
+                            "content": {"application/json": content}}}
 
 
 def create_app(settings: GatewaySettings, service: GatewayService | None = None) -> FastAPI:
     """The FastAPI app; its lifespan binds (if not yet bound) and runs the gateway's ZeroMQ side."""
     gw = service or GatewayService(settings)
+    problem = startup_problem(settings, gw.auth)
+    if problem is not None:
+        raise StartupError(problem)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -262,54 +101,133 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
         finally:
             await gw.stop()
 
-    app = FastAPI(title="Flywheel gateway", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="Flywheel gateway", version=__version__, lifespan=lifespan,
+        description="Metrics, status and control of a Flywheel (distributed Ape-X DQN) system. POST /control/* "
+                    "needs `Authorization: Bearer <token>` (FLYWHEEL_GATEWAY_CONTROL_TOKEN or _FILE); bodies are "
+                    "JSON objects whatever the Content-Type.",
+    )
     app.state.gateway = gw
 
-    @app.get("/healthz")
+    @app.exception_handler(Reject)
+    async def on_reject(_request: Request, exc: Reject) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        reasons = []
+        for err in exc.errors()[:5]:
+            where = ".".join(str(p) for p in err.get("loc", ()))
+            reasons.append(f"{where}: {err.get('msg', 'invalid')}")
+        return JSONResponse({"error": "; ".join(reasons) or "invalid request"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.middleware("http")
+    async def count_rejects(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        if 400 <= response.status_code < 500:
+            route = getattr(request.scope.get("route"), "path", "unmatched")
+            gw.count_http_reject(route, response.status_code)
+        return response
+
+    @app.get("/", response_class=HTMLResponse, summary="Live page: the numbers that matter and a learning curve")
+    async def live_page() -> HTMLResponse:
+        return HTMLResponse(LIVE_PAGE)
+
+    @app.get("/healthz", response_model=Health, summary="Liveness and readiness probe",
+             responses={503: {"model": Health, "description": "a background task stopped"}})
     async def healthz() -> JSONResponse:
         ok, why = gw.healthy()
         return JSONResponse({"ok": ok, "detail": why}, status_code=200 if ok else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, summary="Every instance of every service, Prometheus text",
+             responses={200: {"content": {PROM_CONTENT_TYPE: {}}}})
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(gw.metrics_text(), media_type=PROM_CONTENT_TYPE)
+        return PlainTextResponse(views.metrics_text(gw), media_type=PROM_CONTENT_TYPE)
 
-    @app.get("/status")
+    @app.get("/status", summary="Every instance: role, version, rates, last report; a summary; control state",
+             response_model=dict[str, Any])
     async def status() -> JSONResponse:
-        return JSONResponse(gw.status())
+        return JSONResponse(views.status(gw))
 
-    @app.get("/control")
+    @app.get("/history", summary="The learning curve (points at least interval_s apart, thinned when long)",
+             response_model=dict[str, Any])
+    async def history(since: float | None = Query(None, ge=0, allow_inf_nan=False,
+                                                  description="only points after this Unix time")) -> JSONResponse:
+        return JSONResponse(views.history(gw, since))
+
+    @app.get("/control", summary="Retained and recent commands, and the commands there are",
+             response_model=dict[str, Any])
     async def control_state() -> JSONResponse:
         return JSONResponse(gw.control.state())
 
-    @app.post("/control/{command}")
-    async def control(command: str, request: Request, target: str | None = None) -> JSONResponse:
-        token = settings.control_token.get_secret_value()
-        if not token:
-            return _json_error(403, "control is disabled: set FLYWHEEL_GATEWAY_CONTROL_TOKEN on the gateway")
-        auth = request.headers.get("authorization", "")
-        scheme, _, given = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            return JSONResponse({"error": "missing or wrong token: send 'Authorization: Bearer <token>'"},
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        raw = await request.body()
-        if len(raw) > 16 * 1024:
-            return _json_error(413, "request body over 16 KiB")
-        args: Any = {}
-        if raw.strip():
-            try:
-                args = await request.json()
-            except ValueError:
-                return _json_error(400, "body must be a JSON object of command arguments")
-        if not isinstance(args, dict):
-            return _json_error(400, "body must be a JSON object of command arguments")
+    async def authorized(request: Request, _doc: Annotated[Any, Security(BEARER)] = None) -> str:
+        """Refuse before anything else is looked at: 403 when control is off, 401 without the token."""
+        if not gw.auth.active:
+            why = ("set FLYWHEEL_GATEWAY_CONTROL_TOKEN or FLYWHEEL_GATEWAY_CONTROL_TOKEN_FILE on the gateway"
+                   if gw.auth.enabled else "FLYWHEEL_GATEWAY_CONTROL_ENABLED is false")
+            raise Reject(403, f"control is off: {why}")
+        if not gw.auth.check(request.headers.get("authorization")):
+            raise Reject(401, "missing or wrong token: send 'Authorization: Bearer <token>'",
+                         {"WWW-Authenticate": 'Bearer realm="flywheel-control"'})
+        return "ok"
+
+    async def read_args(request: Request) -> dict[str, Any]:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
+            raise Reject(413, f"body of {declared} bytes is over the {settings.max_body_bytes}-byte limit")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > settings.max_body_bytes:
+                raise Reject(413, f"body over the {settings.max_body_bytes}-byte limit")
+        if not raw.strip():
+            return {}
         try:
-            msg = gw.control.issue(command, target, args)
+            args = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise Reject(400, "body must be a JSON object of command arguments (it is not valid JSON)") from None
+        if not isinstance(args, dict):
+            raise Reject(400, f"body must be a JSON object of command arguments, not {type(args).__name__}")
+        return args
+
+    async def run_command(command: str, request: Request, target: str | None, operator: str | None) -> JSONResponse:
+        args = await read_args(request)
+        client = request.client.host if request.client else "?"
+        by = {"client": client, "token": gw.auth.fingerprint()}
+        if operator:
+            by["operator"] = operator
+        try:
+            msg = await gw.command(command, target, args, by)
         except CommandError as exc:
-            status_code = 404 if isinstance(exc, UnknownCommand) else 422
-            return _json_error(status_code, f"{command[:40]}: {exc}")
-        await gw.publish(msg)
+            raise Reject(404 if isinstance(exc, UnknownCommand) else 422, f"{command[:40]}: {exc}") from None
         return JSONResponse({"seq": msg.seq, "command": msg.command, "target": msg.target, "args": msg.args},
                             status_code=202)
+
+    def add_command_route(name: str, spec: CommandSpec) -> None:
+        async def handler(
+            request: Request,
+            _auth: str = Depends(authorized),
+            target: str | None = Query(None, min_length=1, max_length=128, pattern=TARGET_PATTERN,
+                                       description=f"'*', a service or an instance; default {spec.default_target}"),
+            operator: str | None = Header(None, alias="X-Flywheel-Operator", pattern=OPERATOR_PATTERN,
+                                          description="who is asking, for the audit log (printable ASCII)"),
+        ) -> JSONResponse:
+            return await run_command(name, request, target, operator)
+
+        app.add_api_route(
+            f"/control/{name}", handler, methods=["POST"], status_code=202, response_model=Accepted,
+            summary=spec.help, operation_id=f"control_{name}", tags=["control"],
+            responses=_errors(400, 401, 403, 413, 422), openapi_extra=_body_doc(name, spec))
+
+    for name, spec in COMMANDS.items():
+        add_command_route(name, spec)
+
+    @app.post("/control/{command}", include_in_schema=False)
+    async def unknown_command(command: str, _auth: str = Depends(authorized)) -> JSONResponse:
+        raise Reject(404, f"unknown command {command[:40]!r}; known: {', '.join(sorted(COMMANDS))}")
 
     return app

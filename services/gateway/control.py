@@ -1,17 +1,22 @@
-"""Control commands: their schemas, and the book of commands the gateway re-publishes for late joiners."""
+"""Control commands: their checks, JSON schemas and examples, and the book the gateway re-publishes for late joiners."""
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel import proto
 
-_TARGET_MAX = 128
+TARGET_MAX = 128
+TARGET_PATTERN = r"^[^\x00-\x1f\x7f]{1,128}$"
+_TARGET_RE = re.compile(TARGET_PATTERN)
+TAG_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$"
+_TAG_RE = re.compile(TAG_PATTERN)
 
 
 class CommandError(ValueError):
@@ -22,26 +27,43 @@ class UnknownCommand(CommandError):
     """The command name is not one of COMMANDS."""
 
 
+def _only(args: dict[str, Any], allowed: set[str], hint: str) -> None:
+    extra = set(args) - allowed
+    if extra:
+        raise CommandError(f"unknown arguments {sorted(extra)}; {hint}")
+
+
+def _number(args: dict[str, Any], name: str, low: float, high: float, low_open: bool = False) -> float:
+    value = args[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CommandError(f"{name} must be a number, got {value!r:.60}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise CommandError(f"{name} must be a finite number, got {value!r:.60}")
+    if number > high or number < low or (low_open and number == low):
+        bracket = "(" if low_open else "["
+        raise CommandError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r:.60}")
+    return number
+
+
+def _integer(args: dict[str, Any], name: str, low: int, high: int) -> int:
+    number = _number(args, name, low, high)
+    if not number.is_integer():
+        raise CommandError(f"{name} must be a whole number, got {args[name]!r:.60}")
+    return int(number)
+
+
 def _no_args(args: dict[str, Any]) -> dict[str, Any]:
     if args:
         raise CommandError(f"takes no arguments, got {sorted(args)}")
     return {}
 
 
-def _number(args: dict[str, Any], name: str, low: float, high: float, low_open: bool = False) -> float:
-    value = args[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CommandError(f"{name} must be a finite number, got {value!r}")
-    if value > high or value < low or (low_open and value == low):
-        bracket = "(" if low_open else "["
-        raise CommandError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
-    return float(value)
-
-
 def _exploration(args: dict[str, Any]) -> dict[str, Any]:
-    extra = set(args) - {"epsilon", "base", "alpha"}
-    if extra:
-        raise CommandError(f"unknown arguments {sorted(extra)}; use epsilon, or base and alpha")
+    _only(args, {"epsilon", "base", "alpha"}, "use epsilon, or base and alpha")
     if not args:
         raise CommandError("give epsilon (a fixed value for the targets) or base and/or alpha (the Ape-X schedule)")
     if "epsilon" in args and len(args) > 1:
@@ -62,67 +84,132 @@ def _lr(args: dict[str, Any]) -> dict[str, Any]:
     return {"lr": _number(args, "lr", 0.0, 1.0, low_open=True)}
 
 
+def _replay_ratio(args: dict[str, Any]) -> dict[str, Any]:
+    _only(args, {"samples_per_insert", "error_buffer"}, "use samples_per_insert and optionally error_buffer")
+    if "samples_per_insert" not in args:
+        raise CommandError("samples_per_insert is required (sampled transitions per inserted one, > 0)")
+    out: dict[str, Any] = {"samples_per_insert": _number(args, "samples_per_insert", 0.0, 1e6, low_open=True)}
+    if "error_buffer" in args:
+        out["error_buffer"] = _number(args, "error_buffer", 0.0, 1e12)
+    return out
+
+
+def _publish_interval(args: dict[str, Any]) -> dict[str, Any]:
+    _only(args, {"updates", "seconds"}, "use updates and/or seconds")
+    if not args:
+        raise CommandError("give updates (publish every N updates) and/or seconds (at least every S seconds)")
+    out: dict[str, Any] = {}
+    if "updates" in args:
+        out["updates"] = _integer(args, "updates", 1, 1_000_000_000)
+    if "seconds" in args:
+        out["seconds"] = _number(args, "seconds", 0.0, 86_400.0, low_open=True)
+    return out
+
+
 def _checkpoint(args: dict[str, Any]) -> dict[str, Any]:
-    extra = set(args) - {"tag"}
-    if extra:
-        raise CommandError(f"unknown arguments {sorted(extra)}; only tag is allowed")
+    _only(args, {"tag"}, "only tag is allowed")
     if "tag" in args:
         tag = args["tag"]
-        if not isinstance(tag, str) or not tag or len(tag) > 64 or not all(c.isalnum() or c in "-_." for c in tag):
-            raise CommandError("tag must be 1-64 characters of letters, digits, '-', '_' or '.'")
+        if not isinstance(tag, str) or not _TAG_RE.match(tag):
+            raise CommandError("tag must be 1-64 characters of letters, digits, '-', '_' or '.', not starting "
+                               "with '.' or '-'")
         return {"tag": tag}
     return {}
 
 
+def _obj(properties: dict[str, Any], required: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        schema["required"] = list(required)
+    return {**schema, **extra}
+
+
+_NO_ARGS = {"type": "object", "additionalProperties": False, "maxProperties": 0}
+
+
 @dataclass(frozen=True)
 class CommandSpec:
-    """One command: which state it sets (None for one-shot commands), its usual target and its argument check."""
+    """One command: which state it sets (None for one-shot commands), its usual target and its argument check.
+
+    ``schema`` is the JSON schema of the arguments (it goes into the OpenAPI document and says exactly what
+    ``check`` accepts); ``examples`` are request bodies for the documentation.
+    """
 
     group: str | None
     default_target: str
     check: Callable[[dict[str, Any]], dict[str, Any]]
     help: str
+    schema: dict[str, Any] = field(default_factory=lambda: dict(_NO_ARGS))
+    examples: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 COMMANDS: dict[str, CommandSpec] = {
     "pause": CommandSpec("run_state", "*", _no_args, "stop stepping environments and training; sockets stay up"),
     "resume": CommandSpec("run_state", "*", _no_args, "undo pause"),
     "set_exploration": CommandSpec(
-        "exploration", "actor", _exploration, "actors: fixed epsilon, or Ape-X base/alpha for eps_i"),
-    "set_lr": CommandSpec("lr", "learner", _lr, "learner: new learning rate"),
-    "checkpoint": CommandSpec(None, "*", _checkpoint, "replay and learner: write a checkpoint now"),
+        "exploration", "actor", _exploration, "actors: fixed epsilon, or Ape-X base/alpha for eps_i",
+        {"oneOf": [
+            _obj({"epsilon": {"type": "number", "minimum": 0, "maximum": 1}}, ("epsilon",)),
+            _obj({"base": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                  "alpha": {"type": "number", "minimum": 0, "maximum": 100}}, minProperties=1),
+        ]},
+        {"fixed": {"epsilon": 0.01}, "apex": {"base": 0.4, "alpha": 7}}),
+    "set_lr": CommandSpec(
+        "lr", "learner", _lr, "learner: new learning rate",
+        _obj({"lr": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, ("lr",)),
+        {"lower": {"lr": 1e-4}}),
+    "set_replay_ratio": CommandSpec(
+        "replay_ratio", "replay", _replay_ratio,
+        "replay: rate limiter's samples per insert (and optionally its error buffer)",
+        _obj({"samples_per_insert": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},
+              "error_buffer": {"type": "number", "minimum": 0, "maximum": 1e12}}, ("samples_per_insert",)),
+        {"ratio": {"samples_per_insert": 4}, "with_buffer": {"samples_per_insert": 8, "error_buffer": 2000}}),
+    "set_publish_interval": CommandSpec(
+        "publish_interval", "learner", _publish_interval,
+        "learner: publish weights every N updates and/or at least every S seconds",
+        _obj({"updates": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
+              "seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86_400}}, minProperties=1),
+        {"updates": {"updates": 50}, "both": {"updates": 100, "seconds": 2.5}}),
+    "checkpoint": CommandSpec(
+        None, "*", _checkpoint, "replay and learner: write a checkpoint now",
+        _obj({"tag": {"type": "string", "pattern": TAG_PATTERN}}),
+        {"now": {}, "tagged": {"tag": "before-lr-change"}}),
 }
 
 
 def check_target(target: str) -> str:
-    if not target or len(target) > _TARGET_MAX or any(ord(c) < 32 for c in target):
-        raise CommandError(f"target must be '*', a service name or an instance name (1-{_TARGET_MAX} characters)")
+    if not _TARGET_RE.match(target):
+        raise CommandError(f"target must be '*', a service name or an instance name (1-{TARGET_MAX} printable "
+                           "characters)")
     return target
 
 
 @dataclass
 class Issued:
-    """A command as sent, with when it was sent (monotonic) for one-shot repetition."""
+    """A command as sent, with when (monotonic, for one-shot repetition, and wall clock) and who sent it."""
 
     msg: proto.Control
     at: float
     wall_time: float
+    by: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"seq": self.msg.seq, "command": self.msg.command, "target": self.msg.target,
-                "args": dict(self.msg.args), "time": self.wall_time}
+                "args": dict(self.msg.args), "time": self.wall_time, "by": dict(self.by)}
 
 
 class ControlBook:
     """Builds commands with increasing sequence numbers and keeps the ones to re-publish.
 
-    State commands (pause/resume, exploration, learning rate) are retained until another command of the same
-    group and target, or of the same group for every target ("*"), replaces them; they are re-published so a
-    service that starts later still learns them. One-shot commands (checkpoint) are repeated for a short window
-    only, to ride over the PUB/SUB join race; subscribers drop repeats by sequence number.
+    State commands (pause/resume, exploration, learning rate, replay ratio, publish interval) are retained until
+    another command of the same group and target, or of the same group for every target ("*"), replaces them;
+    they are re-published so a service that starts later still learns them. One-shot commands (checkpoint) are
+    repeated for a short window only, to ride over the PUB/SUB join race; subscribers drop repeats by sequence
+    number.
     """
 
-    def __init__(self, one_shot_repeat_s: float = 5.0, clock=time.monotonic, history: int = 100) -> None:
+    def __init__(self, one_shot_repeat_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 history: int = 100) -> None:
         # Start from the wall clock in microseconds so a restarted gateway's numbers stay above the old ones,
         # which subscribers would otherwise skip as duplicates.
         self.seq = time.time_ns() // 1000
@@ -133,7 +220,8 @@ class ControlBook:
         self.history: deque[Issued] = deque(maxlen=history)
         self.issued: dict[str, int] = {}
 
-    def issue(self, command: str, target: str | None = None, args: dict[str, Any] | None = None) -> proto.Control:
+    def issue(self, command: str, target: str | None = None, args: dict[str, Any] | None = None,
+              by: dict[str, str] | None = None) -> proto.Control:
         spec = COMMANDS.get(command)
         if spec is None:
             raise UnknownCommand(f"unknown command {command[:40]!r}; known: {', '.join(sorted(COMMANDS))}")
@@ -142,7 +230,7 @@ class ControlBook:
         self.seq += 1
         msg = proto.Control(self.seq, command, target, checked)
         proto.encode(msg)  # fails here, not in the publisher, if anything is not wire-safe
-        issued = Issued(msg, self.clock(), time.time())
+        issued = Issued(msg, self.clock(), time.time(), dict(by or {}))
         if spec.group is None:
             self.one_shots.append(issued)
         else:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import Counter
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flywheel import proto
@@ -60,7 +61,7 @@ def escape_label(value: str) -> str:
 
 @dataclass
 class InstanceState:
-    """The latest telemetry of one instance of one service."""
+    """The latest telemetry of one instance of one service, and a short window of its counters for rates."""
 
     service: str
     instance: str
@@ -72,29 +73,49 @@ class InstanceState:
     gauges: dict[str, float] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     restarts: int = 0
+    received_wall: float = 0.0
+    down: bool = False
+    window: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.received)
 
+    def rates(self) -> dict[str, float]:
+        """Per-second rate of every counter over the window (from the oldest report in it to the latest)."""
+        if len(self.window) < 2:
+            return {}
+        (t0, first), (t1, last) = self.window[0], self.window[-1]
+        span = t1 - t0
+        if span <= 0:
+            return {}
+        return {k: max(0.0, (v - first[k]) / span) for k, v in last.items() if k in first}
+
 
 class Registry:
-    """Latest telemetry per (service, instance); down after ``stale_after_s``, forgotten after ``forget_after_s``."""
+    """Latest telemetry per (service, instance); down after ``stale_after_s``, forgotten after ``forget_after_s``.
 
-    def __init__(self, stale_after_s: float = 10.0, forget_after_s: float = 300.0,
-                 max_instances: int = 10_000, clock=time.monotonic) -> None:
+    ``events`` collects what is worth one log line each (joined, restarted, down, back, forgotten) until the
+    service drains it.
+    """
+
+    def __init__(self, stale_after_s: float = 5.0, forget_after_s: float = 300.0,
+                 max_instances: int = 10_000, clock: Callable[[], float] = time.monotonic,
+                 rate_window_s: float = 10.0) -> None:
         self.stale_after_s, self.forget_after_s, self.max_instances = stale_after_s, forget_after_s, max_instances
-        self.clock = clock
+        self.clock, self.rate_window_s = clock, rate_window_s
         self.instances: dict[tuple[str, str], InstanceState] = {}
         self.received = 0
-        self.rejected: Counter[str] = Counter()
         self.bad_keys = 0
+        self.forgotten = 0
+        self.went_down = 0
+        self.events: deque[tuple[str, InstanceState, str]] = deque(maxlen=10_000)
 
     def update(self, msg: proto.Telemetry) -> InstanceState:
         """Store one telemetry message; raises TelemetryRejected when it cannot be kept."""
         if not _NAME_RE.match(msg.service):
             raise TelemetryRejected(f"telemetry: service name {msg.service[:40]!r} must match {_NAME_RE.pattern}")
-        if not msg.instance or any(ord(c) < 32 for c in msg.instance):
-            raise TelemetryRejected("telemetry: instance must be a non-empty printable string")
+        if not msg.instance or len(msg.instance) > 128 or any(ord(c) < 32 or ord(c) == 127 for c in msg.instance):
+            raise TelemetryRejected("telemetry: instance must be 1-128 printable characters")
         now = self.clock()
         key = (msg.service, msg.instance)
         state = self.instances.get(key)
@@ -105,24 +126,47 @@ class Registry:
                     raise CapacityExceeded(f"telemetry: already tracking {self.max_instances} instances")
             state = InstanceState(msg.service, msg.instance, msg.seq, msg.time, now, now)
             self.instances[key] = state
+            self.events.append(("joined", state, f"version {msg.info.get('version', '?')}"))
         elif msg.seq <= state.seq:
             # Same name, lower sequence number: the instance restarted (its counters start again from zero,
             # which Prometheus reads as a counter reset).
             state.restarts += 1
-        state.seq, state.sent_time, state.received = msg.seq, msg.time, now
+            state.window.clear()
+            self.events.append(("restarted", state, f"sequence {state.seq} -> {msg.seq}"))
+        if state.down:
+            state.down = False
+            self.events.append(("back", state, f"after {now - state.received:.1f} s of silence"))
+        state.seq, state.sent_time, state.received, state.received_wall = msg.seq, msg.time, now, time.time()
         state.counters, state.gauges, state.info = dict(msg.counters), dict(msg.gauges), dict(msg.info)
+        state.window.append((now, state.counters))
+        while len(state.window) > 2 and now - state.window[1][0] >= self.rate_window_s:
+            state.window.popleft()
         self.received += 1
         return state
 
-    def reject(self, fault: str) -> None:
-        self.rejected[fault] += 1
+    def sweep(self, now: float | None = None) -> None:
+        """Mark silent instances down (one event each) and drop the ones silent for ``forget_after_s``."""
+        now = self.clock() if now is None else now
+        for state in self.instances.values():
+            if not state.down and not self.live(state, now):
+                state.down = True
+                self.went_down += 1
+                self.events.append(("down", state, f"no telemetry for {state.age(now):.1f} s"))
+        self.forget_old(now)
 
     def forget_old(self, now: float | None = None) -> int:
         now = self.clock() if now is None else now
         old = [k for k, s in self.instances.items() if s.age(now) > self.forget_after_s]
         for k in old:
-            del self.instances[k]
+            state = self.instances.pop(k)
+            self.events.append(("forgotten", state, f"silent for {state.age(now):.0f} s"))
+        self.forgotten += len(old)
         return len(old)
+
+    def drain_events(self) -> list[tuple[str, InstanceState, str]]:
+        events = list(self.events)
+        self.events.clear()
+        return events
 
     def live(self, state: InstanceState, now: float) -> bool:
         return state.age(now) <= self.stale_after_s

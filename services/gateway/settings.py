@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
@@ -16,13 +18,26 @@ class GatewaySettings(CommonSettings):
     http_host: str = Field("127.0.0.1", description="address the HTTP API listens on (0.0.0.0 in containers)")
     http_port: int = Field(8080, ge=0, le=65535, description="port of /metrics, /status, /healthz and /control")
     lease_endpoint: str = Field("tcp://127.0.0.1:5560", description="ROUTER endpoint actors ask for leases")
+    control_enabled: bool = Field(
+        True, description="false turns POST /control off entirely (then no token is needed on any address)")
     control_token: SecretStr = Field(
-        SecretStr(""), description="bearer token for /control; empty disables control",
+        SecretStr(""), description="bearer token for POST /control (at least 16 characters)",
     )
+    control_token_file: Path | None = Field(
+        None, description="file holding the bearer token, e.g. a mounted Kubernetes Secret; re-read when it changes",
+    )
+    max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024,
+                                description="largest POST /control body accepted (larger: 413)")
     lease_ttl_s: float = Field(10.0, gt=0, le=3600, description="seconds a lease lives without renewal")
-    stale_after_s: float = Field(10.0, gt=0, description="seconds of silence before an instance reads as down")
+    stale_after_s: float = Field(5.0, gt=0, description="seconds of silence before an instance reads as down")
     forget_after_s: float = Field(300.0, gt=0, description="seconds of silence before an instance is dropped")
+    sweep_interval_s: float = Field(0.5, gt=0, le=10, description="how often silent instances are looked for")
+    rate_window_s: float = Field(10.0, gt=0, le=600, description="window of the per-instance rates in /status")
     control_repeat_s: float = Field(1.0, gt=0, le=60, description="how often retained commands are re-published")
     one_shot_repeat_s: float = Field(5.0, ge=0, le=600, description="how long one-shot commands are repeated")
+    history_interval_s: float = Field(2.0, gt=0, le=3600, description="first spacing of learning-curve points")
+    history_points: int = Field(1800, ge=16, le=100_000,
+                                description="most learning-curve points kept (older ones are thinned, not dropped)")
     max_instances: int = Field(10_000, ge=1, description="most service instances (and leases) tracked at once")
     telemetry_hwm: int = Field(10_000, ge=1, description="receive high-water mark of the telemetry socket")
+

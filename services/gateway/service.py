@@ -1,0 +1,217 @@
+"""The gateway's ZeroMQ side: telemetry in, control and leases out, the sweep that marks silent instances down.
+
+One asyncio event loop runs these tasks and the HTTP handlers, so the state needs no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from flywheel import proto
+from flywheel.transport import FaultCounter, bind, make_socket
+
+from .auth import ControlAuth
+from .control import ControlBook
+from .history import LearningCurve, curve_point
+from .lease import LeaseFull, LeaseTable
+from .metrics import CapacityExceeded, Registry
+from .settings import GatewaySettings
+
+log = logging.getLogger("flywheel.gateway")
+_SMALL_MSG = 64 * 1024
+
+
+class GatewayService:
+    """The gateway's sockets, state and background tasks."""
+
+    def __init__(self, settings: GatewaySettings, ctx: zmq.asyncio.Context | None = None,
+                 auth: ControlAuth | None = None) -> None:
+        self.settings = settings
+        self.auth = auth or ControlAuth(settings)
+        self.ctx = ctx or zmq.asyncio.Context()
+        self._own_ctx = ctx is None
+        self.registry = Registry(settings.stale_after_s, settings.forget_after_s, settings.max_instances,
+                                 rate_window_s=settings.rate_window_s)
+        self.control = ControlBook(settings.one_shot_repeat_s)
+        self.leases = LeaseTable(settings.lease_ttl_s, settings.max_instances)
+        self.curve = LearningCurve(settings.history_interval_s, settings.history_points)
+        self.faults = FaultCounter("gateway")
+        self.started = time.monotonic()
+        self.endpoints: dict[str, str] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.published = 0
+        self.lease_requests = 0
+        self.http_rejected: dict[tuple[str, int], int] = {}
+        self.telemetry_sock: zmq.asyncio.Socket | None = None
+        self.control_sock: zmq.asyncio.Socket | None = None
+        self.lease_sock: zmq.asyncio.Socket | None = None
+
+    # -- sockets -------------------------------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """Bind the three endpoints; raises EndpointInUse with a message that names the setting."""
+        if self.telemetry_sock is not None:
+            return
+        s = self.settings
+        socks = []
+        try:
+            tel = make_socket(self.ctx, zmq.PULL, rcvhwm=s.telemetry_hwm, max_msg_bytes=_SMALL_MSG)
+            socks.append(tel)
+            bind(tel, s.telemetry_endpoint, "gateway telemetry", "FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT")
+            ctl = make_socket(self.ctx, zmq.PUB, sndhwm=1000)
+            socks.append(ctl)
+            bind(ctl, s.control_endpoint, "gateway control", "FLYWHEEL_GATEWAY_CONTROL_ENDPOINT")
+            lease = make_socket(self.ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=_SMALL_MSG)
+            socks.append(lease)
+            bind(lease, s.lease_endpoint, "gateway leases", "FLYWHEEL_GATEWAY_LEASE_ENDPOINT")
+        except Exception:
+            for sock in socks:
+                sock.close(0)
+            raise
+        self.telemetry_sock, self.control_sock, self.lease_sock = tel, ctl, lease
+        for name, sock in (("telemetry", tel), ("control", ctl), ("lease", lease)):
+            self.endpoints[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def start(self) -> None:
+        self.bind()
+        self.tasks = [
+            asyncio.create_task(self._telemetry_loop(), name="gateway-telemetry"),
+            asyncio.create_task(self._lease_loop(), name="gateway-lease"),
+            asyncio.create_task(self._repeat_loop(), name="gateway-repeat"),
+            asyncio.create_task(self._sweep_loop(), name="gateway-sweep"),
+        ]
+        log.info("gateway up: %s; control %s", ", ".join(f"{k} {v}" for k, v in self.endpoints.items()),
+                 "on (bearer token)" if self.auth.active else
+                 "off (no token set)" if self.auth.enabled else "off (FLYWHEEL_GATEWAY_CONTROL_ENABLED=false)")
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.tasks = []
+        for sock in (self.telemetry_sock, self.control_sock, self.lease_sock):
+            if sock is not None:
+                sock.close(0)
+        self.telemetry_sock = self.control_sock = self.lease_sock = None
+        if self._own_ctx:
+            self.ctx.term()
+
+    def healthy(self) -> tuple[bool, str]:
+        if not self.tasks:
+            return False, "not started"
+        for task in self.tasks:
+            if task.done():
+                exc = None if task.cancelled() else task.exception()
+                return False, f"{task.get_name()} stopped: {exc!r}"
+        return True, "ok"
+
+    # -- telemetry -----------------------------------------------------------------------------------------------
+
+    def accept_telemetry(self, frames: list[Any]) -> bool:
+        """Decode and store one telemetry message; a bad one is counted and logged once per fault."""
+        try:
+            msg = proto.decode(frames, expect=proto.Telemetry)
+            assert isinstance(msg, proto.Telemetry)
+            self.registry.update(msg)
+        except proto.DecodeError as exc:  # TelemetryRejected is one too
+            self.faults.record("telemetry", exc)
+            return False
+        self.log_events()
+        return True
+
+    async def _telemetry_loop(self) -> None:
+        assert self.telemetry_sock is not None
+        while True:
+            frames = await self.telemetry_sock.recv_multipart(copy=False)
+            self.accept_telemetry(frames)
+
+    def sweep(self, now: float | None = None, wall: float | None = None) -> None:
+        """Mark silent instances down, forget long-silent ones, expire leases, add a learning-curve point."""
+        now = time.monotonic() if now is None else now
+        wall = time.time() if wall is None else wall
+        self.registry.sweep(now)
+        self.leases.expire(now)
+        self.log_events()
+        if self.curve.due(wall):
+            point = curve_point(self.registry, now, wall)
+            if point is not None:
+                self.curve.add(point)
+
+    def log_events(self) -> None:
+        for event, state, detail in self.registry.drain_events():
+            level = logging.WARNING if event == "down" else logging.INFO
+            log.log(level, "%s %s %s (%s)", state.service, state.instance, event, detail)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_interval_s)
+            self.sweep()
+
+    # -- leases --------------------------------------------------------------------------------------------------
+
+    def answer_lease(self, frames: list[Any]) -> list[Any] | None:
+        """Reply frames for one ROUTER message (DEALER or REQ envelope), or None when it is refused."""
+        if len(frames) < 2:
+            self.faults.record("lease", proto.TruncatedMessage("lease: no payload after the routing id"))
+            return None
+        envelope, body = frames[:1], frames[1:]
+        if len(body) > 1 and len(body[0]) == 0:  # REQ sockets add an empty delimiter frame
+            envelope, body = frames[:2], frames[2:]
+        self.lease_requests += 1
+        try:
+            request = proto.decode(body, expect=proto.LeaseRequest)
+            assert isinstance(request, proto.LeaseRequest)
+            reply = self.leases.handle(request)
+        except proto.DecodeError as exc:
+            self.faults.record("lease", exc)
+            return None
+        except LeaseFull as exc:
+            self.faults.record("lease", CapacityExceeded(str(exc)))
+            return None
+        return [*envelope, *proto.encode(reply)]
+
+    async def _lease_loop(self) -> None:
+        assert self.lease_sock is not None
+        while True:
+            frames = await self.lease_sock.recv_multipart(copy=True)
+            reply = self.answer_lease(frames)
+            if reply is not None:
+                with contextlib.suppress(zmq.Again, zmq.ZMQError):  # the peer went away: nothing to do
+                    await self.lease_sock.send_multipart(reply, flags=zmq.NOBLOCK)
+
+    # -- control -------------------------------------------------------------------------------------------------
+
+    async def command(self, command: str, target: str | None, args: dict[str, Any],
+                      by: dict[str, str]) -> proto.Control:
+        """Check, log, record and publish one command; raises CommandError (nothing is sent then)."""
+        msg = self.control.issue(command, target, args, by)
+        log.info("control: %s target=%s args=%s seq=%d by %s", msg.command, msg.target, msg.args, msg.seq,
+                 " ".join(f"{k}={v}" for k, v in by.items()))
+        await self.publish(msg)
+        return msg
+
+    async def publish(self, msg: proto.Control) -> None:
+        assert self.control_sock is not None
+        await self.control_sock.send_multipart(proto.encode(msg))
+        self.published += 1
+
+    async def _repeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.control_repeat_s)
+            for msg in self.control.to_repeat():
+                await self.publish(msg)
+
+    def count_http_reject(self, path: str, status: int) -> None:
+        key = (path, status)
+        if key not in self.http_rejected and len(self.http_rejected) >= 256:
+            key = ("other", status)  # paths come from clients: keep the label set bounded
+        self.http_rejected[key] = self.http_rejected.get(key, 0) + 1

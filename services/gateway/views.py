@@ -1,0 +1,171 @@
+"""What the gateway shows: /metrics in Prometheus text, /status and /history as JSON."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from flywheel import __version__
+from flywheel.transport import ProcessStats
+
+from .metrics import InstanceState, MetricsWriter, render_instances
+from .service import GatewayService
+
+_OWN_PROCESS = ProcessStats()
+
+
+def _num(value: float | None, digits: int = 6) -> float | None:
+    """JSON-safe number: NaN and infinities become null (JSON has neither)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits) if not float(value).is_integer() else value
+
+
+def _clean(values: dict[str, float]) -> dict[str, float]:
+    """Finite values only: JSON has no NaN or infinity (/metrics still shows them)."""
+    return {k: v for k, v in values.items() if math.isfinite(v)}
+
+
+def metrics_text(gw: GatewayService) -> str:
+    now = time.monotonic()
+    gw.registry.sweep(now)
+    gw.log_events()
+    w = MetricsWriter()
+    render_instances(gw.registry, w, now)
+    g = {"service": "gateway", "instance": gw.settings.instance}
+    w.add("flywheel_gateway_info", "gauge", "static facts about the gateway", {**g, "version": __version__}, 1)
+    w.add("flywheel_gateway_telemetry_received_total", "counter", "telemetry messages accepted", g,
+          gw.registry.received)
+    for fault_key in sorted(gw.faults.counts) or ["telemetry:malformed"]:
+        where, fault = fault_key.split(":", 1)
+        w.add("flywheel_gateway_messages_rejected_total", "counter", "messages refused, by socket and fault",
+              {**g, "socket": where, "fault": fault}, gw.faults.counts.get(fault_key, 0))
+    for (route, status), count in sorted(gw.http_rejected.items()) or [(("/control/{command}", 401), 0)]:
+        w.add("flywheel_gateway_http_rejected_total", "counter", "HTTP requests answered 4xx, by route and status",
+              {**g, "route": route, "status": str(status)}, count)
+    for service, states in gw.registry.by_service().items():
+        live = sum(gw.registry.live(s, now) for s in states)
+        w.add("flywheel_gateway_instances", "gauge", "instances known, by service and state",
+              {**g, "of_service": service, "state": "up"}, live)
+        w.add("flywheel_gateway_instances", "gauge", "instances known, by service and state",
+              {**g, "of_service": service, "state": "down"}, len(states) - live)
+    w.add("flywheel_gateway_instances_down_total", "counter", "times an instance went silent past stale_after_s", g,
+          gw.registry.went_down)
+    w.add("flywheel_gateway_instances_forgotten_total", "counter", "instances dropped after forget_after_s", g,
+          gw.registry.forgotten)
+    w.add("flywheel_gateway_leases", "gauge", "live exploration leases (the N of Ape-X eps_i)", g, len(gw.leases))
+    w.add("flywheel_gateway_lease_requests_total", "counter", "lease requests received", g, gw.lease_requests)
+    w.add("flywheel_gateway_leases_expired_total", "counter", "leases dropped because the actor went silent", g,
+          gw.leases.expired)
+    w.add("flywheel_gateway_control_enabled", "gauge", "1 when POST /control is on (a token is set)", g,
+          float(gw.auth.active))
+    for command in sorted(gw.control.issued) or ["pause"]:
+        w.add("flywheel_gateway_control_commands_total", "counter", "control commands accepted, by command",
+              {**g, "command": command}, gw.control.issued.get(command, 0))
+    w.add("flywheel_gateway_control_auth_failures_total", "counter", "control requests without the right token", g,
+          gw.auth.failures)
+    w.add("flywheel_gateway_control_published_total", "counter", "control messages published, repeats included",
+          g, gw.published)
+    w.add("flywheel_gateway_curve_points", "gauge", "points in the live page's learning curve", g,
+          len(gw.curve.points))
+    counters, gauges = _OWN_PROCESS.sample()
+    for key, value in counters.items():
+        w.add(f"flywheel_gateway_{key}", "counter", f"{key} of the gateway process", g, value)
+    for key, value in gauges.items():
+        w.add(f"flywheel_gateway_{key}", "gauge", f"{key} of the gateway process", g, value)
+    w.add("flywheel_gateway_invalid_metric_keys", "gauge", "telemetry keys skipped as invalid metric names", g,
+          gw.registry.bad_keys)
+    w.add("flywheel_gateway_metric_type_conflicts", "gauge", "samples skipped: name reported as two types", g,
+          w.conflicts)
+    w.add("flywheel_gateway_uptime_seconds", "gauge", "seconds since the gateway started", g, now - gw.started)
+    return w.text()
+
+
+def _instance(gw: GatewayService, s: InstanceState, now: float) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "instance": s.instance, "role": s.service, "version": s.info.get("version"),
+        "up": gw.registry.live(s, now), "age_s": round(s.age(now), 3),
+        "last_report": {"sent_time": _num(s.sent_time), "received_time": round(s.received_wall, 3), "seq": s.seq},
+        "restarts": s.restarts, "rates": _clean(s.rates()),
+        "counters": _clean(s.counters), "gauges": _clean(s.gauges), "info": s.info,
+    }
+    index = gw.leases.index_of(s.instance)
+    if index is not None:
+        entry["lease"] = {"index": index, "count": len(gw.leases)}
+    return entry
+
+
+def _summary(services: dict[str, Any]) -> dict[str, Any]:
+    """The numbers the live page and `flywheel run` show, from live instances only."""
+
+    def live(service: str) -> list[dict[str, Any]]:
+        return [i for i in services.get(service, {}).get("instances", []) if i["up"]]
+
+    def total_rate(service: str, key: str) -> float | None:
+        values = [i["rates"].get(key) for i in live(service)]
+        values = [v for v in values if v is not None]
+        return _num(sum(values), 3) if values else None
+
+    def gauge(service: str, key: str, how: str = "mean") -> float | None:
+        values = [i["gauges"].get(key) for i in live(service)]
+        values = [v for v in values if v is not None]
+        if not values:
+            return None
+        return _num(max(values) if how == "max" else sum(values) if how == "sum" else sum(values) / len(values))
+
+    learner_version = gauge("learner", "weight_version", "max")
+    actor_versions = [i["gauges"].get("weight_version") for i in live("actor")]
+    lags = [learner_version - v for v in actor_versions if v is not None and learner_version is not None]
+    return {
+        "env_steps_per_s": total_rate("actor", "env_steps_total"),
+        "transitions_sent_per_s": total_rate("actor", "transitions_sent_total"),
+        "transitions_received_per_s": total_rate("replay", "transitions_received_total"),
+        "samples_per_s": total_rate("replay", "samples_total"),
+        "replay_size": gauge("replay", "size_transitions", "sum"),
+        "replay_capacity": gauge("replay", "capacity_transitions", "sum"),
+        "updates_per_s": total_rate("learner", "updates_total"),
+        "weight_version": learner_version,
+        "policy_lag_versions": {"max": max(lags), "mean": _num(sum(lags) / len(lags), 3)} if lags else None,
+        "data_wait_ratio": gauge("learner", "data_wait_ratio"),
+        "loss": gauge("learner", "loss"),
+        "episode_return_mean": gauge("actor", "episode_return_mean"),
+        "eval_return_mean": gauge("actor", "eval_return_mean"),
+        "epsilon": {i["instance"]: i["gauges"].get("epsilon") for i in live("actor")},
+    }
+
+
+def status(gw: GatewayService) -> dict[str, Any]:
+    now = time.monotonic()
+    gw.registry.sweep(now)
+    gw.log_events()
+    services: dict[str, Any] = {}
+    for service, states in gw.registry.by_service().items():
+        instances = [_instance(gw, s, now) for s in states]
+        totals: dict[str, float] = {}
+        for s in states:
+            if gw.registry.live(s, now):
+                for k, v in s.counters.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        services[service] = {
+            "up": sum(1 for i in instances if i["up"]), "down": sum(1 for i in instances if not i["up"]),
+            "totals": _clean(totals), "instances": instances,
+        }
+    return {
+        "gateway": {
+            "instance": gw.settings.instance, "version": __version__,
+            "uptime_s": round(now - gw.started, 3), "time": round(time.time(), 3), "endpoints": gw.endpoints,
+            "control_enabled": gw.auth.active, "stale_after_s": gw.settings.stale_after_s,
+            "forget_after_s": gw.settings.forget_after_s,
+            "telemetry_received": gw.registry.received, "rejected": dict(gw.faults.counts),
+        },
+        "summary": _summary(services),
+        "services": services,
+        "leases": {"count": len(gw.leases), "actors": list(gw.leases.slots), "ttl_s": gw.leases.ttl_s},
+        "control": gw.control.state(),
+    }
+
+
+def history(gw: GatewayService, since: float | None) -> dict[str, Any]:
+    points = [{k: (_num(v) if isinstance(v, float) else v) for k, v in p.items()} for p in gw.curve.since(since)]
+    return {"interval_s": gw.curve.interval_s, "thinned": gw.curve.thinned, "points": points}

@@ -1,0 +1,67 @@
+"""Helpers for the gateway tests: a strict exposition-format check, a fake clock, telemetry, free ports."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flywheel import proto
+
+TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+_SAMPLE = re.compile(
+    r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\["\\n])*",?)*\})? '
+    r"(-?[0-9.e+-]+|NaN|[+-]Inf)$"
+)
+
+
+def check_exposition(text: str) -> dict[str, str]:
+    """Strict check of Prometheus text format 0.0.4; returns {family: type}."""
+    assert text.endswith("\n")
+    types: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert name not in types, f"family {name} declared twice"
+            assert kind in ("counter", "gauge")
+            types[name], current = kind, name
+            continue
+        assert _SAMPLE.match(line), f"bad sample line {line!r}"
+        assert line.split("{")[0].split(" ")[0] == current, f"sample outside its family: {line!r}"
+    return types
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def tel(service: str = "actor", instance: str = "a-0", seq: int = 1, counters: dict[str, float] | None = None,
+        gauges: dict[str, float] | None = None, info: dict[str, str] | None = None) -> proto.Telemetry:
+    return proto.Telemetry(service, instance, seq, time.time(), counters or {}, gauges or {}, info or {})
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not met within {timeout} s")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,167 @@
+"""Gateway core: telemetry registry, Prometheus rendering, staleness, rates, the learning curve (plain data)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from gateway_helpers import FakeClock, check_exposition, tel
+
+from flywheel.services.gateway.history import LearningCurve, curve_point
+from flywheel.services.gateway.metrics import (
+    CapacityExceeded,
+    MetricsWriter,
+    Registry,
+    TelemetryRejected,
+    format_value,
+    parse_key,
+    render_instances,
+)
+
+
+def test_parse_key_plain_and_labelled() -> None:
+    assert parse_key("env_steps") == ("env_steps", ())
+    assert parse_key("policy_lag_versions{actor=a-1}") == ("policy_lag_versions", (("actor", "a-1"),))
+    assert parse_key('faults{where="control",fault=malformed}') == (
+        "faults", (("fault", "malformed"), ("where", "control")))
+    for bad in ("1abc", "a b", "x{instance=y}", "x{a=1,a=2}", "x{=1}", "x{a=1", "x{__name__=y}", ""):
+        assert parse_key(bad) is None, bad
+
+
+def test_format_value() -> None:
+    assert format_value(3.0) == "3"
+    assert format_value(0.25) == "0.25"
+    assert format_value(float("nan")) == "NaN"
+    assert format_value(float("inf")) == "+Inf"
+    assert format_value(float("-inf")) == "-Inf"
+    assert format_value(1e300) == "1e+300"
+
+
+def test_registry_render_is_valid_prometheus_text() -> None:
+    clock = FakeClock()
+    reg = Registry(stale_after_s=5, forget_after_s=60, clock=clock)
+    reg.update(tel("actor", "a-0", counters={"env_steps": 10, "episodes_total": 2},
+                   gauges={"epsilon": 0.4, "bad key": 1, "lag{actor=a-0}": 3}, info={"env": 'Sna"ke\n'}))
+    reg.update(tel("actor", "a-1", counters={"env_steps": 5}, gauges={"epsilon": float("nan")}))
+    reg.update(tel("learner", "l-0", counters={"updates": 7}, gauges={"loss": 0.5}))
+    w = MetricsWriter()
+    render_instances(reg, w, clock())
+    text = w.text()
+    types = check_exposition(text)
+    assert types["flywheel_actor_env_steps_total"] == "counter"
+    assert types["flywheel_actor_episodes_total"] == "counter"  # no doubled _total
+    assert types["flywheel_actor_epsilon"] == "gauge"
+    assert 'flywheel_actor_env_steps_total{service="actor",instance="a-0"} 10' in text
+    assert 'flywheel_actor_lag{service="actor",instance="a-0",actor="a-0"} 3' in text
+    assert 'flywheel_actor_info{service="actor",instance="a-0",env="Sna\\"ke\\n"} 1' in text
+    assert 'flywheel_actor_epsilon{service="actor",instance="a-1"} NaN' in text
+    assert 'flywheel_learner_updates_total{service="learner",instance="l-0"} 7' in text
+    assert "bad key" not in text and reg.bad_keys == 1
+
+
+def test_silent_instances_are_down_within_the_window_then_forgotten() -> None:
+    clock = FakeClock()
+    reg = Registry(stale_after_s=5, forget_after_s=60, clock=clock)
+    reg.update(tel(instance="a-0"))
+    reg.update(tel(instance="a-1"))
+    assert [e[0] for e in reg.drain_events()] == ["joined", "joined"]
+    clock.t += 4.9
+    reg.update(tel(instance="a-1", seq=2))
+    reg.sweep()
+    assert reg.drain_events() == []  # 4.9 s of silence is not yet down
+    clock.t += 0.2  # a-0 has been silent 5.1 s
+    reg.sweep()
+    events = reg.drain_events()
+    assert [(e[0], e[1].instance) for e in events] == [("down", "a-0")] and reg.went_down == 1
+    w = MetricsWriter()
+    render_instances(reg, w, clock())
+    assert 'flywheel_up{service="actor",instance="a-0"} 0' in w.text()
+    assert 'flywheel_up{service="actor",instance="a-1"} 1' in w.text()
+    reg.sweep()
+    assert reg.drain_events() == []  # down is reported once
+    reg.update(tel(instance="a-0", seq=2))
+    assert [e[0] for e in reg.drain_events()] == ["back"]
+    clock.t += 61
+    reg.update(tel(instance="a-0", seq=3))
+    reg.sweep()
+    assert [(e[0], e[1].instance) for e in reg.drain_events()] == [("down", "a-1"), ("forgotten", "a-1")]
+    assert list(reg.instances) == [("actor", "a-0")] and reg.forgotten == 1
+
+
+def test_registry_restart_and_bad_telemetry() -> None:
+    reg = Registry(max_instances=2, clock=FakeClock())
+    reg.update(tel(seq=5, counters={"env_steps": 100}))
+    state = reg.update(tel(seq=1, counters={"env_steps": 3}))  # same name, fresh process
+    assert state.restarts == 1 and state.counters == {"env_steps": 3}
+    assert [e[0] for e in reg.drain_events()] == ["joined", "restarted"]
+    for bad in (tel(service="Bad-Name"), tel(instance="a\nb"), tel(instance=""), tel(instance="x" * 129),
+                tel(service="")):
+        with pytest.raises(TelemetryRejected):
+            reg.update(bad)
+    reg.update(tel(instance="a-1"))
+    with pytest.raises(CapacityExceeded):
+        reg.update(tel(instance="a-2"))
+    assert len(reg.instances) == 2
+
+
+def test_rates_over_the_window_survive_restarts() -> None:
+    clock = FakeClock()
+    reg = Registry(clock=clock, rate_window_s=10)
+    for i in range(30):
+        state = reg.update(tel(seq=i + 1, counters={"env_steps_total": 100.0 * i, "episodes_total": 1.0 * i}))
+        clock.t += 1.0
+    rates = state.rates()
+    assert rates["env_steps_total"] == pytest.approx(100.0)
+    assert rates["episodes_total"] == pytest.approx(1.0)
+    assert 2 <= len(state.window) <= 12  # bounded by the window, not by the run's length
+    state = reg.update(tel(seq=1, counters={"env_steps_total": 5.0}))  # restarted: no negative rate
+    assert state.rates() == {}
+    clock.t += 2
+    state = reg.update(tel(seq=2, counters={"env_steps_total": 105.0}))
+    assert state.rates()["env_steps_total"] == pytest.approx(50.0)
+
+
+def test_type_conflicts_are_skipped_not_duplicated() -> None:
+    reg = Registry(clock=FakeClock())
+    reg.update(tel(instance="a-0", gauges={"x_total": 1}))
+    reg.update(tel(instance="a-1", counters={"x": 2}))
+    w = MetricsWriter()
+    render_instances(reg, w, reg.clock())
+    check_exposition(w.text())
+    assert w.conflicts == 1
+
+
+def test_curve_point_from_live_instances() -> None:
+    clock = FakeClock()
+    reg = Registry(stale_after_s=5, clock=clock)
+    assert curve_point(reg, clock(), 1e9) is None
+    reg.update(tel("actor", "a-0", counters={"env_steps_total": 100, "episodes_total": 3},
+                   gauges={"episode_return_mean": 10.0, "eval_return_mean": 20.0}))
+    reg.update(tel("actor", "a-1", counters={"env_steps_total": 50, "episodes_total": 1},
+                   gauges={"episode_return_mean": 30.0, "mario_distance_mean": float("nan")}))
+    reg.update(tel("learner", "l-0", counters={"updates_total": 7}, gauges={"weight_version": 4}))
+    point = curve_point(reg, clock(), 1e9)
+    assert point == {"t": 1e9, "env_steps": 150, "episodes": 4, "return_mean": 20.0, "eval_return_mean": 20.0,
+                     "distance_mean": None, "updates": 7, "weight_version": 4}
+    clock.t += 6
+    assert curve_point(reg, clock(), 1e9 + 6) is None  # everyone went silent
+
+
+def test_learning_curve_is_bounded_and_keeps_the_whole_run() -> None:
+    curve = LearningCurve(interval_s=1.0, max_points=8)
+    t = 0.0
+    added = 0
+    while t < 200:
+        if curve.due(t):
+            curve.add({"t": t, "return_mean": t})
+            added += 1
+        t += 0.5
+    assert added > 8 and len(curve.points) <= 8
+    assert curve.points[0]["t"] == 0.0 and curve.points[-1]["t"] >= 180  # first and recent points kept
+    assert curve.thinned >= 3 and curve.interval_s == 2.0 ** curve.thinned
+    ts = [p["t"] for p in curve.points]
+    assert ts == sorted(ts) and len(set(ts)) == len(ts)
+    assert curve.since(ts[-2]) == [curve.points[-1]]
+    curve.add({"t": ts[-1] - 5, "return_mean": 0})  # a clock step backwards is ignored
+    assert curve.points[-1]["t"] == ts[-1]
+    assert not math.isnan(curve.points[-1]["return_mean"])
