@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Literal
 
 import numpy as np
 import torch
@@ -12,6 +13,8 @@ from torch import nn
 from flywheel import proto
 
 NATURE_MIN_SIDE = 36  # smallest H/W the Nature CNN's 8/4, 4/2, 3/1 convolutions accept
+HEADS = ("q", "quantile")
+Head = Literal["q", "quantile"]
 
 
 class WeightsMismatch(ValueError):
@@ -26,29 +29,48 @@ def _kind(obs_shape: tuple[int, ...]) -> str:
     return "mlp"  # vectors; other ranks are flattened
 
 
-def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, hidden: int = 256) -> str:
-    """E.g. "mlp-4-2-dueling" or "nature-4x84x84-7-dueling"; "-h<N>" is appended when hidden is not 256."""
+def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, hidden: int = 256,
+                 head: str = "q", num_quantiles: int = 0) -> str:
+    """E.g. "mlp-4-2-dueling", "nature-4x84x84-7-dueling" or "nature-4x84x84-7-dueling-qr51".
+
+    "-h<N>" is appended when hidden is not 256 (it has no effect on the Nature CNN), "-qr<N>" for a quantile head,
+    so an actor built with another head refuses the learner's weights by name.
+    """
     kind = _kind(tuple(obs_shape))
     name = f"{kind}-{'x'.join(str(int(d)) for d in obs_shape)}-{int(n_actions)}-{'dueling' if dueling else 'plain'}"
     if kind != "nature" and hidden != 256:
         name += f"-h{hidden}"
+    if head == "quantile":
+        name += f"-qr{int(num_quantiles)}"
     return name
 
 
 class QNetwork(nn.Module):
-    """Maps a batch of observations (uint8 pixels or float32 vectors) to (B, n_actions) float32 Q-values."""
+    """Maps a batch of observations (uint8 pixels or float32 vectors) to (B, n_actions) float32 Q-values.
 
-    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256) -> None:
+    With ``head="quantile"`` (QR-DQN) the last layers produce ``num_quantiles`` return quantiles per action;
+    ``forward`` still returns their mean, so an actor acts greedily on Q without knowing the head.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
+                 head: str = "q", num_quantiles: int = 51) -> None:
         super().__init__()
         if n_actions < 1 or not obs_shape or any(d < 1 for d in obs_shape):
             raise ValueError(f"bad network spec: obs_shape={obs_shape}, n_actions={n_actions}")
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+        if head == "quantile" and not 2 <= num_quantiles <= 1024:
+            raise ValueError(f"num_quantiles must be in 2..1024, got {num_quantiles}")
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.n_actions = int(n_actions)
         self.dueling = bool(dueling)
         self.hidden = int(hidden)
-        self.name = network_name(self.obs_shape, self.n_actions, self.dueling, hidden=self.hidden)
-        kind = _kind(self.obs_shape)
-        if kind == "nature":
+        self.head = head
+        self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
+        self.name = network_name(self.obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
+                                 num_quantiles=self.num_quantiles)
+        self.kind = _kind(self.obs_shape)
+        if self.kind == "nature":
             c = self.obs_shape[0]
             self.torso: nn.Module = nn.Sequential(
                 nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
@@ -57,7 +79,7 @@ class QNetwork(nn.Module):
                 nn.Flatten(),
             )
             width = 512
-        elif kind == "conv":
+        elif self.kind == "conv":
             c = self.obs_shape[0]
             self.torso = nn.Sequential(
                 nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(),
@@ -73,22 +95,52 @@ class QNetwork(nn.Module):
         with torch.no_grad():
             features = self.torso(torch.zeros(1, *self.obs_shape)).shape[1]
         self.fc = nn.Sequential(nn.Linear(features, width), nn.ReLU())
-        self.advantage = nn.Linear(width, self.n_actions)
-        self.value = nn.Linear(width, 1) if self.dueling else None
+        self.advantage = nn.Linear(width, self.n_actions * self.num_quantiles)
+        self.value = nn.Linear(width, self.num_quantiles) if self.dueling else None
+
+    def outputs(self, obs: torch.Tensor) -> torch.Tensor:
+        """The head's own output: (B, A) Q-values, or (B, A, N) quantiles for the quantile head."""
+        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        h = self.fc(self.torso(x))
+        n = self.num_quantiles
+        adv = self.advantage(h).view(-1, self.n_actions, n)
+        out = adv if self.value is None else self.value(h).view(-1, 1, n) + adv - adv.mean(dim=1, keepdim=True)
+        return out.squeeze(2) if self.head == "q" else out
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values for a (B, *obs_shape) batch; uint8 input is scaled by 1/255 on the tensor's device."""
-        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
-        h = self.fc(self.torso(x))
-        adv = self.advantage(h)
-        if self.value is None:
-            return adv
-        return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
+        out = self.outputs(obs)
+        return out if self.head == "q" else out.mean(dim=2)
 
 
-def build_q_network(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256) -> QNetwork:
+def build_q_network(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
+                    head: str = "q", num_quantiles: int = 51) -> QNetwork:
     """3-D (C,H,W) with H,W >= 36 -> Nature CNN (512 fc); smaller 3-D -> 3x3 CNN; otherwise an MLP."""
-    return QNetwork(tuple(obs_shape), n_actions, dueling=dueling, hidden=hidden)
+    return QNetwork(tuple(obs_shape), n_actions, dueling=dueling, hidden=hidden, head=head,
+                    num_quantiles=num_quantiles)
+
+
+def forward_macs(net: QNetwork) -> int:
+    """Multiply-accumulates of one forward pass for one observation (convolutions and linear layers)."""
+    total = 0
+
+    def count(module: nn.Module, _inputs: object, output: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(module, nn.Conv2d):
+            per_output = (module.in_channels // module.groups) * math.prod(module.kernel_size)
+            total += output.numel() * per_output
+        elif isinstance(module, nn.Linear):
+            total += module.in_features * module.out_features
+
+    hooks = [m.register_forward_hook(count) for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    try:
+        device = next(net.parameters()).device
+        with torch.no_grad():
+            net(torch.zeros(1, *net.obs_shape, device=device))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return total
 
 
 def as_tensor(array: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -1,9 +1,11 @@
-"""Learner checkpoints: one safetensors file (networks, Adam state) with JSON metadata, written atomically."""
+"""Learner checkpoints: one safetensors file (networks, Adam state, RNG) with JSON metadata, written atomically."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +20,11 @@ from .core import LearnerCore
 
 CHECKPOINT_FILE = "learner.safetensors"
 FORMAT = "flywheel-learner-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 had no RNG, step or gradient-scaler entries
 _OPTIM_STATE = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+_RNG_KEY = re.compile(r"rng\.(cpu|cuda\.\d{1,3})")
+log = logging.getLogger("flywheel.learner")
 
 
 class CheckpointError(RuntimeError):
@@ -42,10 +47,13 @@ def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
 
 
 def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight_version: int) -> Path:
-    """Write online, target, optimizer state, update step and weight version; tmp + fsync + os.replace."""
+    """Write online, target, optimizer state, RNG, update step and weight version; tmp + fsync + os.replace."""
     path = checkpoint_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor] = {"rng.cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and core.cuda:
+        for index, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{index}"] = state
     for prefix, net in (("online", core.online), ("target", core.target)):
         for key, value in net.state_dict().items():
             tensors[f"{prefix}.{key}"] = value.detach().to("cpu", copy=True).contiguous()
@@ -55,8 +63,9 @@ def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight
                 tensors[f"optim.{index}.{name}"] = value.detach().to("cpu", copy=True).contiguous()
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "network": core.name,
-        "updates": int(core.updates), "skipped": int(core.skipped), "weight_version": int(weight_version),
-        "lr": core.lr, "saved_at": time.time(),
+        "updates": int(core.updates), "steps": int(core.steps), "skipped": int(core.skipped),
+        "weight_version": int(weight_version), "lr": core.lr, "saved_at": time.time(),
+        "precision": core.config.precision, "grad_scaler": core.scaler.state_dict() if core.scaler else None,
     }
     blob = st_save(tensors, metadata={"flywheel": json.dumps(meta)})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -89,9 +98,9 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         raise CheckpointError(f"{path} is not a readable learner checkpoint: {exc}".splitlines()[0]) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a flywheel learner checkpoint (no {FORMAT!r} metadata)")
-    if meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(f"{path} has checkpoint format {meta.get('format_version')!r}, "
-                              f"this build reads {FORMAT_VERSION}")
+                              f"this build reads {', '.join(map(str, READABLE_VERSIONS))}")
     for key in ("updates", "weight_version"):
         if not isinstance(meta.get(key), int) or meta[key] < 0:
             raise CheckpointError(f"{path}: metadata field {key!r} is missing or not a non-negative int")
@@ -117,7 +126,7 @@ def load_checkpoint(directory: str | os.PathLike[str], core: LearnerCore) -> Che
     tensors, meta = _read(path)
     if meta.get("network") != core.name:
         raise CheckpointError(f"{path} is for network {meta.get('network')!r} but this learner builds "
-                              f"{core.name!r}; check --env-id, --dueling and --hidden")
+                              f"{core.name!r}; check --env-id, --dueling, --hidden, --head and --num-quantiles")
     online = _check_net(path, "online", core.online, tensors)
     target = _check_net(path, "target", core.target, tensors)
     optim_state = core.optimizer.state_dict()
@@ -125,8 +134,14 @@ def load_checkpoint(directory: str | os.PathLike[str], core: LearnerCore) -> Che
     params = list(core.online.parameters())
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        if not key.startswith("optim."):
+        if key.startswith("rng."):
+            if not _RNG_KEY.fullmatch(key) or value.dtype != torch.uint8 or value.dim() != 1:
+                raise CheckpointError(f"{path}: {key} is not a torch RNG state")
             continue
+        if key.startswith(("online.", "target.")):
+            continue
+        if not key.startswith("optim."):
+            raise CheckpointError(f"{path}: unexpected entry {key!r}")
         parts = key.split(".")
         if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= n_params or parts[2] not in _OPTIM_STATE:
             raise CheckpointError(f"{path}: unexpected optimizer entry {key!r}")
@@ -138,11 +153,33 @@ def load_checkpoint(directory: str | os.PathLike[str], core: LearnerCore) -> Che
     for index, entry in state.items():
         if not {"step", "exp_avg", "exp_avg_sq"} <= set(entry):
             raise CheckpointError(f"{path}: optimizer state of parameter {index} is incomplete")
+    scaler_state = meta.get("grad_scaler")
+    if scaler_state is not None and not (isinstance(scaler_state, dict) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in scaler_state.values())):
+        raise CheckpointError(f"{path}: metadata field 'grad_scaler' is not a gradient-scaler state")
     core.online.load_state_dict(online)
     core.target.load_state_dict(target)
     optim_state["state"] = state
     core.optimizer.load_state_dict(optim_state)  # keeps this run's lr / eps / flags
-    core.updates = int(meta["updates"])
-    core.skipped = int(meta.get("skipped", 0)) if isinstance(meta.get("skipped", 0), int) else 0
+    skipped = meta.get("skipped", 0) if isinstance(meta.get("skipped", 0), int) else 0
+    steps = meta.get("steps")
+    core.steps = steps if isinstance(steps, int) and steps >= 0 else int(meta["updates"]) + skipped
+    core.skipped = skipped
+    _restore_rng(path, tensors)
+    if core.scaler is not None and scaler_state:
+        core.scaler.load_state_dict(scaler_state)
     return CheckpointInfo(path=path, network=str(meta["network"]), updates=core.updates,
                           weight_version=int(meta["weight_version"]), saved_at=float(meta.get("saved_at", 0.0)))
+
+
+def _restore_rng(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    if "rng.cpu" in tensors:
+        torch.set_rng_state(tensors["rng.cpu"])
+    cuda = [tensors[k] for k in sorted((k for k in tensors if k.startswith("rng.cuda.")),
+                                       key=lambda k: int(k.rsplit(".", 1)[1]))]
+    if cuda and torch.cuda.is_available():
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            log.warning("learner: %s holds RNG states of %d GPUs, this machine has %d; GPU RNG not restored",
+                        path, len(cuda), torch.cuda.device_count())

@@ -1,19 +1,29 @@
-"""Pure DQN learner (double, dueling, n-step, importance-weighted Huber loss); no sockets."""
+"""Pure DQN learner core: double, dueling, n-step, IS-weighted Huber or QR-DQN loss, with no host syncs per update.
+
+Everything an update decides stays on the device: a non-finite gradient skips the fused Adam step through its
+``found_inf`` input (no ``.item()``), loss/TD/Q sums accumulate in a device tensor that the service reads every
+N updates, and priorities leave through ``staging.HostCopy``. No sockets here.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from flywheel.nets import QNetwork, as_tensor, build_q_network
 
+from .losses import LossTerms, q_td_loss, quantile_td_loss
+from .staging import Batch, BatchStager, DeviceBatch
+
 log = logging.getLogger("flywheel.learner")
+Compiler = Callable[[Callable[..., Any]], Callable[..., Any]]
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class BadBatch(ValueError):
@@ -22,20 +32,9 @@ class BadBatch(ValueError):
     fault = "batch"
 
 
-class Batch(Protocol):
-    """What an update needs; proto.SampleBatch has exactly these arrays."""
-
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    next_obs: np.ndarray
-    weight: np.ndarray
-
-
 @dataclass
 class CoreConfig:
-    """Hyper-parameters of the update rule."""
+    """Hyper-parameters of the update rule and how it runs on the device."""
 
     lr: float = 1e-4
     adam_eps: float = 1.5e-4
@@ -45,28 +44,49 @@ class CoreConfig:
     double: bool = True
     dueling: bool = True
     hidden: int = 256
+    head: str = "q"
+    num_quantiles: int = 51
+    huber_kappa: float = 1.0
+    grad_accum_steps: int = 1
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (resolve "auto" with resolve_precision first)
+    compile: bool = False
+    compile_mode: str = "default"
 
 
 @dataclass
 class UpdateResult:
-    """One update's outcome; tensors may live on the GPU until ``priorities()``/``stats()`` are read."""
+    """One sampled batch's outcome; tensors stay on the device until ``priorities()``/``stats()`` are read."""
 
     td_abs: torch.Tensor
     loss: torch.Tensor
     q_mean: torch.Tensor
-    applied: bool
+    stepped: bool  # this batch completed an optimizer step (every grad_accum_steps batches)
     batch_size: int
+    found_inf: torch.Tensor | None = None  # 1.0 when that step was skipped for a non-finite gradient
+
+    @property
+    def applied(self) -> bool:
+        """Whether an optimizer step was taken and kept (reads the device: for tests and tools, not the loop)."""
+        return self.stepped and self.found_inf is not None and not bool(self.found_inf)
 
     def priorities(self) -> np.ndarray:
         """|TD error| per sample as float32 (the replay applies its own exponent and epsilon); NaN/inf -> 0."""
-        td = self.td_abs.detach().float().cpu().numpy()
-        return np.nan_to_num(td, nan=0.0, posinf=0.0, neginf=0.0)
+        return self.td_abs.detach().float().cpu().numpy()
 
     def stats(self) -> dict[str, float]:
-        return {
-            "loss": float(self.loss), "q_mean": float(self.q_mean),
-            "td_error_mean": float(self.td_abs.float().mean()),
-        }
+        return {"loss": float(self.loss), "q_mean": float(self.q_mean),
+                "td_error_mean": float(self.td_abs.float().mean())}
+
+
+@dataclass
+class MetricSums:
+    """What the device accumulated since the last read."""
+
+    loss: float
+    td_error: float
+    q: float
+    batches: int
+    skipped_total: int
 
 
 def pick_device(choice: str) -> torch.device:
@@ -78,6 +98,15 @@ def pick_device(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
+def resolve_precision(choice: str, device: torch.device) -> str:
+    """'auto' -> bf16 on a GPU with bf16 support, fp16 on an older GPU, fp32 on CPU."""
+    if choice != "auto":
+        return choice
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
 def beta_at(updates: int, start: float, end: float, anneal_updates: int) -> float:
     """Importance-sampling exponent, linear from start to end over anneal_updates."""
     if anneal_updates <= 0:
@@ -85,33 +114,59 @@ def beta_at(updates: int, start: float, end: float, anneal_updates: int) -> floa
     return start + (end - start) * min(1.0, updates / anneal_updates)
 
 
+def _default_compiler(mode: str) -> Compiler:
+    return lambda fn: torch.compile(fn, mode=mode, dynamic=False)
+
+
 class LearnerCore:
-    """Online + target Q-networks and Adam; ``update`` takes one sampled batch and returns |td| for priorities."""
+    """Online + target networks and Adam; ``update`` takes one sampled batch and returns |td| for priorities."""
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, config: CoreConfig,
-                 device: torch.device | str = "cpu", *, compile: bool = False) -> None:
+                 device: torch.device | str = "cpu", *, compiler: Compiler | None = None) -> None:
+        if config.precision not in ("fp32", *AMP_DTYPES):
+            raise ValueError(f"precision must be fp32, bf16 or fp16, got {config.precision!r}")
         self.config = config
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.online: QNetwork = build_q_network(obs_shape, n_actions, dueling=config.dueling,
-                                                hidden=config.hidden).to(self.device)
-        self.target: QNetwork = build_q_network(obs_shape, n_actions, dueling=config.dueling,
-                                                hidden=config.hidden).to(self.device)
-        self.target.load_state_dict(self.online.state_dict())
-        self.target.requires_grad_(False)
-        self.name = self.online.name
-        self.obs_shape, self.n_actions = self.online.obs_shape, self.online.n_actions
         if self.cuda:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cudnn.benchmark = True
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps,
-                                          **({"fused": True} if self.cuda else {}))
-        self._online_fwd = torch.compile(self.online) if (compile and self.cuda) else self.online
-        self._target_fwd = torch.compile(self.target) if (compile and self.cuda) else self.target
-        self.updates = 0  # successful optimizer steps, persisted in checkpoints
-        self.skipped = 0  # updates dropped because the gradient was not finite
+        nets = [build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden,
+                                head=config.head, num_quantiles=config.num_quantiles) for _ in range(2)]
+        if self.cuda and nets[0].kind != "mlp":
+            nets = [net.to(memory_format=torch.channels_last) for net in nets]  # faster cuDNN convolutions
+        self.online: QNetwork = nets[0].to(self.device)
+        self.target: QNetwork = nets[1].to(self.device)
+        self.target.load_state_dict(self.online.state_dict())
+        self.target.requires_grad_(False)
+        self.name = self.online.name
+        self.obs_shape, self.n_actions = self.online.obs_shape, self.online.n_actions
+        self.params = list(self.online.parameters())
+        self.optimizer = self._adam()
+        self.amp_dtype = AMP_DTYPES.get(config.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
+        self.stager = BatchStager(self.device)
+        self.steps = 0  # optimizer steps taken, skipped ones included; persisted in checkpoints
+        self._micro = 0  # batches accumulated towards the next step
+        self._skipped = torch.zeros((), device=self.device)
+        self._sums = torch.zeros(4, device=self.device)  # loss, td, q, batches since the last read
+        self._one = torch.ones((), device=self.device)
+        self._loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = self._losses
+        self.compile_state = "off"  # off | pending (first call not yet done) | on | failed
+        if config.compile:
+            self._loss_fn = (compiler or _default_compiler(config.compile_mode))(self._losses)
+            self.compile_state = "pending"
 
+    def _adam(self) -> torch.optim.Optimizer:
+        kwargs = dict(lr=self.config.lr, eps=self.config.adam_eps)
+        try:  # fused: one kernel, and it skips a step on found_inf without a host sync
+            return torch.optim.Adam(self.params, fused=True, **kwargs)
+        except (RuntimeError, TypeError) as exc:  # pragma: no cover - every device torch ships supports it now
+            log.warning("learner: fused Adam unavailable (%s); using foreach Adam", exc)
+            return torch.optim.Adam(self.params, foreach=True, **kwargs)
+
+    # ---- settings ------------------------------------------------------------------------------------------------
     @property
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
@@ -122,6 +177,21 @@ class LearnerCore:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    @property
+    def skipped(self) -> int:
+        """Steps skipped for a non-finite gradient (reads the device)."""
+        return int(self._skipped.item())
+
+    @skipped.setter
+    def skipped(self, value: int) -> None:
+        self._skipped.fill_(float(value))
+
+    @property
+    def updates(self) -> int:
+        """Optimizer steps that changed the weights (reads the device; the loop uses ``steps``)."""
+        return self.steps - self.skipped
+
+    # ---- the update ----------------------------------------------------------------------------------------------
     def check_batch(self, batch: Batch) -> None:
         """Raise BadBatch when the batch cannot be trained on (shape, dtype, action range, weights)."""
         if tuple(batch.obs.shape[1:]) != self.obs_shape:
@@ -133,55 +203,98 @@ class LearnerCore:
         if not np.isfinite(batch.weight).all() or (batch.weight < 0).any():
             raise BadBatch("batch importance weights must be finite and non-negative")
 
-    def update(self, batch: Batch) -> UpdateResult:
-        """One gradient step on ``batch``; the target network is refreshed per the config."""
-        dev = self.device
-        obs, next_obs = as_tensor(batch.obs, dev), as_tensor(batch.next_obs, dev)
-        action = as_tensor(batch.action, dev).long()
-        reward = as_tensor(batch.reward, dev).float()
-        discount = as_tensor(batch.discount, dev).float()
-        weight = as_tensor(batch.weight, dev).float()
-        self.online.train()
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=self.cuda):
-            q_all = self._online_fwd(obs)
+    def _terms(self, out: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
+               next_target: torch.Tensor, next_online: torch.Tensor | None) -> LossTerms:
+        loss = quantile_td_loss if self.config.head == "quantile" else q_td_loss
+        return loss(out, action, reward, discount, next_target, next_online, self.config.huber_kappa)
+
+    def _losses(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
+                next_obs: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """IS-weighted mean loss, |TD| per sample (NaN -> 0) and mean Q of the taken actions."""
+        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
+                            enabled=self.amp_dtype is not None):
+            out = self.online.outputs(obs)
             with torch.no_grad():
-                q_next_target = self._target_fwd(next_obs)
-                if self.config.double:
-                    best = self._online_fwd(next_obs).argmax(dim=1, keepdim=True)
-                    q_next = q_next_target.gather(1, best).squeeze(1)
-                else:
-                    q_next = q_next_target.max(dim=1).values
-        q_sa = q_all.float().gather(1, action.unsqueeze(1)).squeeze(1)
-        target = (reward + discount * q_next.float()).detach()
-        td = target - q_sa
-        loss = (weight * F.smooth_l1_loss(q_sa, target, reduction="none")).mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        clip = self.config.grad_clip_norm if self.config.grad_clip_norm > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), clip)
-        applied = bool(torch.isfinite(norm))  # one small host sync; protects the weights from NaN/inf
-        if applied:
-            self.optimizer.step()
-            self.updates += 1
-            self._refresh_target()
+                next_target = self.target.outputs(next_obs)
+                next_online = self.online.outputs(next_obs) if self.config.double else None
+        terms = self._terms(out, action, reward, discount, next_target, next_online)
+        loss = (weight * terms.per_sample).mean()
+        td_abs = torch.nan_to_num(terms.td_abs, nan=0.0, posinf=0.0, neginf=0.0)
+        return loss, td_abs, terms.q_taken.mean()
+
+    def _forward_backward(self, b: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        loss, td_abs, q_mean = self._loss_fn(b.obs, b.action, b.reward, b.discount, b.next_obs, b.weight)
+        scaled = loss / self.config.grad_accum_steps if self.config.grad_accum_steps > 1 else loss
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        return loss.detach(), td_abs.detach(), q_mean.detach()
+
+    def _compile_failed(self, exc: BaseException) -> None:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log.warning("learner: torch.compile failed (%s: %s); training continues eagerly", type(exc).__name__,
+                    first[:300])
+        self._loss_fn = self._losses
+        self.compile_state = "failed"
+        self.optimizer.zero_grad(set_to_none=True)  # drop whatever a half-finished backward left
+        self._micro = 0
+
+    def update(self, batch: Batch | DeviceBatch) -> UpdateResult:
+        """Forward/backward on one batch; every ``grad_accum_steps`` batches, clip and take one Adam step."""
+        b = batch if isinstance(batch, DeviceBatch) else self.stager.stage(batch)
+        self.online.train()
+        if self.compile_state in ("pending", "on"):
+            try:
+                loss, td_abs, q_mean = self._forward_backward(b)
+                self.compile_state = "on"
+            except Exception as exc:  # any compiler failure; a real (non-compile) error recurs eagerly below
+                self._compile_failed(exc)
+                loss, td_abs, q_mean = self._forward_backward(b)
         else:
-            self.skipped += 1
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.skipped == 1:
-                log.warning("learner: skipped an update with a non-finite gradient; further ones are only counted")
-        return UpdateResult(td_abs=td.detach().abs(), loss=loss.detach(), q_mean=q_sa.detach().mean(),
-                            applied=applied, batch_size=int(action.shape[0]))
+            loss, td_abs, q_mean = self._forward_backward(b)
+        self._sums += torch.stack((loss.float(), td_abs.float().mean(), q_mean.float(), self._one))
+        self._micro += 1
+        found_inf = None
+        if self._micro >= self.config.grad_accum_steps:
+            found_inf = self._step()
+        return UpdateResult(td_abs=td_abs, loss=loss, q_mean=q_mean, stepped=found_inf is not None,
+                            batch_size=b.size, found_inf=found_inf)
+
+    def _step(self) -> torch.Tensor:
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        clip = self.config.grad_clip_norm if self.config.grad_clip_norm > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True)
+        found_inf = (~torch.isfinite(norm)).float()
+        if self.scaler is not None:  # the scaler hands the fused step its own found_inf (also sync-free)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]  # fused Adam skips when 1
+            self.optimizer.step()
+        self._skipped += found_inf
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        self._micro = 0
+        self._refresh_target()
+        return found_inf
 
     def _refresh_target(self) -> None:
         if self.config.tau > 0:
             with torch.no_grad():
-                torch._foreach_lerp_(list(self.target.parameters()), list(self.online.parameters()), self.config.tau)
-        elif self.updates % self.config.target_update_interval == 0:
+                torch._foreach_lerp_(list(self.target.parameters()), self.params, self.config.tau)
+        elif self.steps % self.config.target_update_interval == 0:
             self.sync_target()
 
     def sync_target(self) -> None:
         """Hard copy online -> target."""
-        self.target.load_state_dict(self.online.state_dict())
+        with torch.no_grad():
+            torch._foreach_copy_(list(self.target.parameters()), self.params)
+
+    # ---- reading results -----------------------------------------------------------------------------------------
+    def drain_metrics(self) -> MetricSums:
+        """Loss/TD/Q sums since the last call and the skipped-step total, in one device read."""
+        loss, td, q, batches, skipped = torch.cat((self._sums, self._skipped.view(1))).tolist()
+        self._sums.zero_()
+        return MetricSums(loss=loss, td_error=td, q=q, batches=int(batches), skipped_total=int(skipped))
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Online Q-values for a batch (float32, on the host); for evaluation and tests."""

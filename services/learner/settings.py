@@ -26,11 +26,22 @@ class LearnerSettings(CommonSettings):
     tau: float = Field(0.0, ge=0, le=1, description="Polyak factor per update for the target network (0 = hard copies)")
     dueling: bool = Field(True, description="dueling value/advantage head")
     double: bool = Field(True, description="double DQN targets (online argmax, target evaluation)")
+    head: Literal["q", "quantile"] = Field("q", description="q: one value per action; quantile: QR-DQN quantiles "
+                                           "(actors must use the same head)")
+    num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
+    huber_kappa: float = Field(1.0, gt=0, le=1000, description="Huber threshold of the TD / quantile Huber loss")
+    grad_accum_steps: int = Field(1, ge=1, le=1024,
+                                  description="sampled batches whose gradients are summed per optimizer step")
     hidden: int = Field(256, ge=8, le=8192, description="width of the MLP / small-CNN hidden layers")
     requests_in_flight: int = Field(4, ge=1, le=64, description="sample requests kept outstanding at the replay")
     request_timeout_s: float = Field(60.0, gt=0, le=3600,
                                      description="re-send sample requests when no batch arrived for this long")
     publish_interval_updates: int = Field(50, ge=1, le=1_000_000, description="publish weights every K updates")
+    publish_interval_s: float = Field(10.0, ge=0, le=86400,
+                                      description="also publish when this many seconds passed since the last "
+                                                  "version and training moved on (0 = only every K updates)")
+    metrics_interval_updates: int = Field(100, ge=1, le=1_000_000,
+                                          description="read loss/TD/Q sums from the device every N updates")
     weights_republish_s: float = Field(5.0, gt=0, le=3600,
                                        description="re-send the latest weights (same version) when idle this long")
     sample_endpoint: str = Field("tcp://127.0.0.1:5556", min_length=1, description="replay sample ROUTER to connect")
@@ -44,7 +55,23 @@ class LearnerSettings(CommonSettings):
     beta_anneal_updates: int = Field(100_000, ge=0, description="updates over which beta goes linearly start -> end")
     torch_threads: int = Field(0, ge=0, le=1024, description="torch CPU threads (0 = all cores)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto (cuda when present), cpu or cuda")
-    compile: bool = Field(False, description="torch.compile the network forward (cuda only)")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="autocast dtype: auto = bf16 on a GPU that has it (else fp16 with a gradient "
+                            "scaler), fp32 on CPU")
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto", description="torch.compile the loss (auto = on with a GPU); falls back to eager if it fails")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile mode")
+    seed: int | None = Field(None, ge=0, description="torch seed for network initialisation (unset = random)")
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_bool(cls, value: object) -> object:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return "on" if value.lower() in ("true", "1", "yes") else "off"
+        return value
 
     @field_validator("resume")
     @classmethod

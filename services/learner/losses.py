@@ -1,0 +1,79 @@
+"""DQN loss terms as pure tensor functions: n-step double-DQN targets, TD Huber and QR-DQN quantile Huber loss.
+
+Each term returns per-sample losses (the core applies importance weights and averages), so further terms
+(e.g. a DQfD large-margin loss on demonstration samples) can be added beside these without touching them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+
+@dataclass
+class LossTerms:
+    """Per-sample loss (B,), |TD error| for priorities (B,) and the online Q of the taken action (B,)."""
+
+    per_sample: torch.Tensor
+    td_abs: torch.Tensor
+    q_taken: torch.Tensor
+
+
+def greedy_next(q_next_online: torch.Tensor | None, q_next_target: torch.Tensor) -> torch.Tensor:
+    """(B, 1) next actions: argmax of the online net (double DQN) or, without it, of the target net."""
+    chooser = q_next_online if q_next_online is not None else q_next_target
+    return chooser.argmax(dim=1, keepdim=True)
+
+
+def q_td_loss(q_all: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
+              q_next_target: torch.Tensor, q_next_online: torch.Tensor | None, kappa: float = 1.0) -> LossTerms:
+    """Huber loss between Q(s, a) and r + discount * Q_target(s', a*); a* from the online net when given.
+
+    ``discount`` already holds gamma^n (0 at episode ends), so n-step returns need nothing more here.
+    """
+    q_all, q_next_target = q_all.float(), q_next_target.float()
+    q_taken = q_all.gather(1, action.unsqueeze(1)).squeeze(1)
+    best = greedy_next(None if q_next_online is None else q_next_online.float(), q_next_target)
+    target = (reward + discount * q_next_target.gather(1, best).squeeze(1)).detach()
+    td = target - q_taken
+    per_sample = F.huber_loss(q_taken, target, reduction="none", delta=kappa)
+    return LossTerms(per_sample=per_sample, td_abs=td.detach().abs(), q_taken=q_taken.detach())
+
+
+def quantile_midpoints(n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """tau_i = (2i + 1) / 2N, the quantile fractions QR-DQN regresses (N,)."""
+    return (torch.arange(n, device=device, dtype=torch.float32) * 2 + 1) / (2 * n)
+
+
+def quantile_huber(pred: torch.Tensor, target: torch.Tensor, kappa: float = 1.0) -> torch.Tensor:
+    """Per-sample quantile Huber loss: sum_i mean_j |tau_i - 1{u_ij < 0}| * Huber_kappa(u_ij) / kappa.
+
+    pred: (B, N) quantiles of the taken action; target: (B, M) target quantiles; u_ij = target_j - pred_i.
+    """
+    taus = quantile_midpoints(pred.shape[1], pred.device)
+    u = target.unsqueeze(1) - pred.unsqueeze(2)  # (B, N, M)
+    abs_u = u.abs()
+    huber = torch.where(abs_u <= kappa, 0.5 * u * u, kappa * (abs_u - 0.5 * kappa))
+    weight = (taus.view(1, -1, 1) - (u.detach() < 0).float()).abs()
+    return (weight * huber / kappa).mean(dim=2).sum(dim=1)
+
+
+def quantile_td_loss(z_all: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
+                     z_next_target: torch.Tensor, z_next_online: torch.Tensor | None,
+                     kappa: float = 1.0) -> LossTerms:
+    """QR-DQN: quantiles (B, A, N) of s; target quantiles r + discount * Z_target(s', a*), a* chosen on means.
+
+    The priority is |mean target - mean prediction|, the TD error of the Q-values the quantiles imply.
+    """
+    z_all, z_next_target = z_all.float(), z_next_target.float()
+    n = z_all.shape[2]
+    z_taken = z_all.gather(1, action.view(-1, 1, 1).expand(-1, 1, n)).squeeze(1)  # (B, N)
+    best = greedy_next(None if z_next_online is None else z_next_online.float().mean(dim=2),
+                       z_next_target.mean(dim=2))
+    z_next = z_next_target.gather(1, best.unsqueeze(2).expand(-1, 1, z_next_target.shape[2])).squeeze(1)
+    target = (reward.unsqueeze(1) + discount.unsqueeze(1) * z_next).detach()
+    per_sample = quantile_huber(z_taken, target, kappa)
+    q_taken = z_taken.detach().mean(dim=1)
+    return LossTerms(per_sample=per_sample, td_abs=(target.mean(dim=1) - q_taken).abs(), q_taken=q_taken)

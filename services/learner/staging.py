@@ -1,0 +1,129 @@
+"""Moving data between host and device without stalling: pinned staging ring in, event-fenced copies out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from flywheel.nets import as_tensor
+
+STAGING_SLOTS = 3  # batches whose host->device copies may be in flight at once
+
+
+class Batch(Protocol):
+    """What an update needs; proto.SampleBatch has exactly these arrays."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    discount: np.ndarray
+    next_obs: np.ndarray
+    weight: np.ndarray
+
+
+FIELDS = ("obs", "action", "reward", "discount", "next_obs", "weight")
+
+
+@dataclass
+class DeviceBatch:
+    """A batch as tensors on the learner's device (pixels stay uint8; they are scaled inside the network)."""
+
+    obs: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    discount: torch.Tensor
+    next_obs: torch.Tensor
+    weight: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.action.shape[0])
+
+
+class BatchStager:
+    """Host batches -> device tensors.
+
+    CPU: zero-copy ``torch.from_numpy`` views. CUDA: each batch is copied into one of ``slots`` pinned host
+    buffers and sent with ``non_blocking`` copies; a slot is reused only after the event recorded behind its
+    copies has passed, which blocks only when the GPU is ``slots`` batches behind (back-pressure, not a stall).
+    """
+
+    def __init__(self, device: torch.device, slots: int = STAGING_SLOTS) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._slots: list[dict[str, torch.Tensor]] = [{} for _ in range(slots)]
+        self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+        self.staged = 0
+
+    def stage(self, batch: Batch) -> DeviceBatch:
+        self.staged += 1
+        if not self.cuda:
+            return DeviceBatch(**{name: as_tensor(getattr(batch, name)) for name in FIELDS})
+        slot = self._next
+        self._next = (slot + 1) % len(self._slots)
+        event = self._events[slot]
+        if event is not None:
+            event.synchronize()  # the copies out of this slot's buffers were enqueued `slots` batches ago
+        buffers = self._slots[slot]
+        tensors: dict[str, torch.Tensor] = {}
+        for name in FIELDS:
+            array = np.asarray(getattr(batch, name))
+            pinned = buffers.get(name)
+            if pinned is None or tuple(pinned.shape) != array.shape or pinned.numpy().dtype != array.dtype:
+                pinned = buffers[name] = torch.empty(array.shape, dtype=_torch_dtype(array.dtype), pin_memory=True)
+            np.copyto(pinned.numpy(), array)
+            tensors[name] = pinned.to(self.device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._events[slot] = done
+        return DeviceBatch(**tensors)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+class HostCopy:
+    """Device tensors copied into fresh host buffers; ``ready()`` says when the bytes are there.
+
+    CUDA: pinned buffers, ``non_blocking`` copies and an event, so the caller never waits for the GPU; the buffers
+    are new each time, so a message still being sent by ZeroMQ is never overwritten. CPU: an immediate copy
+    (``copy=False`` keeps a view when the tensor is not going to change, e.g. a fresh TD-error tensor).
+    """
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None,
+                 copy: bool = True) -> None:
+        self.event: torch.cuda.Event | None = None
+        self.host: dict[str, torch.Tensor] = {}
+        cuda = any(t.device.type == "cuda" for t in tensors.values())
+        with torch.no_grad():
+            for key, value in tensors.items():
+                value = value.detach()
+                want = dtype or value.dtype
+                if value.device.type == "cuda":
+                    out = torch.empty(value.shape, dtype=want, pin_memory=True)
+                    out.copy_(value, non_blocking=True)
+                elif copy or value.dtype != want:
+                    out = value.to(dtype=want, copy=True)
+                else:
+                    out = value
+                self.host[key] = out
+        if cuda:
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+    def numpy(self) -> dict[str, np.ndarray]:
+        """The host arrays (contiguous); call only once ``ready()`` (or after ``wait()``)."""
+        return {key: value.contiguous().numpy() for key, value in self.host.items()}
