@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -11,7 +12,7 @@ import zmq
 from flywheel.transport import EndpointInUse, install_stop_signals
 
 from .checkpoint import CheckpointError, load_checkpoint
-from .core import CoreConfig, LearnerCore, pick_device
+from .core import CoreConfig, LearnerCore, pick_device, resolve_precision
 from .settings import LearnerSettings
 from .transport import LearnerService
 
@@ -24,6 +25,36 @@ def _spec_shape(settings: LearnerSettings, spec: Any) -> tuple[tuple[int, ...], 
 
         spec = env_spec(settings.env_id)
     return tuple(int(d) for d in spec.obs_shape), int(spec.n_actions)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers narrow), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def core_config(settings: LearnerSettings, device: torch.device) -> CoreConfig:
+    """The update rule's hyper-parameters from settings, with auto precision and compile resolved for ``device``."""
+    compile_on = settings.compile == "on" or (settings.compile == "auto" and device.type == "cuda")
+    return CoreConfig(lr=settings.lr, adam_eps=settings.adam_eps, grad_clip_norm=settings.grad_clip_norm,
+                      target_update_interval=settings.target_update_interval, tau=settings.tau,
+                      double=settings.double, dueling=settings.dueling, hidden=settings.hidden, head=settings.head,
+                      num_quantiles=settings.num_quantiles, huber_kappa=settings.huber_kappa,
+                      grad_accum_steps=settings.grad_accum_steps,
+                      precision=resolve_precision(settings.precision, device), compile=compile_on,
+                      compile_mode=settings.compile_mode)
+
+
+def build_core(settings: LearnerSettings, obs_shape: tuple[int, ...], n_actions: int,
+               device: torch.device) -> LearnerCore:
+    """Threads (all cores on CPU unless set), seed, then the core."""
+    if device.type == "cpu" or settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads or usable_cores())
+    if settings.seed is not None:
+        torch.manual_seed(settings.seed)
+    return LearnerCore(obs_shape, n_actions, core_config(settings, device), device)
 
 
 def main(settings: LearnerSettings, *, spec: Any = None) -> int:
@@ -40,12 +71,7 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
     except (KeyError, ValueError, RuntimeError, ImportError) as exc:
         log.error("learner: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return 2
-    if settings.torch_threads > 0:
-        torch.set_num_threads(settings.torch_threads)
-    config = CoreConfig(lr=settings.lr, adam_eps=settings.adam_eps, grad_clip_norm=settings.grad_clip_norm,
-                        target_update_interval=settings.target_update_interval, tau=settings.tau,
-                        double=settings.double, dueling=settings.dueling, hidden=settings.hidden)
-    core = LearnerCore(obs_shape, n_actions, config, device, compile=settings.compile)
+    core = build_core(settings, obs_shape, n_actions, device)
     start_version = 0
     if settings.resume:
         assert settings.checkpoint_dir is not None  # the settings validator guarantees it
@@ -65,9 +91,11 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
         ctx.term()
         return 2
     install_stop_signals(service.stop)
-    log.info("learner: device %s (%d threads), network %s, batch %d, samples from %s, weights on %s, "
-             "telemetry to %s, control from %s", device, torch.get_num_threads(), core.name, settings.batch_size,
-             settings.sample_endpoint, settings.weights_bind, settings.telemetry_endpoint, settings.control_endpoint)
+    log.info("learner: device %s (%d threads, %s%s), network %s, %s head, batch %d x %d accumulated, "
+             "samples from %s, weights on %s, telemetry to %s, control from %s", device, torch.get_num_threads(),
+             core.config.precision, ", compiled" if core.config.compile else "", core.name, settings.head,
+             settings.batch_size, settings.grad_accum_steps, settings.sample_endpoint, settings.weights_bind,
+             settings.telemetry_endpoint, settings.control_endpoint)
     try:
         return service.run()
     finally:

@@ -1,81 +1,87 @@
-"""The learner's ZeroMQ side: sample requests in flight, priority updates, weights PUB, telemetry and control."""
+"""The learner's ZeroMQ side: sample requests in flight, priorities back, weights PUB, telemetry and control."""
 
 from __future__ import annotations
 
 import logging
-import math
 import time
+from collections import deque
 from pathlib import Path
 
+import numpy as np
 import zmq
 
 from flywheel import proto
-from flywheel.nets import weights_message
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket
 
 from .checkpoint import save_checkpoint
+from .control import ControlArgError, parse_publish_interval, parse_set, parse_set_lr
 from .core import BadBatch, LearnerCore, beta_at
+from .metrics import GpuProbe, MetricsWindow
+from .publishing import WeightsSnapshots
+from .sampling import SampleClient
 from .settings import LearnerSettings
+from .staging import HostCopy
 
 log = logging.getLogger("flywheel.learner")
 SERVICE = "learner"
 MAX_POLL_MS = 100
-
-
-class ControlArgError(ValueError):
-    """A control command carried an argument of the wrong type or range."""
-
-    fault = "bad_args"
+MAX_PRIORITY_COPIES = 64  # priority copies waiting for the GPU before the loop waits for the oldest
 
 
 class LearnerService:
-    """Runs the learner loop: one batch in, one update, priorities out; weights every K updates."""
+    """Runs the learner loop: batches in, updates, priorities out; weights every K updates or T seconds."""
 
     def __init__(self, settings: LearnerSettings, core: LearnerCore, ctx: zmq.Context, *,
                  start_version: int = 0) -> None:
         self.settings, self.core, self.ctx = settings, core, ctx
         self.faults = FaultCounter(SERVICE)
-        obs_bytes = math.prod(core.obs_shape) * 4  # float32 worst case
-        max_batch = 2 * settings.batch_size * (obs_bytes + 64) + (1 << 20)
-        self.limits = proto.Limits(max_total_bytes=max_batch, max_array_bytes=max_batch)
-        self.dealer = make_socket(ctx, zmq.DEALER, sndhwm=10_000, rcvhwm=2 * settings.requests_in_flight + 4,
-                                  max_msg_bytes=max_batch + (1 << 16))
-        self.dealer.connect(settings.sample_endpoint)
+        self.sampler = SampleClient(ctx, settings.sample_endpoint, batch_size=settings.batch_size,
+                                    obs_shape=core.obs_shape, in_flight=settings.requests_in_flight,
+                                    request_timeout_s=settings.request_timeout_s, faults=self.faults)
         self.pub = make_socket(ctx, zmq.PUB, sndhwm=4)
         try:
             bind(self.pub, settings.weights_bind, "learner weights PUB", "--weights-bind")
         except Exception:
-            self.dealer.close(0)
+            self.sampler.close()
             self.pub.close(0)
             raise
         self.telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, SERVICE, settings.instance,
                                            settings.telemetry_interval_s)
         self.control = ControlSubscriber(ctx, settings.control_endpoint, SERVICE, settings.instance, self.faults)
         self.poller = zmq.Poller()
-        self.poller.register(self.dealer, zmq.POLLIN)
+        self.poller.register(self.sampler.sock, zmq.POLLIN)
         self.poller.register(self.control.sock, zmq.POLLIN)
 
-        self.version = start_version  # last published weight version (0 = none yet)
-        self.publish_interval = settings.publish_interval_updates
+        self.snapshots = WeightsSnapshots(core.online, core.name, start_version=start_version,
+                                          every_updates=settings.publish_interval_updates,
+                                          every_seconds=settings.publish_interval_s)
         self.paused = False
         self._stop = False
-        self._next_request_id = 1
-        self._outstanding: dict[int, float] = {}
-        self._last_progress = time.monotonic()
-        self._since_publish = 0
+        self._priority_copies: deque[tuple[np.ndarray, HostCopy]] = deque()
         self._weights_frames: list | None = None
-        self._last_publish = 0.0
+        self._last_send = 0.0
+        self._metrics_step = core.steps
+        self._skipped_total = 0
         self._next_checkpoint = time.monotonic() + settings.checkpoint_interval_s
         self.counters = {"updates_total": 0.0, "samples_total": 0.0, "weights_published_total": 0.0,
                          "rejected_messages_total": 0.0, "skipped_updates_total": 0.0,
-                         "priority_updates_dropped_total": 0.0, "requests_resent_total": 0.0,
-                         "checkpoints_total": 0.0}
-        self.gauges: dict[str, float] = {"loss": math.nan, "td_error_mean": math.nan, "q_mean": math.nan,
-                                         "replay_size": 0.0}
-        self._window = {"t": time.monotonic(), "wait": 0.0, "updates": 0, "loss": 0.0, "td": 0.0, "q": 0.0}
+                         "data_wait_seconds_total": 0.0, "checkpoints_total": 0.0,
+                         "control_rejected_total": 0.0}
+        self.replay_size = 0.0
+        self.window = MetricsWindow()
+        self.gpu = GpuProbe(core.device)
         self.last_gauges: dict[str, float] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The last published weight version (0 = none yet)."""
+        return self.snapshots.version
+
+    @property
+    def publish_interval(self) -> int:
+        return self.snapshots.every_updates
+
     def stop(self) -> None:
         """Ask the loop to finish (safe from a signal handler)."""
         self._stop = True
@@ -83,13 +89,13 @@ class LearnerService:
     @property
     def beta(self) -> float:
         s = self.settings
-        return beta_at(self.core.updates, s.beta_start, s.beta_end, s.beta_anneal_updates)
+        return beta_at(self.core.steps, s.beta_start, s.beta_end, s.beta_anneal_updates)
 
     def run(self) -> int:
         """Loop until stopped or max_updates; then leave a checkpoint (if configured) and return 0."""
         self.start()
         while not self._stop:
-            if self.settings.max_updates and self.core.updates >= self.settings.max_updates:
+            if self.settings.max_updates and self.core.steps >= self.settings.max_updates:
                 log.info("learner: reached max_updates=%d, stopping", self.settings.max_updates)
                 break
             self.step(MAX_POLL_MS)
@@ -98,105 +104,96 @@ class LearnerService:
 
     def start(self) -> None:
         """Publish the starting weights (so actors get some early) and put the first requests in flight."""
-        self.publish()
-        self._fill_requests()
+        self.snapshots.begin(self.core.steps)
+        self._publish_ready(wait=True)
+        self.sampler.top_up(self.beta)
 
     def finish(self) -> None:
-        """Send a last telemetry report and leave a checkpoint when a directory is set."""
+        """Send the last priorities and telemetry and leave a checkpoint when a directory is set."""
+        self._send_priorities(wait=True)
         self.send_telemetry()
         if self.settings.checkpoint_dir:
             self.checkpoint("stop")
 
     def step(self, timeout_ms: int) -> None:
-        """One poll: handle control, at most one batch, then timers."""
+        """One turn: wait for a batch or a command (finishing device->host copies while idle), train, timers."""
         start = time.monotonic()
-        events = dict(self.poller.poll(timeout_ms))
+        events = dict(self.poller.poll(0))
+        if not events:
+            if self._priority_copies or self.snapshots.pending:  # idle anyway: let the copies land and send them
+                self._send_priorities(wait=True)
+                self._publish_ready(wait=True)
+            events = dict(self.poller.poll(timeout_ms))
         if not self.paused:
-            self._window["wait"] += time.monotonic() - start
+            waited = time.monotonic() - start
+            self.window.wait_s += waited
+            self.counters["data_wait_seconds_total"] += waited
         if self.control.sock in events:
             for command in self.control.drain():
                 self.handle_control(command)
-        if not self.paused and self.dealer in events:
-            self._receive_batch()
+        if not self.paused and self.sampler.sock in events:
+            batch = self.sampler.receive()
+            self.sampler.top_up(self.beta)  # ask for the next batch before training on this one
+            if batch is not None:
+                self.train(batch)
+        self._send_priorities(wait=False)
+        self._publish_ready(wait=False)
         self._timers()
 
     def close(self) -> None:
-        for sock in (self.dealer, self.pub):
-            sock.close(0)
+        self.sampler.close()
+        self.pub.close(0)
         self.telemetry.close()
         self.control.close()
 
     # ---- data path -------------------------------------------------------------------------------------------
-    def _fill_requests(self) -> None:
-        beta = self.beta
-        while len(self._outstanding) < self.settings.requests_in_flight:
-            rid = self._next_request_id
-            self._next_request_id += 1
-            msg = proto.SampleRequest(request_id=rid, batch_size=self.settings.batch_size, beta=beta)
-            try:
-                self.dealer.send_multipart(proto.encode(msg), flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._outstanding[rid] = time.monotonic()
-
-    def _receive_batch(self) -> None:
-        try:
-            frames = self.dealer.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return
-        self._last_progress = time.monotonic()
-        try:
-            batch = proto.decode(frames, expect=proto.SampleBatch, limits=self.limits)
-        except proto.DecodeError as exc:
-            self._reject("sample", exc)
-            if self._outstanding:  # it answered one of ours: keep the pipeline full
-                self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
-            self._fill_requests()
-            return
-        assert isinstance(batch, proto.SampleBatch)
-        self._outstanding.pop(batch.request_id, None)
-        self._fill_requests()  # ask for the next batch before training on this one
+    def train(self, batch: proto.SampleBatch) -> None:
+        """Update on one batch; queue its priorities (sent once on the host); publish weights when due."""
         try:
             self.core.check_batch(batch)
         except BadBatch as exc:
             self._reject("sample", exc)
             return
-        self.train(batch)
-
-    def train(self, batch: proto.SampleBatch) -> None:
-        """Update on one batch, send its priorities, publish weights when due."""
         result = self.core.update(batch)
-        update = proto.PriorityUpdate(index=batch.index, priority=result.priorities())
-        try:
-            self.dealer.send_multipart(proto.encode(update), flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self.counters["priority_updates_dropped_total"] += 1
-        self.gauges["replay_size"] = float(batch.replay_size)
-        if not result.applied:
-            self.counters["skipped_updates_total"] += 1
-            return
-        stats = result.stats()
-        w = self._window
-        w["updates"] += 1
-        w["loss"] += stats["loss"]
-        w["td"] += stats["td_error_mean"]
-        w["q"] += stats["q_mean"]
-        self.counters["updates_total"] += 1
+        self._priority_copies.append((batch.index, HostCopy({"p": result.td_abs}, copy=False)))
+        if len(self._priority_copies) > MAX_PRIORITY_COPIES:
+            index, copy = self._priority_copies.popleft()
+            copy.wait()
+            self.sampler.send_priorities(index, copy.numpy()["p"])
+        self.replay_size = float(batch.replay_size)
         self.counters["samples_total"] += result.batch_size
-        self._since_publish += 1
-        if self._since_publish >= self.publish_interval:
-            self.publish()
+        self.window.samples += result.batch_size
+        if not result.stepped:
+            return
+        self.window.steps += 1
+        steps = self.core.steps
+        if steps - self._metrics_step >= self.settings.metrics_interval_updates:
+            self._read_metrics()
+        if self.snapshots.due(steps, time.monotonic()):
+            self.snapshots.begin(steps)
 
-    def publish(self) -> None:
-        """Publish the online network as the next version."""
-        self.version += 1
-        msg = weights_message(self.core.online, self.version, self.core.name)
+    def _read_metrics(self) -> None:
+        """One device read: loss/TD/Q sums since the last read and the skipped-step total."""
+        sums = self.core.drain_metrics()
+        self.window.add_sums(sums)
+        self._skipped_total = sums.skipped_total
+        self._metrics_step = self.core.steps
+
+    def _send_priorities(self, *, wait: bool) -> None:
+        while self._priority_copies and (wait or self._priority_copies[0][1].ready()):
+            index, copy = self._priority_copies.popleft()
+            copy.wait()
+            self.sampler.send_priorities(index, copy.numpy()["p"])
+
+    def _publish_ready(self, *, wait: bool) -> None:
+        msg = self.snapshots.take(time.monotonic(), wait=wait)
+        if msg is None:
+            return
         self._weights_frames = proto.encode(msg)
         self._send_weights()
-        self._since_publish = 0
         self.counters["weights_published_total"] += 1
-        if self.version == 1 or self.counters["weights_published_total"] == 1:
-            log.info("learner: published weights version %d (%s)", self.version, self.core.name)
+        if self.counters["weights_published_total"] == 1:
+            log.info("learner: published weights version %d (%s)", msg.version, self.core.name)
 
     def _send_weights(self) -> None:
         assert self._weights_frames is not None
@@ -204,53 +201,48 @@ class LearnerService:
             self.pub.send_multipart(self._weights_frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:  # PUB drops instead of blocking; kept for safety
             pass
-        self._last_publish = time.monotonic()
+        self._last_send = time.monotonic()
 
     def _reject(self, where: str, exc: Exception) -> None:
         self.faults.record(where, exc)
-        self.counters["rejected_messages_total"] = float(self.faults.total)
 
     # ---- timers, telemetry, control, checkpoints -------------------------------------------------------------
     def _timers(self) -> None:
         now = time.monotonic()
+        if not self.paused and self.snapshots.due(self.core.steps, now):
+            self.snapshots.begin(self.core.steps)  # the T-seconds timer
         if self.telemetry.due(now):
             self.send_telemetry()
-        if self._weights_frames is not None and now - self._last_publish >= self.settings.weights_republish_s:
+        if self._weights_frames is not None and now - self._last_send >= self.settings.weights_republish_s:
             self._send_weights()  # same version again, for subscribers that joined late
         if self.settings.checkpoint_dir and now >= self._next_checkpoint:
             self.checkpoint("periodic")
-        if (not self.paused and self._outstanding
-                and now - max(self._last_progress, max(self._outstanding.values()))
-                >= self.settings.request_timeout_s):
-            log.warning("learner: no batch from %s for %.0f s; re-sending %d sample requests",
-                        self.settings.sample_endpoint, self.settings.request_timeout_s, len(self._outstanding))
-            self.counters["requests_resent_total"] += len(self._outstanding)
-            self._outstanding.clear()
-            self._last_progress = now
-            self._fill_requests()
+        if not self.paused:
+            self.sampler.resend_stale(now, self.beta)
 
     def send_telemetry(self) -> None:
+        self._read_metrics()
         now = time.monotonic()
-        w = self._window
-        elapsed = max(now - w["t"], 1e-9)
-        if w["updates"]:
-            n = w["updates"]
-            self.gauges.update(loss=w["loss"] / n, td_error_mean=w["td"] / n, q_mean=w["q"] / n)
-        gauges = {
-            **self.gauges,
-            "updates_per_second": w["updates"] / elapsed,
-            "data_wait_ratio": min(1.0, w["wait"] / elapsed) if not self.paused else 0.0,
-            "weight_version": float(self.version), "beta": self.beta, "lr": self.core.lr,
-            "paused": float(self.paused), "requests_in_flight": float(len(self._outstanding)),
-            "update_step": float(self.core.updates),
-        }
-        gauges = {k: v for k, v in gauges.items() if math.isfinite(v)}
+        self.counters["updates_total"] = float(self.core.steps - self._skipped_total)
+        self.counters["skipped_updates_total"] = float(self._skipped_total)
         self.counters["rejected_messages_total"] = float(self.faults.total)
+        counters = {**self.counters, **self.sampler.counters}
+        gauges = {
+            **self.window.gauges(now, self.paused),
+            "weight_version": float(self.version), "beta": self.beta, "lr": self.core.lr,
+            "paused": float(self.paused), "requests_in_flight": float(self.sampler.outstanding),
+            "update_step": float(self.core.steps), "replay_size": self.replay_size,
+            "publish_interval_updates": float(self.snapshots.every_updates),
+            "publish_interval_seconds": float(self.snapshots.every_seconds),
+            **self.gpu.gauges(),
+        }
+        gauges = {k: v for k, v in gauges.items() if np.isfinite(v)}
         info = {"device": str(self.core.device), "network": self.core.name, "env_id": self.settings.env_id,
-                "state": "paused" if self.paused else "running"}
-        self.telemetry.send(dict(self.counters), gauges, info)
+                "state": "paused" if self.paused else "running", "precision": self.core.config.precision,
+                "compile": self.core.compile_state}
+        self.telemetry.send(counters, gauges, info)
         self.last_gauges = gauges  # what was last reported; for tests and the CLI's progress line
-        self._window = {"t": now, "wait": 0.0, "updates": 0, "loss": 0.0, "td": 0.0, "q": 0.0}
+        self.window.reset(now)
 
     def checkpoint(self, why: str) -> Path | None:
         if not self.settings.checkpoint_dir:
@@ -264,40 +256,43 @@ class LearnerService:
             return None
         self.counters["checkpoints_total"] += 1
         log.info("learner: checkpoint (%s) at update %d, weight version %d -> %s",
-                 why, self.core.updates, self.version, path)
+                 why, self.core.steps, self.version, path)
         return path
 
     def handle_control(self, command: proto.Control) -> None:
-        """pause | resume | set_lr / set {lr, publish_interval_updates} | checkpoint; others are not ours."""
+        """pause | resume | set_lr | set_publish_interval | set {...} | checkpoint; others are not ours."""
         name = command.command
-        if name == "pause" and not self.paused:
-            self.paused = True
-            self.poller.unregister(self.dealer)
-            log.info("learner: paused by control command %d", command.seq)
-        elif name == "resume" and self.paused:
-            self.paused = False
-            self.poller.register(self.dealer, zmq.POLLIN)
-            self._last_progress = time.monotonic()
-            log.info("learner: resumed by control command %d", command.seq)
-        elif name == "checkpoint":
-            self.checkpoint(f"control command {command.seq}")
-        elif name in ("set", "set_lr"):  # the gateway sends set_lr {"lr": x}
-            self._set(command)
+        try:
+            if name == "pause" and not self.paused:
+                self.paused = True
+                self.poller.unregister(self.sampler.sock)
+                log.info("learner: paused by control command %d", command.seq)
+            elif name == "resume" and self.paused:
+                self.paused = False
+                self.poller.register(self.sampler.sock, zmq.POLLIN)
+                self.sampler.idle_since_now()
+                log.info("learner: resumed by control command %d", command.seq)
+            elif name == "checkpoint":
+                self.checkpoint(f"control command {command.seq}")
+            elif name == "set_lr":
+                self._apply({"lr": parse_set_lr(command.args)}, command.seq)
+            elif name == "set_publish_interval":
+                interval = parse_publish_interval(command.args)
+                self.snapshots.set_interval(updates=interval.updates, seconds=interval.seconds)
+                log.info("learner: publishing weights every %d updates / %.3g s (control command %d)",
+                         self.snapshots.every_updates, self.snapshots.every_seconds, command.seq)
+            elif name == "set":
+                self._apply(parse_set(command.args), command.seq)
+        except ControlArgError as exc:
+            self.counters["control_rejected_total"] += 1
+            self._reject("control", exc)
 
-    def _set(self, command: proto.Control) -> None:
-        for key, value in command.args.items():
-            try:
-                if key == "lr":
-                    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                        raise ControlArgError(f"set lr needs a number in (0, 1], got {value!r}")
-                    self.core.set_lr(float(value))
-                elif key == "publish_interval_updates":
-                    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                        raise ControlArgError(f"set publish_interval_updates needs an int >= 1, got {value!r}")
-                    self.publish_interval = value
-                else:
-                    continue  # meant for another service (e.g. epsilon for actors)
-            except ControlArgError as exc:
-                self._reject("control", exc)
-                continue
-            log.info("learner: set %s=%r by control command %d", key, value, command.seq)
+    def _apply(self, changes: dict[str, object], seq: int) -> None:
+        for key, value in changes.items():
+            if key == "lr":
+                self.core.set_lr(float(value))  # type: ignore[arg-type]
+            elif key == "publish_interval_updates":
+                self.snapshots.set_interval(updates=int(value))  # type: ignore[call-overload]
+            elif key == "publish_interval_s":
+                self.snapshots.set_interval(seconds=float(value))  # type: ignore[arg-type]
+            log.info("learner: set %s=%r by control command %d", key, value, seq)

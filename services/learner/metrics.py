@@ -1,0 +1,73 @@
+"""The learner's numbers between telemetry reports: a window of device metric sums, rates and GPU readings."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+
+from .core import MetricSums
+
+log = logging.getLogger("flywheel.learner")
+
+
+class MetricsWindow:
+    """Accumulates what happened since the last report and turns it into gauges (means and rates)."""
+
+    def __init__(self) -> None:
+        self.reset(time.monotonic())
+        self.last = {"loss": math.nan, "td_error_mean": math.nan, "q_mean": math.nan}
+
+    def reset(self, now: float) -> None:
+        self.start = now
+        self.wait_s = 0.0
+        self.steps = 0
+        self.samples = 0
+        self.loss = self.td = self.q = 0.0
+        self.batches = 0
+
+    def add_sums(self, sums: MetricSums) -> None:
+        self.loss += sums.loss
+        self.td += sums.td_error
+        self.q += sums.q
+        self.batches += sums.batches
+
+    def gauges(self, now: float, paused: bool) -> dict[str, float]:
+        """Means over the window (the previous value when no batch was trained) and per-second rates."""
+        elapsed = max(now - self.start, 1e-9)
+        if self.batches:
+            n = self.batches
+            self.last = {"loss": self.loss / n, "td_error_mean": self.td / n, "q_mean": self.q / n}
+        return {
+            **self.last,
+            "updates_per_second": self.steps / elapsed,
+            "samples_per_second": self.samples / elapsed,
+            "data_wait_ratio": 0.0 if paused else min(1.0, self.wait_s / elapsed),
+        }
+
+
+class GpuProbe:
+    """GPU utilisation (needs NVML through torch; disabled after the first failure) and memory, when on CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.enabled = device.type == "cuda"
+        self.device = device
+        self._utilization = self.enabled
+
+    def gauges(self) -> dict[str, float]:
+        if not self.enabled:
+            return {}
+        out = {
+            "gpu_memory_allocated_bytes": float(torch.cuda.memory_allocated(self.device)),
+            "gpu_memory_reserved_bytes": float(torch.cuda.memory_reserved(self.device)),
+            "gpu_memory_peak_bytes": float(torch.cuda.max_memory_allocated(self.device)),
+        }
+        if self._utilization:
+            try:
+                out["gpu_utilization_ratio"] = float(torch.cuda.utilization(self.device)) / 100.0
+            except Exception as exc:  # NVML missing or unsupported (e.g. MIG): memory is still reported
+                self._utilization = False
+                log.info("learner: GPU utilisation not available (%s); reporting memory only", exc)
+        return out

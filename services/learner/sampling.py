@@ -1,0 +1,115 @@
+"""The learner's side of sampling: requests kept in flight on one DEALER, batches decoded, priorities sent back.
+
+This class is the one boundary between the learner and the replay's sampling protocol, so a different client
+(e.g. one with a same-host shared-memory fast path) can replace it without touching the update loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+import zmq
+
+from flywheel import proto
+from flywheel.transport import FaultCounter, make_socket
+
+log = logging.getLogger("flywheel.learner")
+
+
+def batch_limits(batch_size: int, obs_shape: tuple[int, ...]) -> proto.Limits:
+    """Decoder limits that fit one batch of this shape (float32 observations, the worst case) and no more."""
+    obs_bytes = math.prod(obs_shape) * 4
+    max_batch = 2 * batch_size * (obs_bytes + 64) + (1 << 20)
+    return proto.Limits(max_total_bytes=max_batch, max_array_bytes=max_batch)
+
+
+class SampleClient:
+    """Keeps ``in_flight`` SampleRequests outstanding at the replay and hands back decoded SampleBatches.
+
+    ``sock`` is what the caller polls; ``receive`` never blocks. Replies that do not decode are counted in
+    ``faults`` (and free their request slot); requests unanswered for ``request_timeout_s`` are re-sent.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, *, batch_size: int, obs_shape: tuple[int, ...],
+                 in_flight: int, request_timeout_s: float, faults: FaultCounter) -> None:
+        self.endpoint, self.batch_size, self.in_flight = endpoint, batch_size, in_flight
+        self.request_timeout_s, self.faults = request_timeout_s, faults
+        self.limits = batch_limits(batch_size, obs_shape)
+        self.sock = make_socket(ctx, zmq.DEALER, sndhwm=10_000, rcvhwm=2 * in_flight + 4,
+                                max_msg_bytes=self.limits.max_total_bytes + (1 << 16))
+        self.sock.connect(endpoint)
+        self._next_id = 1
+        self._outstanding: dict[int, float] = {}
+        self._last_progress = time.monotonic()
+        self.counters = {"priority_updates_dropped_total": 0.0, "requests_resent_total": 0.0,
+                         "sample_batches_total": 0.0}
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._outstanding)
+
+    def top_up(self, beta: float) -> None:
+        """Send requests until ``in_flight`` are outstanding (stops quietly when the send queue is full)."""
+        while len(self._outstanding) < self.in_flight:
+            rid = self._next_id
+            self._next_id += 1
+            msg = proto.SampleRequest(request_id=rid, batch_size=self.batch_size, beta=beta)
+            try:
+                self.sock.send_multipart(proto.encode(msg), flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._outstanding[rid] = time.monotonic()
+
+    def receive(self) -> proto.SampleBatch | None:
+        """The next batch if one has arrived; None when none has or the reply was refused (counted)."""
+        try:
+            frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        self._last_progress = time.monotonic()
+        try:
+            batch = proto.decode(frames, expect=proto.SampleBatch, limits=self.limits)
+        except proto.DecodeError as exc:
+            self.faults.record("sample", exc)
+            if self._outstanding:  # it answered one of ours: free the oldest slot to keep the pipeline full
+                self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
+            return None
+        assert isinstance(batch, proto.SampleBatch)
+        self._outstanding.pop(batch.request_id, None)
+        self.counters["sample_batches_total"] += 1
+        return batch
+
+    def send_priorities(self, index: np.ndarray, priority: np.ndarray) -> bool:
+        """Send one PriorityUpdate without waiting; a full queue drops it (counted)."""
+        update = proto.PriorityUpdate(index=index, priority=priority)
+        try:
+            self.sock.send_multipart(proto.encode(update), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.counters["priority_updates_dropped_total"] += 1
+            return False
+        return True
+
+    def resend_stale(self, now: float, beta: float) -> int:
+        """Forget and re-send outstanding requests when no batch came for ``request_timeout_s``."""
+        if not self._outstanding:
+            return 0
+        if now - max(self._last_progress, max(self._outstanding.values())) < self.request_timeout_s:
+            return 0
+        count = len(self._outstanding)
+        log.warning("learner: no batch from %s for %.0f s; re-sending %d sample requests",
+                    self.endpoint, self.request_timeout_s, count)
+        self.counters["requests_resent_total"] += count
+        self._outstanding.clear()
+        self._last_progress = now
+        self.top_up(beta)
+        return count
+
+    def idle_since_now(self) -> None:
+        """Restart the stale-request clock (after a pause, when silence was expected)."""
+        self._last_progress = time.monotonic()
+
+    def close(self) -> None:
+        self.sock.close(0)
