@@ -23,7 +23,7 @@ from flywheel import __version__
 
 from . import views
 from .auth import StartupError, startup_problem
-from .control import COMMANDS, TARGET_PATTERN, CommandError, CommandSpec, UnknownCommand
+from .control import COMMANDS, TARGET_PATTERN, CommandError, CommandSpec, TooManyRetained, UnknownCommand
 from .page import LIVE_PAGE
 from .service import GatewayService
 from .settings import GatewaySettings
@@ -67,7 +67,8 @@ class Reject(Exception):
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     reasons = {400: "the body is not a JSON object", 401: "missing or wrong bearer token",
-               403: "control is off on this gateway", 404: "no such command", 413: "body too large",
+               403: "control is off on this gateway", 404: "no such command", 409: "too many retained commands",
+               413: "body too large",
                422: "an argument, the target or a parameter is out of range"}
     return {code: {"model": ErrorBody, "description": reasons[code]} for code in codes}
 
@@ -195,6 +196,9 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
         return args
 
     async def run_command(command: str, request: Request, target: str | None, operator: str | None) -> JSONResponse:
+        unknown = sorted(set(request.query_params) - {"target"})
+        if unknown:  # a typo such as ?targt=actor-3 must not fall back to the default target
+            raise Reject(422, f"unknown query parameters {[u[:40] for u in unknown[:5]]}; the only one is target")
         args = await read_args(request)
         client = request.client.host if request.client else "?"
         by = {"client": client, "token": gw.auth.fingerprint()}
@@ -203,7 +207,8 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
         try:
             msg = await gw.command(command, target, args, by)
         except CommandError as exc:
-            raise Reject(404 if isinstance(exc, UnknownCommand) else 422, f"{command[:40]}: {exc}") from None
+            code = 404 if isinstance(exc, UnknownCommand) else 409 if isinstance(exc, TooManyRetained) else 422
+            raise Reject(code, f"{command[:40]}: {exc}") from None
         return JSONResponse({"seq": msg.seq, "command": msg.command, "target": msg.target, "args": msg.args},
                             status_code=202)
 
@@ -221,7 +226,7 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
         app.add_api_route(
             f"/control/{name}", handler, methods=["POST"], status_code=202, response_model=Accepted,
             summary=spec.help, operation_id=f"control_{name}", tags=["control"],
-            responses=_errors(400, 401, 403, 413, 422), openapi_extra=_body_doc(name, spec))
+            responses=_errors(400, 401, 403, 409, 413, 422), openapi_extra=_body_doc(name, spec))
 
     for name, spec in COMMANDS.items():
         add_command_route(name, spec)

@@ -27,6 +27,10 @@ class UnknownCommand(CommandError):
     """The command name is not one of COMMANDS."""
 
 
+class TooManyRetained(CommandError):
+    """Retaining the command would exceed the book's bound on distinct (group, target) pairs."""
+
+
 def _only(args: dict[str, Any], allowed: set[str], hint: str) -> None:
     extra = set(args) - allowed
     if extra:
@@ -209,12 +213,13 @@ class ControlBook:
     """
 
     def __init__(self, one_shot_repeat_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 history: int = 100) -> None:
+                 history: int = 100, max_retained: int = 1024) -> None:
         # Start from the wall clock in microseconds so a restarted gateway's numbers stay above the old ones,
         # which subscribers would otherwise skip as duplicates.
         self.seq = time.time_ns() // 1000
         self.one_shot_repeat_s = one_shot_repeat_s
         self.clock = clock
+        self.max_retained = max_retained
         self.retained: dict[tuple[str, str], Issued] = {}
         self.one_shots: deque[Issued] = deque()
         self.history: deque[Issued] = deque(maxlen=history)
@@ -227,6 +232,14 @@ class ControlBook:
             raise UnknownCommand(f"unknown command {command[:40]!r}; known: {', '.join(sorted(COMMANDS))}")
         target = check_target(spec.default_target if target is None else target)
         checked = spec.check(dict(args or {}))
+        if (spec.group is not None and target != "*" and (spec.group, target) not in self.retained
+                and len(self.retained) >= self.max_retained):
+            raise TooManyRetained(f"{self.max_retained} retained commands already; send this command with "
+                                  "target '*' to replace every target's value")
+        self._expire_one_shots(self.clock())
+        if spec.group is None and len(self.one_shots) >= self.max_retained:
+            raise TooManyRetained(f"{self.max_retained} one-shot commands in the last {self.one_shot_repeat_s:g} s; "
+                                  "try again shortly")
         self.seq += 1
         msg = proto.Control(self.seq, command, target, checked)
         proto.encode(msg)  # fails here, not in the publisher, if anything is not wire-safe
@@ -244,11 +257,13 @@ class ControlBook:
 
     def to_repeat(self, now: float | None = None) -> list[proto.Control]:
         """Retained commands and recent one-shots, in sequence order."""
-        now = self.clock() if now is None else now
-        while self.one_shots and now - self.one_shots[0].at > self.one_shot_repeat_s:
-            self.one_shots.popleft()
+        self._expire_one_shots(self.clock() if now is None else now)
         items = list(self.retained.values()) + list(self.one_shots)
         return [i.msg for i in sorted(items, key=lambda i: i.msg.seq)]
+
+    def _expire_one_shots(self, now: float) -> None:
+        while self.one_shots and now - self.one_shots[0].at > self.one_shot_repeat_s:
+            self.one_shots.popleft()
 
     def state(self) -> dict[str, Any]:
         return {

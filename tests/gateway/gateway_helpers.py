@@ -65,3 +65,31 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def gateway_env(http_port: int, **extra: str) -> dict[str, str]:
+    """Environment for a gateway subprocess on loopback: random ZeroMQ ports, the test token, fast sweeps."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+    env.update({
+        "PYTHONUNBUFFERED": "1",
+        "FLYWHEEL_GATEWAY_HTTP_HOST": "127.0.0.1", "FLYWHEEL_GATEWAY_HTTP_PORT": str(http_port),
+        "FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT": "tcp://127.0.0.1:*",
+        "FLYWHEEL_GATEWAY_CONTROL_ENDPOINT": "tcp://127.0.0.1:*",
+        "FLYWHEEL_GATEWAY_LEASE_ENDPOINT": "tcp://127.0.0.1:*",
+        "FLYWHEEL_GATEWAY_CONTROL_TOKEN": TOKEN, "FLYWHEEL_GATEWAY_INSTANCE": "gateway-test",
+    })
+    env.update(extra)
+    return env
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

@@ -15,6 +15,7 @@ from flywheel.services.gateway.control import (
     TARGET_PATTERN,
     CommandError,
     ControlBook,
+    TooManyRetained,
     UnknownCommand,
     check_target,
 )
@@ -203,3 +204,21 @@ def test_lease_table_release_of_unknown_and_capacity() -> None:
     table.handle(proto.LeaseRequest("a"))
     with pytest.raises(LeaseFull):
         table.handle(proto.LeaseRequest("b"))
+
+
+def test_control_book_bounds_what_it_retains() -> None:
+    clock = FakeClock()
+    book = ControlBook(one_shot_repeat_s=5, clock=clock, max_retained=3)
+    for i in range(3):
+        book.issue("set_lr", f"learner-{i}", {"lr": 0.1})
+    book.issue("set_lr", "learner-0", {"lr": 0.2})  # replacing a retained one is fine
+    with pytest.raises(TooManyRetained):
+        book.issue("set_lr", "learner-9", {"lr": 0.1})
+    book.issue("set_lr", "*", {"lr": 0.3})  # '*' replaces the group's targets
+    assert len(book.retained) == 1
+    for _ in range(3):
+        book.issue("checkpoint")
+    with pytest.raises(TooManyRetained):
+        book.issue("checkpoint")
+    clock.t += 6
+    book.issue("checkpoint")  # the window passed

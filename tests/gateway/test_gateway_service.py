@@ -135,6 +135,8 @@ def test_control_requires_token_and_valid_commands(gateway) -> None:
     assert client.post("/control/set_lr", headers=AUTH, content=b"[" * 60_000).status_code == 400  # deep nesting
     r = client.post("/control/pause", headers=AUTH, params={"target": ""})
     assert r.status_code == 422 and "target" in r.json()["error"]
+    r = client.post("/control/pause", headers=AUTH, params={"targt": "a-0"})
+    assert r.status_code == 422 and "targt" in r.json()["error"]
     r = client.post("/control/pause", headers={**AUTH, "X-Flywheel-Operator": "\x01bad"})
     assert r.status_code == 422
     r = client.post("/control/pause", headers=AUTH, content=b"x" * (64 * 1024 + 1))
