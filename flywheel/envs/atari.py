@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 
+from flywheel.envs.options import config_from_options
 from flywheel.envs.preprocessing import FrameStack, resize_area
 
 _REGISTERED = False
@@ -75,10 +76,7 @@ class AtariConfig:
     @classmethod
     def from_options(cls, **options: Any) -> AtariConfig:
         """Build from keyword options, rejecting unknown names."""
-        unknown = set(options) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise TypeError(f"unknown Atari option(s) {sorted(unknown)}; valid: {sorted(cls.__dataclass_fields__)}")
-        return cls(**options)
+        return config_from_options(cls, "Atari", **options)
 
     @property
     def obs_shape(self) -> tuple[int, int, int]:

@@ -11,6 +11,7 @@ import gymnasium
 import numpy as np
 
 from flywheel.envs import nes_compat
+from flywheel.envs.options import config_from_options
 from flywheel.envs.preprocessing import FrameStack, bgrx_to_grey, resize_area, rgb_to_grey
 
 # Button bitmaps of the NES joypad (same as nes_py.wrappers.JoypadSpace).
@@ -105,12 +106,9 @@ class MarioConfig:
     @classmethod
     def from_options(cls, **options: Any) -> MarioConfig:
         """Build from keyword options, rejecting unknown names."""
-        unknown = set(options) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise TypeError(f"unknown Mario option(s) {sorted(unknown)}; valid: {sorted(cls.__dataclass_fields__)}")
-        if options.get("stages") is not None:
+        if isinstance(options.get("stages"), list | tuple):
             options["stages"] = tuple(options["stages"])
-        return cls(**options)
+        return config_from_options(cls, "Mario", **options)
 
     @property
     def obs_shape(self) -> tuple[int, int, int]:

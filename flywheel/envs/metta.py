@@ -7,7 +7,8 @@ Ids:
 - ``MettaGrid-Arena-v0``: mettagrid's own arena (``mettagrid.builder.envs.make_arena``), 24 agents.
 
 Observations are mettagrid's egocentric 13x13 token window made dense: ``uint8 (features, 13, 13)``,
-one plane per observation feature (global tokens sit on the centre cell). Actions are the game's
+one plane per observation feature (global tokens sit on the centre cell) plus a last plane that is
+255 wherever any object is seen (many features are 0-valued yet present, e.g. agent id 0). Actions are the game's
 primary actions (noop and four moves). ``mettagrid`` is an optional extra: ``pip install
 'flywheel-rl[mettagrid]'``; it installs beside Super Mario Bros on NumPy 2.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.envs.options import config_from_options
 from flywheel.envs.vector import EpisodeEnd, SyncVectorEnv, VectorStep
 
 METTAGRID_IDS = ("MettaGrid-v0", "MettaGrid-Arena-v0")
@@ -40,10 +42,7 @@ class MettaConfig:
     @classmethod
     def from_options(cls, **options: Any) -> MettaConfig:
         """Build from keyword options, rejecting unknown names."""
-        unknown = set(options) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise TypeError(f"unknown MettaGrid option(s) {sorted(unknown)}; valid: {sorted(cls.__dataclass_fields__)}")
-        config = cls(**options)
+        config = config_from_options(cls, "MettaGrid", **options)
         if config.agents is not None and config.agents < 1:
             raise ValueError(f"MettaGrid option agents must be >= 1, got {config.agents!r}")
         if config.size < 5:
@@ -114,7 +113,7 @@ def mettagrid_spec(env_id: str, **options: Any) -> MettaSpec:
 
     pei = PolicyEnvInterface.from_mg_cfg(cfg)
     features = max((int(f.id) for f in pei.obs_features), default=0) + 1
-    return MettaSpec(int(cfg.game.num_agents), (features, int(pei.obs_height), int(pei.obs_width)),
+    return MettaSpec(int(cfg.game.num_agents), (features + 1, int(pei.obs_height), int(pei.obs_width)),
                      len(pei.action_names))
 
 
@@ -171,12 +170,15 @@ class MettaGridVector(SyncVectorEnv):
         """Scatter (agents, T, 3) uint8 tokens into (agents, C, H, W) planes (``out`` is zeroed first)."""
         out[:] = 0
         c, h, w = self.obs_shape
+        c -= 1  # the last plane marks occupied cells
         coord, feature, value = tokens[..., 0], tokens[..., 1].astype(np.intp), tokens[..., 2]
         y = np.where(coord == _GLOBAL, h // 2, coord >> 4).astype(np.intp)
         x = np.where(coord == _GLOBAL, w // 2, coord & 0x0F).astype(np.intp)
         valid = (coord != _PADDING) & (y < h) & (x < w) & (feature < c)
         agent = np.broadcast_to(np.arange(tokens.shape[0])[:, None], coord.shape)
         out[agent[valid], feature[valid], y[valid], x[valid]] = value[valid]
+        spatial = valid & (coord != _GLOBAL)
+        out[agent[spatial], c, y[spatial], x[spatial]] = 255
 
     def _observe(self, k: int, out: np.ndarray) -> None:
         self._dense(self._sims[k]._c_sim.observations(), out[k * self.agents:(k + 1) * self.agents])

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 
+from flywheel.envs.options import config_from_options
 from flywheel.envs.vector import EpisodeEnd, SyncVectorEnv, VectorStep
 
 SNAKE_IDS = ("Snake-v0", "flywheel/Snake-v0")
@@ -54,10 +55,7 @@ class SnakeConfig:
     @classmethod
     def from_options(cls, **options: Any) -> SnakeConfig:
         """Build from keyword options, rejecting unknown names."""
-        unknown = set(options) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise TypeError(f"unknown Snake option(s) {sorted(unknown)}; valid: {sorted(cls.__dataclass_fields__)}")
-        return cls(**options)
+        return config_from_options(cls, "Snake", **options)
 
     @property
     def obs_shape(self) -> tuple[int, int, int]:

@@ -1,0 +1,116 @@
+"""Vectors of envs: subprocess equals in-process for the same seeds, worker failures are clear errors, ids."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from flywheel.envs import (
+    UnknownEnvironmentError,
+    known_env_ids,
+    make_vector_env,
+    split_env_id,
+)
+from flywheel.envs.subproc import EnvWorkerError, SubprocessVector
+
+
+def run_both(env_id: str, num_envs: int, steps: int, seed: int = 3) -> int:
+    """Step an in-process and a subprocess vector with the same actions; return the episodes seen."""
+    a = make_vector_env(env_id, num_envs, seed=seed)
+    b = make_vector_env(env_id, num_envs, seed=seed, mode="subprocess", workers=2)
+    episodes = 0
+    try:
+        assert isinstance(b, SubprocessVector) and len(b.groups) == 2 and b.workers == 2
+        np.testing.assert_array_equal(a.reset(), b.reset())
+        rng = np.random.default_rng(0)
+        for _ in range(steps):
+            actions = rng.integers(0, a.n_actions, num_envs)
+            ra = a.step(actions)
+            for g, grp in enumerate(b.groups):  # both halves in flight at once, as the actor does
+                b.step_async(g, actions[grp.start:grp.stop])
+            for g, grp in enumerate(b.groups):
+                rb = b.step_wait(g)
+                part = slice(grp.start, grp.stop)
+                np.testing.assert_array_equal(ra.obs[part], rb.obs)
+                np.testing.assert_array_equal(ra.final_obs[part], rb.final_obs)
+                np.testing.assert_array_equal(ra.reward[part], rb.reward)
+                np.testing.assert_array_equal(ra.terminated[part], rb.terminated)
+                np.testing.assert_array_equal(ra.truncated[part], rb.truncated)
+                mine = sorted((e.slot, e.ret, e.length) for e in ra.episodes if e.slot in grp)
+                assert mine == sorted((e.slot, e.ret, e.length) for e in rb.episodes)
+            episodes += len(ra.episodes)
+    finally:
+        a.close()
+        b.close()
+    return episodes
+
+
+@pytest.mark.timeout(120)
+def test_subprocess_equals_inprocess_cartpole() -> None:
+    assert run_both("CartPole-v1", 8, 300) > 5
+
+
+@pytest.mark.timeout(120)
+def test_subprocess_equals_inprocess_snake() -> None:
+    assert run_both("Snake-v0?size=6", 6, 300) > 5
+
+
+@pytest.mark.timeout(180)
+def test_subprocess_equals_inprocess_mario() -> None:
+    run_both("SuperMarioBros-1-1-v0", 4, 60)
+
+
+@pytest.mark.timeout(120)
+def test_killed_worker_is_a_clear_error_not_a_hang() -> None:
+    vec = make_vector_env("CartPole-v1", 4, seed=0, mode="subprocess", workers=2)
+    try:
+        vec.reset()
+        pid = vec._procs[1].pid
+        os.kill(pid, signal.SIGKILL)
+        began = time.monotonic()
+        with pytest.raises(EnvWorkerError, match=rf"env worker 1 \(pid {pid}, CartPole-v1 slots .*\) (died|is gone)"):
+            for g in range(len(vec.groups)):
+                vec.step_async(g, np.zeros(len(vec.groups[g]), dtype=np.int64))
+                vec.step_wait(g)
+        assert time.monotonic() - began < 30
+    finally:
+        vec.close()
+    assert all(not p.is_alive() for p in vec._procs)
+
+
+@pytest.mark.timeout(120)
+def test_exception_in_worker_is_reported_with_its_message() -> None:
+    vec = make_vector_env("Snake-v0", 4, seed=0, mode="subprocess", workers=2)
+    try:
+        vec.reset()
+        vec.step_async(0, np.array([9, 0]))
+        with pytest.raises(EnvWorkerError, match="failed: ValueError: Snake actions must be in 0..3"):
+            vec.step_wait(0)
+    finally:
+        vec.close()
+
+
+@pytest.mark.timeout(60)
+def test_bad_env_in_worker_fails_at_start() -> None:
+    with pytest.raises(EnvWorkerError, match="TypeError: unknown Snake option"):
+        SubprocessVector("Snake-v0", 2, obs_shape=(3, 10, 10), obs_dtype="uint8", n_actions=4, workers=1,
+                         options={"colour": 1})
+
+
+def test_id_options_and_errors() -> None:
+    assert split_env_id("ALE/Pong-v5?clip_rewards=false,stack=2,name=x") == (
+        "ALE/Pong-v5", {"clip_rewards": False, "stack": 2, "name": "x"})
+    assert split_env_id("CartPole-v1") == ("CartPole-v1", {})
+    with pytest.raises(ValueError, match="expected name=value"):
+        split_env_id("Snake-v0?size")
+    with pytest.raises(UnknownEnvironmentError, match="Snake-v0"):
+        make_vector_env("Snakes-v0", 2)
+    ids = known_env_ids()
+    for env_id in ("SuperMarioBros-1-1-v0", "ALE/Pong-v5", "Snake-v0", "MettaGrid-v0", "CartPole-v1"):
+        assert env_id in ids
+    with pytest.raises(ValueError, match="vector mode"):
+        make_vector_env("CartPole-v1", 2, mode="threads")  # type: ignore[arg-type]
