@@ -106,16 +106,29 @@ class SampleRequest(Message):
     """Learner -> replay: ask for one batch; replies carry the same request_id."""
 
     KIND: ClassVar[str] = "sample_request"
-    SCALARS: ClassVar[dict[str, str]] = {"request_id": INT, "batch_size": INT, "beta": FLOAT}
+    SCALARS: ClassVar[dict[str, str]] = {
+        "request_id": INT, "batch_size": INT, "beta": FLOAT,
+        "shm": BOOL, "shm_segment": STR, "release_slot": INT, "slots": INT,
+    }
     request_id: int
     batch_size: int
     beta: float = 0.4
+    # Same-host fast path (services/replay/client.py): ``shm`` says the client can read shared memory;
+    # ``shm_segment`` names the segment it has attached (replies may then use its slots); ``release_slot``
+    # hands back a slot of that segment it has finished reading (-1: none); ``slots`` is how many slots it
+    # holds at most (its requests in flight; 0: the replay's default).
+    shm: bool = False
+    shm_segment: str = ""
+    release_slot: int = -1
+    slots: int = 0
 
     def validate(self) -> None:
         if not 1 <= self.batch_size <= 65536:
             raise BadShape(f"sample_request: batch_size {self.batch_size} outside 1..65536")
         if not 0.0 <= self.beta <= 1.0:
             raise BadShape(f"sample_request: beta {self.beta} outside [0, 1]")
+        if not -1 <= self.release_slot <= 4096 or not 0 <= self.slots <= 256:
+            raise BadShape(f"sample_request: release_slot {self.release_slot} or slots {self.slots} out of range")
 
 
 @dataclass
@@ -123,7 +136,7 @@ class SampleBatch(Message):
     """Replay -> learner: a ready-to-use batch with replay indices and importance weights."""
 
     KIND: ClassVar[str] = "sample_batch"
-    SCALARS: ClassVar[dict[str, str]] = {"request_id": INT, "replay_size": INT}
+    SCALARS: ClassVar[dict[str, str]] = {"request_id": INT, "replay_size": INT, "shm": SCALAR_MAP}
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {
         "obs": PIXELS_OR_VECTORS,
         "action": BATCH_I64,
@@ -132,6 +145,7 @@ class SampleBatch(Message):
         "next_obs": PIXELS_OR_VECTORS,
         "index": BATCH_I64,
         "weight": BATCH_F32,
+        "is_demo": ArraySpec(("uint8",), optional=True),
     }
     request_id: int
     replay_size: int
@@ -142,10 +156,25 @@ class SampleBatch(Message):
     next_obs: np.ndarray
     index: np.ndarray
     weight: np.ndarray
+    # 1 for rows drawn from the demonstrations table (DQfD); None means no row is a demonstration.
+    is_demo: np.ndarray | None = None
+    # The replay's shared-memory path (services/replay/client.py): {"segment", "size", "token"} offers a
+    # segment; with "slot" >= 0 (and "offset", "next_offset", "dtype", "shape") the observations are in that
+    # slot and obs/next_obs travel as empty (B, 0) placeholders. Empty for an ordinary reply.
+    shm: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        _batch_size(self, ("obs", "action", "reward", "discount", "next_obs", "index", "weight"))
+        _batch_size(self, ("obs", "action", "reward", "discount", "next_obs", "index", "weight", "is_demo"))
         _same_obs(self)
+        slot = self.shm.get("slot", -1)
+        if isinstance(slot, int) and slot >= 0 and (self.obs.shape[1:] != (0,) or self.next_obs.shape[1:] != (0,)):
+            raise BadShape("sample_batch: a shared-memory reply carries (B, 0) observation placeholders")
+
+    def demo_mask(self) -> np.ndarray:
+        """Boolean mask of the rows that are demonstrations (all False when ``is_demo`` is absent)."""
+        if self.is_demo is None:
+            return np.zeros(self.action.shape[0], dtype=bool)
+        return self.is_demo.astype(bool)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Atomic replay checkpoints: one .npy per array plus a JSON manifest, loaded without pickle."""
+"""Atomic replay checkpoints: one .npy per array plus a JSON manifest with CRCs, read back without pickle."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ import json
 import os
 import shutil
 import time
+import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 FORMAT = "flywheel-replay"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+CRC_CHUNK = 64 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -26,21 +29,41 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save(state: dict[str, np.ndarray], directory: Path) -> Path:
-    """Write ``directory/replay`` atomically: a temp dir is filled, fsynced and renamed over the old one."""
+def _write_array(file: Path, parts: list[np.ndarray]) -> dict[str, Any]:
+    """Write the concatenation of ``parts`` (along axis 0) as one .npy without building it; return its entry."""
+    first = parts[0]
+    shape = (sum(p.shape[0] for p in parts), *first.shape[1:]) if first.ndim else first.shape
+    crc = 0
+    with open(file, "wb") as fh:
+        header = {"descr": np.lib.format.dtype_to_descr(first.dtype), "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_2_0(fh, header)
+        for part in parts:
+            flat = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
+            for lo in range(0, flat.size, CRC_CHUNK):
+                chunk = flat[lo:lo + CRC_CHUNK]
+                crc = zlib.crc32(chunk, crc)
+                fh.write(chunk.data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"dtype": first.dtype.name, "shape": list(shape), "crc32": crc}
+
+
+def save(state: dict[str, np.ndarray | list[np.ndarray]], directory: Path, info: dict[str, Any] | None = None,
+         ) -> Path:
+    """Write ``directory/replay`` atomically: a temp dir is filled, fsynced and renamed over the old one.
+
+    A list value is written as the concatenation of its arrays (the two halves of a ring), without copying.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / "replay"
     tmp = directory / f".replay.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "time": time.time(), "arrays": {}}
-    for name, array in state.items():
-        file = tmp / f"{name}.npy"
-        with open(file, "wb") as fh:
-            np.save(fh, np.asarray(array, order="C"), allow_pickle=False)  # ascontiguousarray makes 0-d 1-d
-            fh.flush()
-            os.fsync(fh.fileno())
-        manifest["arrays"][name] = {"dtype": array.dtype.name, "shape": list(array.shape)}
+    manifest: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION, "time": time.time(),
+                                "info": info or {}, "arrays": {}}
+    for name, value in state.items():
+        parts = value if isinstance(value, list) else [np.asarray(value)]
+        manifest["arrays"][name] = _write_array(tmp / f"{name}.npy", parts)
     with open(tmp / "manifest.json", "w") as fh:
         json.dump(manifest, fh)
         fh.flush()
@@ -71,8 +94,11 @@ def exists(directory: Path) -> bool:
     return (_current(directory) / "manifest.json").exists()
 
 
-def load(directory: Path) -> dict[str, np.ndarray]:
-    """Read a checkpoint written by ``save``; raise CheckpointError with a one-line reason."""
+def load(directory: Path, verify: bool = True) -> dict[str, np.ndarray]:
+    """Read a checkpoint written by ``save`` as read-only memory maps; raise CheckpointError with one line.
+
+    ``verify`` checks every array's CRC (one pass over the data) so a damaged file is refused, not restored.
+    """
     path = _current(directory)
     manifest_file = path / "manifest.json"
     if not manifest_file.exists():
@@ -91,10 +117,39 @@ def load(directory: Path) -> dict[str, np.ndarray]:
         if not isinstance(meta, dict) or "/" in name or "\\" in name or name.startswith("."):
             raise CheckpointError(f"replay checkpoint manifest {manifest_file} has a bad entry {name!r}")
         try:
-            array = np.load(path / f"{name}.npy", allow_pickle=False)
+            array = np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, EOFError) as exc:
             raise CheckpointError(f"replay checkpoint array {name} is corrupt: {exc}") from None
         if array.dtype.name != meta.get("dtype") or list(array.shape) != meta.get("shape"):
             raise CheckpointError(f"replay checkpoint array {name} does not match its manifest")
+        if verify and _crc(array) != meta.get("crc32"):
+            raise CheckpointError(f"replay checkpoint array {name} is corrupt: its CRC differs from the manifest")
         state[name] = array
     return state
+
+
+def info(directory: Path) -> dict[str, Any]:
+    """The ``info`` a checkpoint was saved with (empty when unreadable)."""
+    try:
+        manifest = json.loads((_current(directory) / "manifest.json").read_text())
+        return dict(manifest.get("info", {}))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _crc(array: np.ndarray) -> int:
+    flat = array.reshape(-1).view(np.uint8) if array.size else np.zeros(0, np.uint8)
+    crc = 0
+    for lo in range(0, flat.size, CRC_CHUNK):
+        crc = zlib.crc32(flat[lo:lo + CRC_CHUNK], crc)
+    return crc
+
+
+def set_aside(directory: Path) -> Path | None:
+    """Move a refused checkpoint out of the way (kept for inspection) so the next save does not replace it."""
+    path = _current(directory)
+    if not path.exists():
+        return None
+    target = directory / f"replay.refused-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    os.replace(path, target)
+    return target

@@ -1,16 +1,26 @@
-"""The replay core: storage, prioritized sampler and rate limiter, with no sockets."""
+"""The replay core: main and demonstration tables, importance weights and the rate limiter, with no sockets."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from flywheel import proto
 
+from .frames import stream_keys
 from .limiter import RateLimiter
-from .storage import RingStorage
+from .storage import SchemaMismatch, TransitionStorage, frame_layout
 from .sumtree import SumTree
+from .table import ReplayTable
+
+
+class InsertRejected(ValueError):
+    """A transition batch whose values cannot be stored (NaN rewards, discounts outside [0, 1], ...)."""
+
+    fault = "values"
 
 
 @dataclass
@@ -26,6 +36,34 @@ class ReplayConfig:
     error_buffer: float = 100_000.0
     block_inserts: bool = False
     seed: int | None = None
+    dedup_frames: bool = True
+    frame_ratio: float = 1.1
+    frame_capacity: int | None = None
+    demo_ratio: float = 0.0
+
+
+@dataclass
+class SampleParts:
+    """A sampled batch apart from its observations, which ``sample_into`` writes into the caller's buffers."""
+
+    index: np.ndarray
+    weight: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    discount: np.ndarray
+    is_demo: np.ndarray
+    replay_size: int
+
+
+@dataclass
+class DemoRows:
+    """One chunk of demonstration transitions (one episode), as the demonstrations reader yields them."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    discount: np.ndarray
+    next_obs: np.ndarray
 
 
 class ReplayCore:
@@ -33,103 +71,179 @@ class ReplayCore:
 
     def __init__(self, config: ReplayConfig) -> None:
         self.config = config
-        self.storage = RingStorage(config.capacity)
-        self.tree = SumTree(config.capacity) if config.prioritized else None
+        self.main = ReplayTable(config.capacity, prioritized=config.prioritized, alpha=config.alpha,
+                                priority_eps=config.priority_eps, dedup_frames=config.dedup_frames,
+                                frame_ratio=config.frame_ratio, frame_capacity=config.frame_capacity)
+        self.demos: ReplayTable | None = None
         self.limiter = RateLimiter(
             config.min_size_to_sample, config.samples_per_insert, config.error_buffer, config.block_inserts,
         )
         self.rng = np.random.default_rng(config.seed)
-        self.max_priority = 1.0
         self.priority_updates = 0
-        self.stale_priority_updates = 0
+        self.demo_samples = 0
 
     @property
     def size(self) -> int:
-        return self.storage.size
+        return self.main.size
+
+    @property
+    def storage(self) -> TransitionStorage:
+        return self.main.storage
+
+    @property
+    def tree(self) -> SumTree | None:
+        return self.main.tree
+
+    @property
+    def max_priority(self) -> float:
+        return self.main.max_priority
+
+    @property
+    def stale_priority_updates(self) -> int:
+        return self.main.stale_priority_updates + (self.demos.stale_priority_updates if self.demos else 0)
+
+    @property
+    def obs_schema(self) -> tuple[tuple[int, ...], np.dtype] | None:
+        storage = self.main.storage
+        return None if storage.obs_shape is None else (storage.obs_shape, storage.obs_dtype)
 
     def can_sample(self, batch_size: int) -> bool:
-        return self.limiter.can_sample(batch_size, self.size)
+        return self.limiter.can_sample(batch_size - self.demo_rows(batch_size), self.size)
 
     def can_insert(self, count: int = 1) -> bool:
         return self.limiter.can_insert(count)
 
+    def demo_rows(self, batch_size: int) -> int:
+        """Rows of a batch drawn from the demonstrations table."""
+        if self.demos is None or self.demos.size == 0 or self.config.demo_ratio <= 0:
+            return 0
+        return min(batch_size - 1, max(1, round(batch_size * self.config.demo_ratio)))
+
     def insert(self, batch: proto.TransitionBatch) -> int:
-        """Store a decoded batch; raises storage.SchemaMismatch (storage untouched) on a schema change."""
-        self.storage.check(batch.obs)
+        """Store a decoded batch; raises SchemaMismatch or InsertRejected with the storage untouched."""
+        self.main.storage.check(batch.obs)
+        _check_values(batch)
         priority = batch.priority
         if priority is not None and (not np.all(np.isfinite(priority)) or np.any(priority < 0)):
             priority = None  # an actor's garbage priorities must not poison the tree: use the max
-        slots = self.storage.insert({
-            "obs": batch.obs, "action": batch.action, "reward": batch.reward,
-            "discount": batch.discount, "next_obs": batch.next_obs,
-        })
-        if self.tree is not None:
-            if priority is None:
-                values = np.full(slots.shape[0], self.max_priority, dtype=np.float64)
-            else:
-                values = (priority[-slots.shape[0]:].astype(np.float64) + self.config.priority_eps) ** self.config.alpha
-                self.max_priority = max(self.max_priority, float(values.max()))
-            self.tree.set(slots, values)
+        keys = np.broadcast_to(stream_keys(batch.actor, batch.stream), (len(batch),))
+        inserted = self.main.insert(batch.obs, batch.action, batch.reward, batch.discount, batch.next_obs, keys,
+                                    priority)
         self.limiter.record_insert(len(batch))
-        return int(slots.shape[0])
+        return inserted
+
+    def load_demos(self, count: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str,
+                   episodes: Iterable[DemoRows]) -> int:
+        """Fill the demonstrations table (never evicted) with ``count`` transitions; returns how many."""
+        dtype = np.dtype(obs_dtype)
+        schema = self.obs_schema
+        if schema is not None and (schema[0] != tuple(obs_shape) or schema[1] != dtype):
+            raise SchemaMismatch(f"demonstrations hold {dtype}{tuple(obs_shape)}, replay holds {schema[1]}{schema[0]}")
+        layout = frame_layout(tuple(obs_shape), dtype) if self.config.dedup_frames else None
+        frames = 2 * layout[0] * count + 8 * layout[0] + 8 if layout else None  # room for every frame: no eviction
+        table = ReplayTable(max(count, 1), prioritized=self.config.prioritized, alpha=self.config.alpha,
+                            priority_eps=self.config.priority_eps, dedup_frames=self.config.dedup_frames,
+                            frame_capacity=frames)
+        table.storage.allocate(tuple(obs_shape), dtype)
+        for episode, rows in enumerate(episodes):
+            keys = np.full(len(rows.action), episode, np.uint64)
+            table.insert(rows.obs, rows.action, rows.reward, rows.discount, rows.next_obs, keys, None)
+        if table.size != count:
+            raise ValueError(f"demonstrations table holds {table.size} transitions, expected {count}")
+        if schema is None:
+            self.main.storage.allocate(tuple(obs_shape), dtype)  # actors must send what the demos hold
+        self.demos = table
+        return table.size
+
+    def sample_into(self, batch_size: int, beta: float, obs_out: np.ndarray, next_out: np.ndarray) -> SampleParts:
+        """Sample ``batch_size`` rows, writing observations into the outputs; the caller checks ``can_sample``."""
+        if self.size == 0:
+            raise ValueError("cannot sample from an empty replay")
+        demo_count = self.demo_rows(batch_size)
+        main_count = batch_size - demo_count
+        slots, probs = self.main.sample(main_count, self.rng)
+        small = self.main.storage.gather(slots, obs_out[:main_count], next_out[:main_count])
+        index = self.main.storage.positions_of(slots)
+        total_size = self.size
+        if demo_count:
+            assert self.demos is not None
+            share = demo_count / batch_size
+            demo_slots, demo_probs = self.demos.sample(demo_count, self.rng)
+            demo_small = self.demos.storage.gather(demo_slots, obs_out[main_count:], next_out[main_count:])
+            small = {k: np.concatenate([small[k], demo_small[k]]) for k in small}
+            index = np.concatenate([index, -1 - self.demos.storage.positions_of(demo_slots)])
+            probs = np.concatenate([probs * (1 - share), demo_probs * share])
+            total_size += self.demos.size
+            self.demo_samples += demo_count
+        weights = (total_size * probs) ** (-beta)
+        weights = (weights / weights.max()).astype(np.float32)
+        is_demo = np.zeros(batch_size, np.uint8)
+        is_demo[main_count:] = 1
+        self.limiter.record_sample(main_count)
+        return SampleParts(index=index, weight=weights, is_demo=is_demo, replay_size=self.size, **small)
 
     def sample(self, batch_size: int, beta: float, request_id: int = 0) -> proto.SampleBatch:
-        """A ready-to-use batch; the caller checks ``can_sample`` first."""
-        size = self.size
-        if size == 0:
+        """A ready-to-use batch in fresh arrays; the caller checks ``can_sample`` first."""
+        schema = self.obs_schema
+        if schema is None or self.size == 0:
             raise ValueError("cannot sample from an empty replay")
-        if self.tree is not None:
-            slots = self.tree.sample(batch_size, self.rng, size)
-            probs = self.tree.get(slots) / self.tree.total
-            weights = (size * probs) ** (-beta)
-            weights = (weights / weights.max()).astype(np.float32)
-        else:
-            slots = self.rng.integers(0, size, size=batch_size)
-            weights = np.ones(batch_size, dtype=np.float32)
-        data = self.storage.gather(slots)
-        self.limiter.record_sample(batch_size)
+        obs = np.empty((batch_size, *schema[0]), schema[1])
+        next_obs = np.empty_like(obs)
+        parts = self.sample_into(batch_size, beta, obs, next_obs)
         return proto.SampleBatch(
-            request_id=request_id, replay_size=size, index=self.storage.positions_of(slots), weight=weights, **data,
+            request_id=request_id, replay_size=parts.replay_size, obs=obs, action=parts.action, reward=parts.reward,
+            discount=parts.discount, next_obs=next_obs, index=parts.index, weight=parts.weight,
+            is_demo=parts.is_demo if self.demos is not None else None,
         )
 
-    def update_priorities(self, positions: np.ndarray, priorities: np.ndarray) -> int:
-        """Apply learner priorities to positions still stored; returns how many were applied."""
-        if self.tree is None:
-            return 0
-        priorities = np.asarray(priorities, dtype=np.float64)
-        valid = np.isfinite(priorities) & (priorities >= 0)
-        live, slots = self.storage.live_slots(positions)
-        keep = live & valid
-        self.stale_priority_updates += int((~keep).sum())
-        if not np.any(keep):
-            return 0
-        values = (priorities[keep] + self.config.priority_eps) ** self.config.alpha
-        self.tree.set(slots[keep], values)
-        self.max_priority = max(self.max_priority, float(values.max()))
-        self.priority_updates += int(keep.sum())
-        return int(keep.sum())
+    def update_priorities(self, index: np.ndarray, priorities: np.ndarray) -> int:
+        """Apply learner priorities (negative indices name demonstration rows); returns how many applied."""
+        index = np.asarray(index, np.int64)
+        priorities = np.asarray(priorities, np.float64)
+        demo = index < 0
+        applied = self.main.update_priorities(index[~demo], priorities[~demo])
+        if self.demos is not None and demo.any():
+            applied += self.demos.update_priorities(-1 - index[demo], priorities[demo])
+        elif demo.any():
+            self.main.stale_priority_updates += int(demo.sum())
+        self.priority_updates += applied
+        return applied
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        state = {f"storage.{k}": v for k, v in self.storage.state_dict().items()}
-        if self.tree is not None:
-            state.update({f"sampler.{k}": v for k, v in self.tree.state_dict().items()})
+    def set_ratio(self, samples_per_insert: float, error_buffer: float | None = None) -> None:
+        """Change the limiter's samples-per-insert ratio (and error buffer); raises ValueError when invalid."""
+        for name, value in (("samples_per_insert", samples_per_insert), ("error_buffer", error_buffer)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if samples_per_insert <= 0 or (error_buffer is not None and error_buffer < 0):
+            raise ValueError("samples_per_insert must be > 0 and error_buffer >= 0")
+        self.limiter.samples_per_insert = float(samples_per_insert)
+        if error_buffer is not None:
+            self.limiter.error_buffer = float(error_buffer)
+
+    def state_dict(self) -> dict[str, np.ndarray | list[np.ndarray]]:
+        state = self.main.state_dict()
         limiter = self.limiter.state_dict()
         state["limiter.counts"] = np.array([limiter["inserts"], limiter["samples"]], dtype=np.int64)
-        state["sampler.max_priority"] = np.array(self.max_priority, dtype=np.float64)
-        state["config.capacity"] = np.array(self.config.capacity, dtype=np.int64)
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        capacity = int(state["config.capacity"])
-        if capacity != self.config.capacity:
-            raise ValueError(f"checkpoint was written with capacity {capacity}, this replay has {self.config.capacity}")
-        self.storage.load_state_dict({k.removeprefix("storage."): v for k, v in state.items()
-                                      if k.startswith("storage.")})
-        if self.tree is not None:
-            if "sampler.leaves" in state:
-                self.tree.load_state_dict({"leaves": state["sampler.leaves"]})
-            else:  # written by a uniform replay: start every stored item at priority 1
-                self.tree.set(np.arange(self.size), np.ones(self.size))
-        inserts, samples = (int(x) for x in state["limiter.counts"])
-        self.limiter.load_state_dict({"inserts": inserts, "samples": samples})
-        self.max_priority = float(state["sampler.max_priority"])
+        """Restore the main table and limiter counts (before ``load_demos``); raises ValueError or KeyError."""
+        counts = np.asarray(state["limiter.counts"])
+        if counts.shape != (2,) or np.any(counts < 0):
+            raise ValueError("checkpoint limiter counts are not two non-negative numbers")
+        self.main.load_state_dict(state)
+        self.limiter.load_state_dict({"inserts": int(counts[0]), "samples": int(counts[1])})
+
+
+def _check_values(batch: proto.TransitionBatch) -> None:
+    if not np.all(np.isfinite(batch.reward)):
+        raise InsertRejected("rewards must be finite")
+    discount = batch.discount
+    if not np.all((discount >= 0) & (discount <= 1)):  # NaN fails both
+        raise InsertRejected("discounts must lie in [0, 1]")
+    if np.any(batch.action < 0):
+        raise InsertRejected("actions must be non-negative")
+    if batch.obs.dtype.kind == "f" and not (np.all(np.isfinite(batch.obs)) and np.all(np.isfinite(batch.next_obs))):
+        raise InsertRejected("observations must be finite")

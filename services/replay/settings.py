@@ -11,7 +11,7 @@ from flywheel.settings import CommonSettings
 
 
 class ReplaySettings(CommonSettings):
-    """Storage size, sampling, rate limiting, sockets and checkpoints of one replay process."""
+    """Storage size, sampling, rate limiting, sockets, shared memory, demonstrations and checkpoints."""
 
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_REPLAY_", extra="forbid", validate_default=True)
 
@@ -22,12 +22,25 @@ class ReplaySettings(CommonSettings):
     samples_per_insert: float = Field(0.0, ge=0, description="target sampled/inserted ratio (0: unlimited)")
     error_buffer: float = Field(100_000.0, ge=0, description="allowed deviation from the ratio, in transitions")
     block_inserts: bool = Field(False, description="slow actors down when they run ahead of the ratio")
-    transitions_bind: str = Field("tcp://*:5555", description="PULL endpoint actors push transitions to")
-    sample_bind: str = Field("tcp://*:5556", description="ROUTER endpoint learners sample from")
+    dedup_frames: bool = Field(True, description="store each pixel frame once and rebuild stacks when sampling")
+    frame_ratio: float = Field(1.1, ge=0.05, le=16, description="frame ring size per transition of capacity "
+                               "(pixels; about 1 + 1/episode length is used)")
+    transitions_bind: str = Field("tcp://*:5555", description="PULL endpoint(s) actors push transitions to "
+                                  "(comma-separated, e.g. ipc:///tmp/flywheel-replay.ipc,tcp://*:5555)")
+    sample_bind: str = Field("tcp://*:5556", description="ROUTER endpoint(s) learners sample from")
     transitions_hwm: int = Field(64, ge=1, description="receive high-water mark for transition batches")
     max_pending_requests: int = Field(256, ge=1, description="sample requests queued while the limiter waits")
     max_message_mb: int = Field(256, ge=1, le=4096, description="largest inbound message accepted")
+    shm: bool = Field(True, description="answer same-host clients through shared-memory slots in /dev/shm")
+    shm_slots: int = Field(4, ge=1, le=256, description="slots per client when it does not say how many")
+    shm_max_slots: int = Field(16, ge=1, le=256, description="most slots one client may hold")
+    demo_path: Path | None = Field(None, description="demonstrations directory (flywheel.demos format) to load")
+    demo_ratio: float = Field(0.0, ge=0, lt=1, description="share of every batch drawn from the demonstrations")
     checkpoint_dir: Path | None = Field(None, description="where checkpoints go (unset: no checkpoints)")
     checkpoint_interval_s: float = Field(0.0, ge=0, description="periodic checkpoints (0: only on request/exit)")
+    checkpoint_background: bool = Field(True, description="write checkpoints from a forked child, traffic going on")
     restore: bool = Field(True, description="restore the checkpoint in checkpoint_dir on start, if one exists")
+    start_empty_on_bad_checkpoint: bool = Field(
+        False, description="when the checkpoint is corrupt or does not fit: set it aside and start empty "
+        "(default: refuse to start)")
     seed: int | None = Field(None, description="sampling seed")

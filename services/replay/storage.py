@@ -1,10 +1,16 @@
-"""Preallocated ring storage for n-step transitions, addressed by a global insert position."""
+"""Preallocated FIFO transition storage: frame references into a FrameStore for pixels, whole arrays otherwise."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-ARRAY_FIELDS = ("obs", "action", "reward", "discount", "next_obs")
+from .frames import FrameStore
+
+SMALL_FIELDS = ("action", "reward", "discount")
+FRAME_FIELDS = ("obs_ref", "next_ref", "min_ref", "ins_head")
+_NO_FLOOR = np.iinfo(np.int64).max
 
 
 class SchemaMismatch(ValueError):
@@ -13,106 +19,279 @@ class SchemaMismatch(ValueError):
     fault = "shape"
 
 
-class RingStorage:
-    """FIFO storage of ``capacity`` transitions; arrays are allocated on the first insert.
+def frame_layout(obs_shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, tuple[int, ...]] | None:
+    """(stack depth, frame shape) for pixel observations (uint8 (K, H, W) or (H, W)), None for the rest."""
+    if dtype != np.uint8 or len(obs_shape) not in (2, 3):
+        return None
+    depth, frame = (obs_shape[0], obs_shape[1:]) if len(obs_shape) == 3 else (1, obs_shape)
+    if depth > 16 or math.prod(frame) < 64:
+        return None
+    return depth, tuple(frame)
 
-    Positions are global (the running insert count); slot = position % capacity. A position older
-    than ``capacity`` inserts has been evicted, which lets stale priority updates be ignored.
+
+class TransitionStorage:
+    """FIFO storage of up to ``capacity`` transitions, allocated on the first insert.
+
+    Positions are global (the running insert count); slot = position % capacity; live positions are
+    ``[oldest, next_position)``. Pixel observations keep each distinct frame once in a FrameStore of
+    ``capacity * frame_ratio`` frames; a transition holds the ids of the frames of its two stacks. When the
+    frame ring must overwrite a frame a live transition still uses, the oldest transitions go first.
     """
 
-    def __init__(self, capacity: int, obs_shape: tuple[int, ...] | None = None, obs_dtype: str | None = None) -> None:
+    def __init__(self, capacity: int, *, dedup_frames: bool = True, frame_ratio: float = 1.1,
+                 frame_capacity: int | None = None) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
+        self.dedup_frames, self.frame_ratio, self.frame_capacity = dedup_frames, frame_ratio, frame_capacity
         self.next_position = 0
+        self.oldest = 0
         self.obs_shape: tuple[int, ...] | None = None
         self.obs_dtype: np.dtype | None = None
+        self.depth = 0
+        self.frames: FrameStore | None = None
         self.arrays: dict[str, np.ndarray] = {}
-        if obs_shape is not None and obs_dtype is not None:
-            self._allocate(tuple(obs_shape), np.dtype(obs_dtype))
+        self.frames_evicted = 0
+        self._floor = _NO_FLOOR  # a lower bound of every live transition's oldest frame id
 
-    def _allocate(self, obs_shape: tuple[int, ...], obs_dtype: np.dtype) -> None:
+    def allocate(self, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str) -> None:
         cap = self.capacity
-        self.obs_shape, self.obs_dtype = obs_shape, obs_dtype
-        self.arrays = {
-            "obs": np.zeros((cap, *obs_shape), dtype=obs_dtype),
-            "next_obs": np.zeros((cap, *obs_shape), dtype=obs_dtype),
-            "action": np.zeros(cap, dtype=np.int64),
-            "reward": np.zeros(cap, dtype=np.float32),
-            "discount": np.zeros(cap, dtype=np.float32),
-        }
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
+        self.arrays = {"action": np.zeros(cap, np.int64), "reward": np.zeros(cap, np.float32),
+                       "discount": np.zeros(cap, np.float32)}
+        layout = frame_layout(self.obs_shape, self.obs_dtype) if self.dedup_frames else None
+        if layout is None:
+            self.frames = None
+            self.arrays["obs"] = np.zeros((cap, *self.obs_shape), self.obs_dtype)
+            self.arrays["next_obs"] = np.zeros((cap, *self.obs_shape), self.obs_dtype)
+            return
+        self.depth, frame_shape = layout
+        self.frames = FrameStore(self.frame_ring_size(self.depth), frame_shape)
+        refs = (cap, self.depth)
+        self.arrays.update(obs_ref=np.zeros(refs, np.int64), next_ref=np.zeros(refs, np.int64),
+                           min_ref=np.zeros(cap, np.int64), ins_head=np.zeros(cap, np.int64))
+
+    def frame_ring_size(self, depth: int) -> int:
+        """Frames in the ring: ``frame_capacity``, or ``capacity * frame_ratio`` (at least a few stacks)."""
+        return self.frame_capacity or max(int(math.ceil(self.capacity * self.frame_ratio)), 8 * depth + 8)
 
     @property
     def size(self) -> int:
-        return min(self.next_position, self.capacity)
+        return self.next_position - self.oldest
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays.values())
+        return sum(a.nbytes for a in self.arrays.values()) + (self.frames.nbytes if self.frames else 0)
+
+    @property
+    def frames_stored(self) -> int:
+        """Frames from the oldest one a live transition uses to the newest (2 per transition for whole stacks)."""
+        if self.frames is None:
+            return 2 * self.size
+        if self.size == 0:
+            return 0
+        live = np.arange(self.oldest, self.next_position) % self.capacity
+        return self.frames.head - int(self.arrays["min_ref"][live].min())
 
     def check(self, obs: np.ndarray) -> None:
         """Raise SchemaMismatch unless ``obs`` (a batch) matches the stored observation schema."""
         if self.obs_shape is None:
             return
         if tuple(obs.shape[1:]) != self.obs_shape or obs.dtype != self.obs_dtype:
-            raise SchemaMismatch(
-                f"observations {obs.dtype}{tuple(obs.shape[1:])} do not match stored "
-                f"{self.obs_dtype}{self.obs_shape}"
-            )
+            raise SchemaMismatch(f"observations {obs.dtype}{tuple(obs.shape[1:])} do not match stored "
+                                 f"{self.obs_dtype}{self.obs_shape}")
 
-    def insert(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """Write a batch (validated by the caller) and return the slots it took."""
-        obs = batch["obs"]
-        if self.obs_shape is None:
-            self._allocate(tuple(obs.shape[1:]), obs.dtype)
+    def insert(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, discount: np.ndarray,
+               next_obs: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Store rows (the newest ``capacity`` of them); returns (their slots, slots evicted early)."""
         self.check(obs)
-        count = obs.shape[0]
-        if count > self.capacity:  # only the newest capacity items can survive anyway
-            skip = count - self.capacity
-            self.next_position += skip
-            batch = {k: v[skip:] for k, v in batch.items()}
-            count = self.capacity
+        if self.obs_shape is None:
+            self.allocate(tuple(obs.shape[1:]), obs.dtype)
+        skip = max(0, len(action) - self.capacity)
+        rows = slice(skip, None)
+        self.next_position += skip  # rows that would be evicted by their own batch take a position, no slot
+        self.oldest = max(self.oldest, self.next_position - self.capacity)
+        if self.frames is None:
+            return self._append(action[rows], reward[rows], discount[rows], obs=obs[rows], next_obs=next_obs[rows]), \
+                np.zeros(0, np.int64)
+        return self._insert_frames(obs[rows], action[rows], reward[rows], discount[rows], next_obs[rows], keys[rows])
+
+    def _insert_frames(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, discount: np.ndarray,
+                       next_obs: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        store = self.frames
+        assert store is not None
+        depth, frame_shape = self.depth, store.frame_shape
+        chunk = max(1, store.max_insert // (2 * depth))
+        slots_out, evicted = [], []
+        for lo in range(0, len(action), chunk):
+            hi = min(lo + chunk, len(action))
+            n = hi - lo
+            row_keys = np.repeat(keys[lo:hi], depth)
+            next_frames = next_obs[lo:hi].reshape(n * depth, *frame_shape)
+            obs_frames = obs[lo:hi].reshape(n * depth, *frame_shape)
+            head = store.head
+            refs = []
+            for frames, reserve in ((next_frames, 2 * n * depth), (obs_frames, n * depth)):
+                frame_keys = store.fingerprint(frames, row_keys)
+                refs.append(store.add(frames, frame_keys, reserve,
+                                      lambda limit: evicted.append(self._make_room(limit))).reshape(n, depth))
+            next_ref, obs_ref = refs
+            slots = self._append(action[lo:hi], reward[lo:hi], discount[lo:hi], obs_ref=obs_ref, next_ref=next_ref,
+                                 min_ref=np.minimum(obs_ref.min(axis=1), next_ref.min(axis=1)),
+                                 ins_head=np.full(n, head, np.int64))
+            self._floor = min(self._floor, int(self.arrays["min_ref"][slots].min()))
+            slots_out.append(slots)
+        return np.concatenate(slots_out), np.concatenate(evicted)
+
+    def _append(self, action: np.ndarray, reward: np.ndarray, discount: np.ndarray, **rest: np.ndarray) -> np.ndarray:
+        count = len(action)
         positions = np.arange(self.next_position, self.next_position + count, dtype=np.int64)
         slots = positions % self.capacity
-        for name in ARRAY_FIELDS:
-            self.arrays[name][slots] = batch[name]
+        for name, values in (("action", action), ("reward", reward), ("discount", discount), *rest.items()):
+            self.arrays[name][slots] = values
         self.next_position += count
+        self.oldest = max(self.oldest, self.next_position - self.capacity)
         return slots
+
+    def _make_room(self, limit: int) -> np.ndarray:
+        """Evict the oldest transitions until none uses a frame id below ``limit``; return their slots."""
+        if limit <= self._floor or self.size == 0:
+            return np.zeros(0, np.int64)
+        store = self.frames
+        assert store is not None
+        ins_head, min_ref = self.arrays["ins_head"], self.arrays["min_ref"]
+        # ins_head never decreases with position and min_ref >= ins_head - window: past ``end`` all is safe.
+        lo, hi = self.oldest, self.next_position
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ins_head[mid % self.capacity] - store.window >= limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        end = lo
+        positions = np.arange(self.oldest, end, dtype=np.int64)
+        uses = np.nonzero(min_ref[positions % self.capacity] < limit)[0]
+        beyond = int(ins_head[end % self.capacity]) - store.window if end < self.next_position else _NO_FLOOR
+        if uses.size == 0:
+            self._floor = min(int(min_ref[positions % self.capacity].min()) if positions.size else _NO_FLOOR, beyond)
+            return np.zeros(0, np.int64)
+        new_oldest = int(positions[uses[-1]]) + 1
+        gone = np.arange(self.oldest, new_oldest, dtype=np.int64) % self.capacity
+        self.oldest = new_oldest
+        self.frames_evicted += gone.size
+        rest = positions[uses[-1] + 1:]
+        self._floor = min(int(min_ref[rest % self.capacity].min()) if rest.size else _NO_FLOOR, beyond)
+        return gone
 
     def positions_of(self, slots: np.ndarray) -> np.ndarray:
         """Global positions currently held by ``slots``."""
-        base = self.next_position - self.size
-        return base + (slots - base) % self.capacity
+        return self.oldest + (np.asarray(slots, np.int64) - self.oldest) % self.capacity
 
     def live_slots(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mask of positions still stored, their slots)."""
         positions = np.asarray(positions, dtype=np.int64)
-        live = (positions >= self.next_position - self.size) & (positions < self.next_position)
+        live = (positions >= self.oldest) & (positions < self.next_position)
         return live, positions % self.capacity
 
-    def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: self.arrays[name].take(slots, axis=0) for name in ARRAY_FIELDS}
+    def random_slots(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """Uniformly drawn live slots."""
+        return rng.integers(self.oldest, self.next_position, size=count) % self.capacity
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        state = {name: arr[: self.size] for name, arr in self.arrays.items()}
-        state["next_position"] = np.array(self.next_position, dtype=np.int64)
+    def gather(self, slots: np.ndarray, obs_out: np.ndarray, next_out: np.ndarray) -> dict[str, np.ndarray]:
+        """Write the observations of ``slots`` into the two outputs; return the small per-row arrays."""
+        if self.frames is None:
+            np.take(self.arrays["obs"], slots, axis=0, out=obs_out, mode="wrap")
+            np.take(self.arrays["next_obs"], slots, axis=0, out=next_out, mode="wrap")
+        else:
+            self.frames.gather(self.arrays["obs_ref"][slots], obs_out)
+            self.frames.gather(self.arrays["next_ref"][slots], next_out)
+        return {name: self.arrays[name][slots] for name in SMALL_FIELDS}
+
+    def state_dict(self) -> dict[str, np.ndarray | list[np.ndarray]]:
+        """Arrays to checkpoint; the frame ring as its live id range, possibly in two segments."""
+        state: dict[str, np.ndarray | list[np.ndarray]] = {
+            "positions": np.array([self.next_position, self.oldest], np.int64),
+            "obs_shape": np.array(self.obs_shape or (), np.int64),
+            "obs_dtype": np.frombuffer((self.obs_dtype.str if self.obs_dtype else "").encode().ljust(8), np.uint8),
+        }
+        state.update(self.arrays)
+        store = self.frames
+        if store is not None:
+            live = (np.arange(self.oldest, self.next_position) % self.capacity)
+            first = int(self.arrays["min_ref"][live].min()) if live.size else store.head
+            first = max(first, store.oldest_id)
+            state["frames.range"] = np.array([first, store.head, store.capacity], np.int64)
+            state["frames.frames"] = _ring_segments(store.frames, first, store.head)
+            state["frames.keys"] = _ring_segments(store.keys, first, store.head)
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        size = int(state["action"].shape[0])
-        if size > self.capacity:
-            raise ValueError(f"checkpoint holds {size} transitions, more than capacity {self.capacity}")
-        obs = state["obs"]
-        # Validate everything before touching the storage, so a refused checkpoint leaves it as it was.
-        for name in ARRAY_FIELDS:
-            if state[name].shape[0] != size:
-                raise ValueError(f"checkpoint array {name} has {state[name].shape[0]} rows, expected {size}")
-        if state["next_obs"].shape != obs.shape:
-            raise ValueError(f"checkpoint next_obs shape {state['next_obs'].shape} differs from obs {obs.shape}")
-        next_position = int(state["next_position"])
-        if next_position < size or (size < self.capacity and next_position != size):
-            raise ValueError("checkpoint position counter is inconsistent with its size")
-        self._allocate(tuple(obs.shape[1:]), obs.dtype)
-        for name in ARRAY_FIELDS:
-            self.arrays[name][:size] = state[name]
-        self.next_position = next_position
+        """Restore from ``state_dict`` output; raises ValueError (storage untouched) when it does not fit."""
+        next_position, oldest = (int(x) for x in state["positions"])
+        shape = tuple(int(x) for x in state["obs_shape"])
+        dtype_text = bytes(state["obs_dtype"]).rstrip(b" ").decode("ascii", "replace")
+        if not 0 <= oldest <= next_position or next_position - oldest > self.capacity:
+            raise ValueError(f"positions {oldest}..{next_position} do not fit capacity {self.capacity}")
+        if not shape:
+            if next_position != oldest:
+                raise ValueError("checkpoint holds transitions but no observation schema")
+            self.next_position = self.oldest = next_position
+            return
+        try:
+            dtype = np.dtype(dtype_text)
+        except TypeError:
+            raise ValueError(f"unknown observation dtype {dtype_text!r}") from None
+        layout = frame_layout(shape, dtype) if self.dedup_frames else None
+        names = set(SMALL_FIELDS) | (set(FRAME_FIELDS) if layout else {"obs", "next_obs"})
+        missing = names - set(state)
+        if missing:
+            raise ValueError(f"checkpoint lacks {sorted(missing)}: it was written with other frame settings")
+        live = np.arange(oldest, next_position, dtype=np.int64) % self.capacity
+        depth = layout[0] if layout else 0
+        expected_arrays = {"action": (np.int64, ()), "reward": (np.float32, ()), "discount": (np.float32, ()),
+                           "obs": (dtype, shape), "next_obs": (dtype, shape), "obs_ref": (np.int64, (depth,)),
+                           "next_ref": (np.int64, (depth,)), "min_ref": (np.int64, ()), "ins_head": (np.int64, ())}
+        for name in names:
+            want_dtype, want_shape = expected_arrays[name]
+            if state[name].shape != (self.capacity, *want_shape) or state[name].dtype != want_dtype:
+                raise ValueError(f"array {name} is {state[name].dtype}{state[name].shape}, this replay needs "
+                                 f"{np.dtype(want_dtype)}{(self.capacity, *want_shape)}: same capacity and "
+                                 "observation shape required")
+        first = head = 0
+        frames = np.zeros(0, np.uint8)
+        if layout is not None:
+            first, head, frame_cap = (int(x) for x in state["frames.range"])
+            expected = self.frame_ring_size(depth)
+            if not 0 <= head - first <= frame_cap or frame_cap != expected:
+                raise ValueError(f"checkpoint frame ring holds {frame_cap} frames, this replay {expected}: "
+                                 "use the same capacity and frame_ratio")
+            frames = state["frames.frames"]
+            if frames.shape != (head - first, *layout[1]) or state["frames.keys"].shape != (head - first,):
+                raise ValueError("checkpoint frame ring does not match its range")
+            refs = np.concatenate([state["obs_ref"][live].ravel(), state["next_ref"][live].ravel()])
+            if refs.size and (refs.min() < first or refs.max() >= head):
+                raise ValueError("checkpoint transitions use frames outside the saved frame range")
+        self.allocate(shape, dtype)
+        for name in names:
+            self.arrays[name][:] = state[name]
+        self.next_position, self.oldest = next_position, oldest
+        if self.frames is not None:
+            self.frames.head = head
+            for lo in range(first, head, 65536):  # chunked: the source is usually a memory map
+                hi = min(lo + 65536, head)
+                slots = np.arange(lo, hi) % self.frames.capacity
+                self.frames.frames[slots] = frames[lo - first:hi - first]
+                self.frames.keys[slots] = state["frames.keys"][lo - first:hi - first]
+            self.frames.rebuild_index()
+            self._floor = int(self.arrays["min_ref"][live].min()) if live.size else _NO_FLOOR
+
+
+def _ring_segments(ring: np.ndarray, first: int, head: int) -> list[np.ndarray]:
+    """Ids [first, head) of a ring as at most two views, oldest first."""
+    cap = ring.shape[0]
+    if head <= first:
+        return [ring[:0]]
+    start, end = first % cap, head % cap or cap
+    if start < end and head - first <= cap:
+        return [ring[start:end]]
+    return [ring[start:], ring[:end]]

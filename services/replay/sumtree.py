@@ -53,17 +53,23 @@ class SumTree:
             nodes = left + go_right
         return nodes - self.leaves
 
-    def sample(self, count: int, rng: np.random.Generator, limit: int) -> np.ndarray:
-        """Stratified proportional sample of ``count`` slots among the first ``limit`` ones."""
+    def stratified(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Stratified proportional sample of ``count`` slots, and a mask of the (rare) ones float rounding
+        landed on an empty leaf, which the caller replaces."""
         total = self.total
         if count <= 0:
-            return np.zeros(0, dtype=np.int64)
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
         if total <= 0:
             raise ValueError("cannot sample from an empty tree")
         bounds = (np.arange(count) + rng.random(count)) * (total / count)
         slots = self.find(np.minimum(bounds, np.nextafter(total, 0)))
-        # Float rounding can land on an empty leaf past the filled range; fold those back.
-        bad = (slots >= limit) | (self.get(np.minimum(slots, self.capacity - 1)) <= 0)
+        bad = (slots >= self.capacity) | (self.get(np.minimum(slots, self.capacity - 1)) <= 0)
+        return slots, bad
+
+    def sample(self, count: int, rng: np.random.Generator, limit: int) -> np.ndarray:
+        """Stratified proportional sample of ``count`` slots among the first ``limit`` ones."""
+        slots, bad = self.stratified(count, rng)
+        bad |= slots >= limit
         if np.any(bad):
             slots[bad] = rng.integers(0, limit, size=int(bad.sum()))
         return slots

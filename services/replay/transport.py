@@ -5,50 +5,72 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 
+import numpy as np
+import psutil
 import zmq
 
 from flywheel import proto
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket
 
-from .core import ReplayCore
+from .core import InsertRejected, ReplayCore
+from .shm import ShmSlots, SlotSegment
+from .snapshot import Snapshotter
 from .storage import SchemaMismatch
 
 log = logging.getLogger("flywheel.replay")
 INSERT_BURST = 32  # transition batches taken per loop turn before sample requests get a look
 
 
+class ControlArgError(ValueError):
+    """A control command's arguments are refused; counted and logged, the service carries on."""
+
+    fault = "control_args"
+
+
 class ReplayServer:
-    """PULL transitions, ROUTER sample requests and priority updates, SUB control, PUSH telemetry."""
+    """PULL transitions, ROUTER sample requests and priority updates, SUB control, PUSH telemetry.
+
+    Endpoints may be comma-separated lists (e.g. ``ipc:///tmp/replay.ipc,tcp://*:5555``): same-host actors
+    then use the Unix socket while remote ones use TCP.
+    """
 
     def __init__(
         self, core: ReplayCore, ctx: zmq.Context, *, transitions_bind: str, sample_bind: str,
         telemetry: TelemetryReporter, control: ControlSubscriber, faults: FaultCounter,
         transitions_hwm: int = 64, max_pending: int = 256, max_message_bytes: int = 256 << 20,
-        checkpoint: Callable[[], None] | None = None, checkpoint_interval_s: float = 0.0,
+        snapshotter: Snapshotter | None = None, checkpoint_interval_s: float = 0.0, shm: ShmSlots | None = None,
     ) -> None:
         self.core, self.telemetry, self.control, self.faults = core, telemetry, control, faults
-        limits = proto.Limits(max_total_bytes=max_message_bytes, max_array_bytes=max_message_bytes)
-        self.limits = limits
+        self.limits = proto.Limits(max_total_bytes=max_message_bytes, max_array_bytes=max_message_bytes)
         self.pull = make_socket(ctx, zmq.PULL, rcvhwm=transitions_hwm, max_msg_bytes=max_message_bytes)
-        bind(self.pull, transitions_bind, "replay transitions", "FLYWHEEL_REPLAY_TRANSITIONS_BIND")
         self.router = make_socket(ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=64 << 20)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        bind(self.router, sample_bind, "replay sampling", "FLYWHEEL_REPLAY_SAMPLE_BIND")
+        self.shm = shm
+        try:
+            for endpoint in _split(transitions_bind):
+                bind(self.pull, endpoint, "replay transitions", "FLYWHEEL_REPLAY_TRANSITIONS_BIND")
+            for endpoint in _split(sample_bind):
+                bind(self.router, endpoint, "replay sampling", "FLYWHEEL_REPLAY_SAMPLE_BIND")
+        except Exception:
+            self.close()
+            raise
         self.pending: deque[tuple[bytes, proto.SampleRequest, float]] = deque()
         self.max_pending = max_pending
-        self.checkpoint, self.checkpoint_interval_s = checkpoint, checkpoint_interval_s
+        self.snapshotter, self.checkpoint_interval_s = snapshotter, checkpoint_interval_s
         self._next_checkpoint = time.monotonic() + checkpoint_interval_s if checkpoint_interval_s else float("inf")
         self.running = True
+        self.paused = False
         self.counters: dict[str, float] = {
             "transitions_received_total": 0, "batches_received_total": 0, "transitions_rejected_total": 0,
-            "samples_total": 0, "sample_batches_total": 0, "priority_updates_total": 0,
+            "samples_total": 0, "sample_batches_total": 0, "demo_samples_total": 0, "priority_updates_total": 0,
             "sample_requests_dropped_total": 0, "rate_limiter_sample_wait_seconds_total": 0.0,
-            "rate_limiter_insert_wait_seconds_total": 0.0, "checkpoints_total": 0,
+            "rate_limiter_insert_wait_seconds_total": 0.0, "checkpoints_total": 0, "checkpoint_failures_total": 0,
+            "shm_batches_total": 0, "socket_batches_total": 0, "shm_slots_exhausted_total": 0,
+            "control_commands_total": 0,
         }
-        self.max_checkpoint_pause_s = 0.0
-        self.paused = False
+        self.max_turn_during_checkpoint_s = 0.0
+        self._process = psutil.Process()
         self._rate_window = (time.monotonic(), 0.0, 0.0)
         self._rates = (0.0, 0.0)
 
@@ -62,6 +84,7 @@ class ReplayServer:
         pull_registered = False
         insert_wait_since: float | None = None
         while self.running:
+            turn_start = time.monotonic()
             accept_inserts = not self.paused and self.core.can_insert(1)
             if accept_inserts != pull_registered:
                 if accept_inserts:
@@ -69,13 +92,14 @@ class ReplayServer:
                 else:
                     poller.unregister(self.pull)
                 pull_registered = accept_inserts
-            now = time.monotonic()
             if not accept_inserts and insert_wait_since is None:
-                insert_wait_since = now
+                insert_wait_since = turn_start
             elif accept_inserts and insert_wait_since is not None:
-                self.counters["rate_limiter_insert_wait_seconds_total"] += now - insert_wait_since
+                self.counters["rate_limiter_insert_wait_seconds_total"] += turn_start - insert_wait_since
                 insert_wait_since = None
-            events = dict(poller.poll(timeout=100))
+            timeout = 50 if self.snapshotter is not None and self.snapshotter.in_progress else 100
+            events = dict(poller.poll(timeout=timeout))
+            busy_start = time.monotonic()
             if self.pull in events:
                 self._take_transitions()
             if self.router in events:
@@ -84,11 +108,22 @@ class ReplayServer:
                 self._take_control()
             self._serve_pending()
             now = time.monotonic()
-            if now >= self._next_checkpoint:
-                self.checkpoint_now("periodic")
-                self._next_checkpoint = now + self.checkpoint_interval_s
+            self._tick_checkpoints(now, now - busy_start)
             if self.telemetry.due(now):
                 self._report(now)
+
+    def _tick_checkpoints(self, now: float, turn_s: float) -> None:
+        snap = self.snapshotter
+        if snap is None:
+            return
+        if snap.in_progress:
+            self.max_turn_during_checkpoint_s = max(self.max_turn_during_checkpoint_s, turn_s)
+            finished = snap.poll()
+            if finished is not None:
+                self.counters["checkpoints_total" if finished else "checkpoint_failures_total"] += 1
+        if now >= self._next_checkpoint:
+            self.checkpoint_now("periodic")
+            self._next_checkpoint = now + self.checkpoint_interval_s
 
     def _take_transitions(self) -> None:
         for _ in range(INSERT_BURST):
@@ -100,7 +135,7 @@ class ReplayServer:
                 batch = proto.decode(frames, expect=proto.TransitionBatch, limits=self.limits)
                 assert isinstance(batch, proto.TransitionBatch)
                 inserted = self.core.insert(batch)
-            except (proto.DecodeError, SchemaMismatch) as exc:
+            except (proto.DecodeError, SchemaMismatch, InsertRejected) as exc:
                 self.faults.record("transitions", exc)
                 self.counters["transitions_rejected_total"] += 1
                 continue
@@ -125,6 +160,13 @@ class ReplayServer:
                 self.counters["priority_updates_total"] += self.core.update_priorities(msg.index, msg.priority)
                 continue
             assert isinstance(msg, proto.SampleRequest)
+            if self.shm is not None:
+                if not msg.shm:
+                    self.shm.drop(identity)  # the client reads from the socket (again): free its segment
+                elif msg.release_slot >= 0:
+                    segment = self.shm.current(identity)
+                    if segment is not None and segment.name == msg.shm_segment:
+                        segment.release(msg.release_slot)
             if len(self.pending) >= self.max_pending:
                 self.counters["sample_requests_dropped_total"] += 1
                 continue
@@ -136,36 +178,89 @@ class ReplayServer:
             if not self.core.can_sample(request.batch_size):
                 return
             self.pending.popleft()
-            waited = time.monotonic() - since
-            self.counters["rate_limiter_sample_wait_seconds_total"] += waited
-            batch = self.core.sample(request.batch_size, request.beta, request.request_id)
+            self.counters["rate_limiter_sample_wait_seconds_total"] += time.monotonic() - since
+            reply, held = self._sample(identity, request)
             try:
-                self.router.send_multipart([identity, *proto.encode(batch)], flags=zmq.NOBLOCK, copy=False)
+                self.router.send_multipart([identity, *proto.encode(reply)], flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 self.counters["sample_requests_dropped_total"] += 1
+                if held is not None:
+                    held[0].release(held[1])
                 continue
-            self.counters["samples_total"] += request.batch_size
+            rows = request.batch_size
+            self.counters["samples_total"] += rows
             self.counters["sample_batches_total"] += 1
+            if reply.is_demo is not None:
+                self.counters["demo_samples_total"] += int(reply.is_demo.sum())
+
+    def _sample(self, identity: bytes, request: proto.SampleRequest,
+                ) -> tuple[proto.SampleBatch, tuple[SlotSegment, int] | None]:
+        """One reply: into the client's shared-memory slot when it has attached its segment, else inline."""
+        core, rows = self.core, request.batch_size
+        segment = None
+        if self.shm is not None and request.shm and core.obs_schema is not None:
+            shape, dtype = core.obs_schema
+            segment = self.shm.segment_for(identity, rows, shape, dtype, request.slots)
+            if segment is not None and segment.name == request.shm_segment:
+                slot = segment.acquire()
+                if slot is not None:
+                    obs, next_obs, where = segment.views(slot, rows, shape, dtype)
+                    parts = core.sample_into(rows, request.beta, obs, next_obs)
+                    del obs, next_obs
+                    placeholder = np.empty((rows, 0), dtype)
+                    self.counters["shm_batches_total"] += 1
+                    reply = proto.SampleBatch(
+                        request_id=request.request_id, replay_size=parts.replay_size, obs=placeholder,
+                        action=parts.action, reward=parts.reward, discount=parts.discount, next_obs=placeholder,
+                        index=parts.index, weight=parts.weight,
+                        is_demo=parts.is_demo if core.demos is not None else None,
+                        shm={**segment.offer(), **where})
+                    return reply, (segment, slot)
+                self.counters["shm_slots_exhausted_total"] += 1
+        batch = core.sample(rows, request.beta, request.request_id)
+        if segment is not None:
+            batch.shm = segment.offer()
+        self.counters["socket_batches_total"] += 1
+        return batch, None
 
     def _take_control(self) -> None:
         for command in self.control.drain():
-            log.info("control: %s %s", command.command, command.args)
+            self.counters["control_commands_total"] += 1
             if command.command == "checkpoint":
-                self.checkpoint_now("requested")
+                tag = command.args.get("tag", "")
+                self.checkpoint_now(f"requested{' ' + str(tag) if tag else ''}")
             elif command.command == "pause":
                 self.paused = True
+                log.info("control: paused (no inserts, no samples)")
             elif command.command == "resume":
                 self.paused = False
+                log.info("control: resumed")
+            elif command.command == "set_replay_ratio":
+                self._set_ratio(command.args)
+
+    def _set_ratio(self, args: dict) -> None:
+        extra = set(args) - {"samples_per_insert", "error_buffer"}
+        try:
+            if extra or "samples_per_insert" not in args:
+                raise ControlArgError(f"set_replay_ratio takes samples_per_insert and optionally error_buffer, "
+                                      f"got {sorted(args)}")
+            self.core.set_ratio(args["samples_per_insert"], args.get("error_buffer"))
+        except (ValueError, TypeError) as exc:
+            self.faults.record("control", exc if isinstance(exc, ControlArgError) else ControlArgError(str(exc)))
+            return
+        limiter = self.core.limiter
+        log.info("control: samples per insert %g, error buffer %g", limiter.samples_per_insert, limiter.error_buffer)
 
     def checkpoint_now(self, why: str) -> None:
-        if self.checkpoint is None:
-            return
-        start = time.monotonic()
-        self.checkpoint()
-        pause = time.monotonic() - start
-        self.max_checkpoint_pause_s = max(self.max_checkpoint_pause_s, pause)
-        self.counters["checkpoints_total"] += 1
-        log.info("checkpoint (%s) of %d transitions written in %.2f s", why, self.core.size, pause)
+        """Start a background checkpoint (the loop keeps running while a forked child writes it)."""
+        if self.snapshotter is not None:
+            self.snapshotter.start(why)
+
+    def finish_checkpoints(self, why: str = "exit") -> None:
+        """Wait for a running checkpoint, then write a final one in this process (shutdown)."""
+        if self.snapshotter is not None:
+            self.snapshotter.write_now(why)
+            self.counters["checkpoints_total"] += 1
 
     def _report(self, now: float) -> None:
         since, inserted, sampled = self._rate_window
@@ -176,21 +271,48 @@ class ReplayServer:
                 (self.counters["samples_total"] - sampled) / span,
             )
             self._rate_window = (now, self.counters["transitions_received_total"], self.counters["samples_total"])
+        if self.shm is not None:
+            self.shm.expire(now)
         counters = dict(self.counters)
         counters["messages_rejected_total"] = self.faults.total
+        for key, count in self.faults.counts.items():
+            where, _, fault = key.partition(":")
+            counters[f'rejected_total{{where="{where}",reason="{fault}"}}'] = count
         counters["telemetry_dropped_total"] = self.telemetry.dropped
+        counters["stale_priority_updates_total"] = self.core.stale_priority_updates
+        storage, snap = self.core.storage, self.snapshotter
         gauges = {
             "size_transitions": self.core.size,
             "capacity_transitions": self.core.config.capacity,
-            "memory_bytes": self.core.storage.nbytes,
+            "demo_size_transitions": self.core.demos.size if self.core.demos is not None else 0,
+            "memory_bytes": storage.nbytes,
+            "resident_bytes": self._process.memory_info().rss,
+            "shm_bytes": self.shm.nbytes if self.shm is not None else 0,
+            "frames_per_transition": storage.frames_stored / storage.size if storage.size else 0.0,
+            "evicted_for_frames_transitions": storage.frames_evicted,
             "insert_rate_per_second": self._rates[0],
             "sample_rate_per_second": self._rates[1],
             "pending_sample_requests": len(self.pending),
-            "checkpoint_max_pause_seconds": self.max_checkpoint_pause_s,
+            "samples_per_insert": self.core.limiter.samples_per_insert,
+            "error_buffer": self.core.limiter.error_buffer,
+            "checkpoint_in_progress": float(snap is not None and snap.in_progress),
+            "checkpoint_duration_seconds": snap.last_duration_s if snap else 0.0,
+            "checkpoint_max_pause_seconds": snap.max_pause_s if snap else 0.0,
+            "checkpoint_max_loop_turn_seconds": self.max_turn_during_checkpoint_s,
             "paused": float(self.paused),
         }
-        self.telemetry.send(counters, gauges, {"prioritized": str(self.core.tree is not None).lower()})
+        self.telemetry.send(counters, gauges, {"prioritized": str(self.core.tree is not None).lower(),
+                                               "frame_dedup": str(storage.frames is not None).lower()})
 
     def close(self) -> None:
         for sock in (self.pull, self.router):
             sock.close(0)
+        if self.shm is not None:
+            self.shm.close()
+
+
+def _split(endpoints: str) -> list[str]:
+    parts = [e.strip() for e in endpoints.split(",") if e.strip()]
+    if not parts:
+        raise ValueError("no endpoint given")
+    return parts

@@ -7,24 +7,32 @@ import pytest
 from replay_helpers import make_core, transitions
 
 from flywheel import proto
-from flywheel.services.replay.core import ReplayCore
-from flywheel.services.replay.storage import RingStorage, SchemaMismatch
+from flywheel.services.replay.core import InsertRejected, ReplayCore
+from flywheel.services.replay.storage import SchemaMismatch, TransitionStorage
 
 
-def as_dict(batch: proto.TransitionBatch) -> dict[str, np.ndarray]:
-    return {"obs": batch.obs, "action": batch.action, "reward": batch.reward, "discount": batch.discount,
-            "next_obs": batch.next_obs}
+def insert_rows(storage: TransitionStorage, batch: proto.TransitionBatch) -> np.ndarray:
+    keys = np.zeros(len(batch), np.uint64)
+    slots, evicted = storage.insert(batch.obs, batch.action, batch.reward, batch.discount, batch.next_obs, keys)
+    assert evicted.size == 0  # vector observations are stored whole: only FIFO eviction
+    return slots
+
+
+def gather(storage: TransitionStorage, slots: np.ndarray) -> dict[str, np.ndarray]:
+    obs = np.empty((len(slots), *storage.obs_shape), storage.obs_dtype)
+    next_obs = np.empty_like(obs)
+    return {**storage.gather(slots, obs, next_obs), "obs": obs, "next_obs": next_obs}
 
 
 def test_storage_fifo_eviction_and_global_positions() -> None:
-    storage = RingStorage(5)
+    storage = TransitionStorage(5)
     assert storage.size == 0
-    assert np.array_equal(storage.insert(as_dict(transitions(0, 3))), [0, 1, 2])
-    assert np.array_equal(storage.insert(as_dict(transitions(3, 4))), [3, 4, 0, 1])
-    assert storage.size == 5 and storage.next_position == 7
+    assert np.array_equal(insert_rows(storage, transitions(0, 3)), [0, 1, 2])
+    assert np.array_equal(insert_rows(storage, transitions(3, 4)), [3, 4, 0, 1])
+    assert storage.size == 5 and storage.next_position == 7 and storage.frames is None
     # Slots now hold ids 5, 6, 2, 3, 4 and those ids are their global positions.
     slots = np.arange(5)
-    assert np.array_equal(storage.gather(slots)["action"], [5, 6, 2, 3, 4])
+    assert np.array_equal(gather(storage, slots)["action"], [5, 6, 2, 3, 4])
     assert np.array_equal(storage.positions_of(slots), [5, 6, 2, 3, 4])
     live, live_slots = storage.live_slots(np.array([0, 1, 2, 6, 7, -1]))
     assert np.array_equal(live, [False, False, True, True, False, False])
@@ -32,11 +40,11 @@ def test_storage_fifo_eviction_and_global_positions() -> None:
 
 
 def test_storage_batch_larger_than_capacity_keeps_newest() -> None:
-    storage = RingStorage(4)
-    storage.insert(as_dict(transitions(0, 10)))
+    storage = TransitionStorage(4)
+    insert_rows(storage, transitions(0, 10))
     assert storage.next_position == 10 and storage.size == 4
     slots = np.arange(4)
-    data = storage.gather(slots)
+    data = gather(storage, slots)
     assert np.array_equal(data["action"], storage.positions_of(slots))
     assert sorted(data["action"]) == [6, 7, 8, 9]
     np.testing.assert_array_equal(data["next_obs"][:, 0], data["obs"][:, 0] + 1)
@@ -56,6 +64,25 @@ def test_schema_mismatch_rejected_with_storage_untouched() -> None:
         assert np.array_equal(array, before[name])
     assert np.array_equal(core.tree.tree, tree_before)
     assert (core.limiter.inserts, core.storage.next_position) == counts
+
+
+@pytest.mark.parametrize("field, value", [
+    ("reward", np.nan), ("reward", np.inf), ("discount", 1.5), ("discount", -0.1), ("discount", np.nan),
+    ("action", -1), ("obs", np.nan), ("next_obs", np.inf),
+])
+def test_bad_values_rejected_with_storage_untouched(field: str, value: float) -> None:
+    core = make_core(8)
+    core.insert(transitions(0, 3))
+    before = {k: v.copy() for k, v in core.storage.arrays.items()}
+    bad = transitions(3, 2)
+    array = getattr(bad, field).copy()
+    array.reshape(2, -1)[1, 0] = value
+    setattr(bad, field, array)
+    with pytest.raises(InsertRejected):
+        core.insert(bad)
+    assert core.size == 3 and core.limiter.inserts == 3
+    for name, array in core.storage.arrays.items():
+        assert np.array_equal(array, before[name])
 
 
 def test_actor_priorities_are_used_with_alpha() -> None:
@@ -154,7 +181,7 @@ def test_state_round_trip_gives_identical_samples() -> None:
             assert np.array_equal(getattr(a, name), getattr(b, name)), name
     # And it keeps working: new inserts land at the right positions.
     restored.insert(transitions(40, 3))
-    assert np.array_equal(restored.storage.gather(np.array([40 % 16]))["action"], [40])
+    assert np.array_equal(gather(restored.storage, np.array([40 % 16]))["action"], [40])
 
 
 def test_state_from_uniform_into_prioritized() -> None:
@@ -178,13 +205,30 @@ def test_capacity_mismatch_checkpoint_is_refused() -> None:
 def test_inconsistent_storage_state_is_refused() -> None:
     core = make_core(8)
     core.insert(transitions(0, 4))
-    state = core.state_dict()
-    state["storage.next_position"] = np.array(9, dtype=np.int64)
+    state = dict(core.state_dict())
+    state["storage.positions"] = np.array([20, 9], dtype=np.int64)  # oldest after next
     target = make_core(8)
-    with pytest.raises(ValueError, match="inconsistent"):
+    with pytest.raises(ValueError, match="positions"):
         target.load_state_dict(state)
     assert target.size == 0 and target.storage.next_position == 0  # a refused checkpoint changes nothing
-    state = core.state_dict()
+    state = dict(core.state_dict())
     state["storage.reward"] = state["storage.reward"][:2]
-    with pytest.raises(ValueError, match="rows"):
+    with pytest.raises(ValueError, match="reward"):
         make_core(8).load_state_dict(state)
+    state = dict(core.state_dict())
+    state["sampler.leaves"] = np.full(8, np.nan)
+    with pytest.raises(ValueError, match="priorities"):
+        make_core(8).load_state_dict(state)
+
+
+def test_set_ratio_validates_and_applies() -> None:
+    core = make_core(8, samples_per_insert=1.0, error_buffer=10.0)
+    core.set_ratio(4.0)
+    assert (core.limiter.samples_per_insert, core.limiter.error_buffer) == (4.0, 10.0)
+    core.set_ratio(2, 0)
+    assert (core.limiter.samples_per_insert, core.limiter.error_buffer) == (2.0, 0.0)
+    for bad in ((0.0, None), (-1.0, None), (float("nan"), None), (True, None), ("4", None), (1.0, -1.0),
+                (1.0, float("inf"))):
+        with pytest.raises(ValueError):
+            core.set_ratio(*bad)
+    assert (core.limiter.samples_per_insert, core.limiter.error_buffer) == (2.0, 0.0)

@@ -1,0 +1,282 @@
+"""The demonstrations file format (flywheel-demos, version 1): writer, reader and their errors.
+
+A demonstrations set is a directory::
+
+    manifest.json            written last and atomically (temp file, fsync, rename); a set without one is
+                             unfinished and refused
+    episode-000000.npz       one per episode, written with NumPy's savez (compressed by default), no pickle
+
+manifest.json::
+
+    {"format": "flywheel-demos", "version": 1, "env_id": "SuperMarioBros-1-1-v0",
+     "obs_shape": [4, 84, 84], "obs_dtype": "uint8", "n_step": 3, "gamma": 0.99, "count": 1234,
+     "episodes": [{"file": "episode-000000.npz", "steps": 412, "transitions": 412, "return": 801.0,
+                   "terminated": true, "bytes": 1830211, "crc32": 2934857123}, ...]}
+
+Each episode file holds the episode as played and its n-step transitions, in the shape actors send them:
+
+    observations (T+1, *obs_shape) obs_dtype  o_0 .. o_T, o_T being the final observation
+    actions      (T,) int64                   rewards (T,) float32 (one per step, as the env gave them)
+    obs_index    (N,) int64                   next_index (N,) int64: rows of ``observations``
+    action       (N,) int64                   reward (N,) float32: the n-step return
+    discount     (N,) float32                 gamma ** k, or 0 when the episode terminated within the k steps
+
+``count`` is the sum of the episodes' transitions. Anything that does not match (missing or extra files,
+sizes, CRCs, shapes, dtypes, indices) raises DemoFileError with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "flywheel-demos"
+VERSION = 1
+OBS_DTYPES = ("uint8", "float32")
+_EPISODE_ARRAYS = ("observations", "actions", "rewards", "obs_index", "next_index", "action", "reward", "discount")
+
+
+class DemoFileError(ValueError):
+    """A demonstrations set is missing, unfinished, corrupt or not what the caller expects."""
+
+
+@dataclass
+class DemoEpisode:
+    """One episode's n-step transitions with stacked observations, ready for a replay table."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    discount: np.ndarray
+    next_obs: np.ndarray
+
+
+def nstep_transitions(rewards: np.ndarray, terminated: bool, n_step: int, gamma: float,
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(obs_index, next_index, n-step return, discount) for every step of an episode of len(rewards) steps."""
+    steps = len(rewards)
+    t = np.arange(steps)
+    k = np.minimum(n_step, steps - t)
+    returns = np.zeros(steps)
+    for j in range(n_step):
+        valid = j < k
+        returns[valid] += gamma ** j * rewards[t[valid] + j]
+    discount = gamma ** k.astype(np.float64)
+    if terminated:
+        discount[t + k == steps] = 0.0
+    return t.astype(np.int64), (t + k).astype(np.int64), returns.astype(np.float32), discount.astype(np.float32)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DemoWriter:
+    """Appends episodes to a demonstrations set; ``close`` (or leaving the ``with`` block) finalises it.
+
+    A set that already exists is refused unless ``append`` is set, and then it must match in env, shapes,
+    n-step and gamma. Until ``close``, readers see the previous manifest (or none): a crash never leaves a
+    half-listed set.
+    """
+
+    def __init__(self, path: Path | str, *, env_id: str, obs_shape: tuple[int, ...], obs_dtype: str,
+                 n_step: int, gamma: float, append: bool = False, compress: bool = True) -> None:
+        self.path = Path(path)
+        if np.dtype(obs_dtype).name not in OBS_DTYPES:
+            raise DemoFileError(f"observation dtype must be one of {OBS_DTYPES}, got {obs_dtype}")
+        if n_step < 1 or not 0 < gamma <= 1:
+            raise DemoFileError(f"n_step must be >= 1 and gamma in (0, 1], got {n_step} and {gamma}")
+        self.manifest: dict[str, Any] = {
+            "format": FORMAT, "version": VERSION, "env_id": env_id, "obs_shape": [int(d) for d in obs_shape],
+            "obs_dtype": np.dtype(obs_dtype).name, "n_step": int(n_step), "gamma": float(gamma), "count": 0,
+            "episodes": [],
+        }
+        self.compress = compress
+        if (self.path / "manifest.json").exists():
+            if not append:
+                raise DemoFileError(f"{self.path} already holds demonstrations: pass append=True to add to them")
+            existing = read_manifest(self.path)
+            for key in ("env_id", "obs_shape", "obs_dtype", "n_step", "gamma"):
+                if existing[key] != self.manifest[key]:
+                    raise DemoFileError(f"{self.path} has {key} {existing[key]!r}, this writer {self.manifest[key]!r}")
+            self.manifest = existing
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.closed = False
+
+    @property
+    def count(self) -> int:
+        return int(self.manifest["count"])
+
+    def add_episode(self, observations: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                    terminated: bool) -> int:
+        """Write one episode (T steps: T+1 observations); returns the transitions it adds."""
+        if self.closed:
+            raise DemoFileError("writer already closed")
+        shape, dtype = tuple(self.manifest["obs_shape"]), np.dtype(self.manifest["obs_dtype"])
+        observations = np.asarray(observations)
+        actions = np.asarray(actions)
+        rewards = np.asarray(rewards, dtype=np.float64)
+        steps = len(actions)
+        if steps < 1 or observations.shape != (steps + 1, *shape) or observations.dtype != dtype:
+            raise DemoFileError(f"an episode of {steps} steps needs observations {dtype}{(steps + 1, *shape)}, "
+                                f"got {observations.dtype}{observations.shape}")
+        if rewards.shape != (steps,) or actions.ndim != 1 or actions.dtype.kind not in "iu" or np.any(actions < 0):
+            raise DemoFileError("actions must be non-negative integers and rewards one per step")
+        if not np.all(np.isfinite(rewards)) or (dtype.kind == "f" and not np.all(np.isfinite(observations))):
+            raise DemoFileError("rewards and observations must be finite")
+        obs_index, next_index, ret, discount = nstep_transitions(rewards, terminated, self.manifest["n_step"],
+                                                                 self.manifest["gamma"])
+        arrays = {"observations": observations, "actions": actions.astype(np.int64),
+                  "rewards": rewards.astype(np.float32), "obs_index": obs_index, "next_index": next_index,
+                  "action": actions.astype(np.int64)[obs_index], "reward": ret, "discount": discount}
+        number = max([int(e["file"][8:14]) + 1 for e in self.manifest["episodes"]], default=0)
+        name = f"episode-{number:06d}.npz"
+        tmp = self.path / f".{name}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            (np.savez_compressed if self.compress else np.savez)(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path / name)
+        data = (self.path / name).read_bytes()
+        self.manifest["episodes"].append({
+            "file": name, "steps": steps, "transitions": len(obs_index), "return": float(rewards.sum()),
+            "terminated": bool(terminated), "bytes": len(data), "crc32": zlib.crc32(data)})
+        self.manifest["count"] += len(obs_index)
+        return len(obs_index)
+
+    def close(self) -> Path:
+        """Finalise: write the manifest atomically. Returns the set's directory."""
+        if not self.closed:
+            _atomic_write(self.path / "manifest.json", json.dumps(self.manifest, indent=1).encode())
+            self.closed = True
+        return self.path
+
+    def __enter__(self) -> DemoWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.closed = True  # keep the previous manifest: episodes written in this session stay unlisted
+
+
+def read_manifest(path: Path | str) -> dict[str, Any]:
+    """The validated manifest of the set at ``path``."""
+    path = Path(path)
+    file = path / "manifest.json"
+    if not path.is_dir():
+        raise DemoFileError(f"no demonstrations directory at {path}")
+    if not file.exists():
+        raise DemoFileError(f"{path} has no manifest.json: the demonstrations were never finalised (writer not "
+                            "closed) or this is not a demonstrations set")
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise DemoFileError(f"{file} is not readable JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DemoFileError(f"{file} is not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise DemoFileError(f"{file} has format version {manifest.get('version')!r}; this build reads {VERSION}")
+    try:
+        shape = [int(d) for d in manifest["obs_shape"]]
+        ok = (isinstance(manifest["env_id"], str) and manifest["obs_dtype"] in OBS_DTYPES and all(d > 0 for d in shape)
+              and isinstance(manifest["n_step"], int) and manifest["n_step"] >= 1
+              and isinstance(manifest["gamma"], (int, float)) and 0 < manifest["gamma"] <= 1
+              and isinstance(manifest["episodes"], list) and isinstance(manifest["count"], int))
+        counted = sum(int(e["transitions"]) for e in manifest["episodes"])
+        names = [e["file"] for e in manifest["episodes"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DemoFileError(f"{file} lacks or mangles a field: {exc}") from None
+    if not ok:
+        raise DemoFileError(f"{file} has a field of the wrong type or range")
+    if counted != manifest["count"]:
+        raise DemoFileError(f"{file} says count {manifest['count']} but its episodes hold {counted}")
+    if any(not isinstance(n, str) or not n.startswith("episode-") or "/" in n or len(n) != 18 for n in names):
+        raise DemoFileError(f"{file} names an episode file outside the set")
+    return manifest
+
+
+class DemoSet:
+    """A finalised demonstrations set opened for reading; episodes are loaded one at a time."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        self.env_id: str = self.manifest["env_id"]
+        self.obs_shape: tuple[int, ...] = tuple(self.manifest["obs_shape"])
+        self.obs_dtype = np.dtype(self.manifest["obs_dtype"])
+        self.n_step: int = self.manifest["n_step"]
+        self.gamma: float = float(self.manifest["gamma"])
+        self.count: int = self.manifest["count"]
+        for entry in self.manifest["episodes"]:
+            file = self.path / entry["file"]
+            if not file.exists() or file.stat().st_size != entry.get("bytes"):
+                raise DemoFileError(f"{file} is missing or has the wrong size: the set is partial or damaged")
+
+    def __len__(self) -> int:
+        return self.count
+
+    def episodes(self) -> Iterator[DemoEpisode]:
+        """Each episode's transitions with observations stacked, validated against the manifest."""
+        for entry in self.manifest["episodes"]:
+            yield self._load(entry)
+
+    def _load(self, entry: dict[str, Any]) -> DemoEpisode:
+        file = self.path / entry["file"]
+        data = file.read_bytes()
+        if zlib.crc32(data) != entry.get("crc32"):
+            raise DemoFileError(f"{file} is damaged: its CRC differs from the manifest")
+        try:
+            with np.load(file, allow_pickle=False) as npz:
+                missing = set(_EPISODE_ARRAYS) - set(npz.files)
+                if missing:
+                    raise DemoFileError(f"{file} lacks arrays {sorted(missing)}")
+                arrays = {name: npz[name] for name in _EPISODE_ARRAYS}
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+            if isinstance(exc, DemoFileError):
+                raise
+            raise DemoFileError(f"{file} cannot be read: {exc}") from None
+        steps, count = int(entry["steps"]), int(entry["transitions"])
+        obs = arrays["observations"]
+        if obs.shape != (steps + 1, *self.obs_shape) or obs.dtype != self.obs_dtype:
+            raise DemoFileError(f"{file}: observations are {obs.dtype}{obs.shape}, the manifest says "
+                                f"{self.obs_dtype}{(steps + 1, *self.obs_shape)}")
+        expected = {"obs_index": np.int64, "next_index": np.int64, "action": np.int64, "reward": np.float32,
+                    "discount": np.float32}
+        for name, dtype in expected.items():
+            if arrays[name].shape != (count,) or arrays[name].dtype != dtype:
+                raise DemoFileError(f"{file}: {name} is {arrays[name].dtype}{arrays[name].shape}, expected "
+                                    f"{np.dtype(dtype)}({count},)")
+        for name in ("obs_index", "next_index"):
+            if count and (arrays[name].min() < 0 or arrays[name].max() > steps):
+                raise DemoFileError(f"{file}: {name} points outside the episode")
+        discount, reward = arrays["discount"], arrays["reward"]
+        if not (np.all((discount >= 0) & (discount <= 1)) and np.all(np.isfinite(reward))
+                and np.all(arrays["action"] >= 0)):
+            raise DemoFileError(f"{file}: rewards, discounts or actions out of range")
+        return DemoEpisode(obs=obs[arrays["obs_index"]], action=arrays["action"], reward=reward, discount=discount,
+                           next_obs=obs[arrays["next_index"]])
+
+
+def open_demos(path: Path | str) -> DemoSet:
+    """Open and validate a finalised demonstrations set (DemoFileError when it is not one)."""
+    return DemoSet(path)

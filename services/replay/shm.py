@@ -1,0 +1,165 @@
+"""Shared-memory reply slots for same-host clients: one /dev/shm file per client, written only by the replay."""
+
+from __future__ import annotations
+
+import logging
+import math
+import mmap
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("flywheel.replay")
+SHM_DIR = Path("/dev/shm")
+HEADER_BYTES = 4096  # the segment starts with a random token the client checks before trusting the file
+ALIGN = 4096
+
+
+def _round_up(value: int, to: int = ALIGN) -> int:
+    return (value + to - 1) // to * to
+
+
+class SlotSegment:
+    """``slots`` equal slots of ``slot_bytes`` each in a fully allocated /dev/shm file."""
+
+    def __init__(self, name: str, slots: int, slot_bytes: int, directory: Path = SHM_DIR) -> None:
+        self.name, self.slots, self.slot_bytes = name, slots, slot_bytes
+        self.size = HEADER_BYTES + slots * slot_bytes
+        self.path = directory / name
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            # Reserve every page now: a full /dev/shm fails here with ENOSPC instead of SIGBUS on a later write.
+            os.posix_fallocate(fd, 0, self.size)
+            self.mm = mmap.mmap(fd, self.size)
+        except BaseException:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        self.token = secrets.token_bytes(16)
+        self.mm[:16] = self.token
+        self.free = list(range(slots))
+        self.busy: set[int] = set()
+
+    def acquire(self) -> int | None:
+        if not self.free:
+            return None
+        slot = self.free.pop()
+        self.busy.add(slot)
+        return slot
+
+    def release(self, slot: int) -> bool:
+        if slot not in self.busy:
+            return False
+        self.busy.discard(slot)
+        self.free.append(slot)
+        return True
+
+    def views(self, slot: int, batch_size: int, obs_shape: tuple[int, ...], dtype: np.dtype,
+              ) -> tuple[np.ndarray, np.ndarray, dict[str, int | str]]:
+        """Writable obs and next_obs arrays inside ``slot``, and the reply fields that locate them."""
+        obs_bytes = batch_size * math.prod(obs_shape) * dtype.itemsize
+        offset = HEADER_BYTES + slot * self.slot_bytes
+        next_offset = offset + _round_up(obs_bytes, 64)
+        if next_offset + obs_bytes > offset + self.slot_bytes:
+            raise ValueError("batch does not fit the slot")
+        shape = (batch_size, *obs_shape)
+        obs = np.ndarray(shape, dtype, buffer=self.mm, offset=offset)
+        next_obs = np.ndarray(shape, dtype, buffer=self.mm, offset=next_offset)
+        where: dict[str, int | str] = {
+            "slot": slot, "offset": offset, "next_offset": next_offset, "dtype": dtype.name,
+            "shape": ",".join(str(d) for d in obs_shape),
+        }
+        return obs, next_obs, where
+
+    def offer(self) -> dict[str, int | str]:
+        return {"segment": self.name, "size": self.size, "token": self.token.hex()}
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive somewhere: the mapping goes with it
+            pass
+
+
+def slot_bytes_for(batch_size: int, obs_shape: tuple[int, ...], dtype: np.dtype) -> int:
+    obs_bytes = batch_size * math.prod(obs_shape) * dtype.itemsize
+    return _round_up(_round_up(obs_bytes, 64) + obs_bytes)
+
+
+@dataclass
+class ShmClient:
+    segment: SlotSegment
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+class ShmSlots:
+    """Per-client segments, created on a client's first shared-memory request and dropped when it leaves."""
+
+    def __init__(self, default_slots: int = 4, max_slots: int = 16, idle_s: float = 300.0,
+                 directory: Path = SHM_DIR) -> None:
+        self.default_slots, self.max_slots, self.idle_s, self.directory = default_slots, max_slots, idle_s, directory
+        self.clients: dict[bytes, ShmClient] = {}
+        self.available = directory.is_dir() and os.access(directory, os.W_OK)
+        self._seq = 0
+        self.failures = 0
+
+    def segment_for(self, identity: bytes, batch_size: int, obs_shape: tuple[int, ...], dtype: np.dtype,
+                    slots: int) -> SlotSegment | None:
+        """The client's segment, (re)created when missing or too small; None when shared memory fails."""
+        if not self.available:
+            return None
+        need = slot_bytes_for(batch_size, obs_shape, dtype)
+        client = self.clients.get(identity)
+        if client is not None:
+            client.last_seen = time.monotonic()
+            if client.segment.slot_bytes >= need:
+                return client.segment
+            self.drop(identity)
+        count = min(max(slots or self.default_slots, 1), self.max_slots)
+        self._seq += 1
+        name = f"flywheel-replay-{os.getpid()}-{self._seq}-{secrets.token_hex(4)}"
+        try:
+            segment = SlotSegment(name, count, need, self.directory)
+        except OSError as exc:
+            self.failures += 1
+            if self.failures == 1:
+                log.warning("cannot create a %d MB shared-memory segment in %s (%s): replying over the socket; "
+                            "give the container more /dev/shm (compose shm_size) to use the fast path",
+                            (count * need) >> 20, self.directory, exc)
+            return None
+        self.clients[identity] = ShmClient(segment)
+        log.info("shared-memory segment %s: %d slots of %.1f MB for a sampling client", name, count, need / 1e6)
+        return segment
+
+    def current(self, identity: bytes) -> SlotSegment | None:
+        client = self.clients.get(identity)
+        if client is None:
+            return None
+        client.last_seen = time.monotonic()
+        return client.segment
+
+    def drop(self, identity: bytes) -> None:
+        client = self.clients.pop(identity, None)
+        if client is not None:
+            client.segment.close()
+
+    def expire(self, now: float) -> int:
+        """Drop the segments of clients silent for ``idle_s``; returns how many."""
+        gone = [i for i, c in self.clients.items() if now - c.last_seen > self.idle_s]
+        for identity in gone:
+            self.drop(identity)
+        return len(gone)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.segment.size for c in self.clients.values())
+
+    def close(self) -> None:
+        for identity in list(self.clients):
+            self.drop(identity)

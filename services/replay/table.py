@@ -1,0 +1,114 @@
+"""One replay table: FIFO transition storage with proportional priorities (a sum tree) or uniform sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .storage import TransitionStorage
+from .sumtree import SumTree
+
+
+class ReplayTable:
+    """Storage plus sampling state; priorities are stored as (p + eps) ** alpha."""
+
+    def __init__(self, capacity: int, *, prioritized: bool = True, alpha: float = 0.6, priority_eps: float = 1e-6,
+                 dedup_frames: bool = True, frame_ratio: float = 1.1, frame_capacity: int | None = None) -> None:
+        self.storage = TransitionStorage(capacity, dedup_frames=dedup_frames, frame_ratio=frame_ratio,
+                                         frame_capacity=frame_capacity)
+        self.tree = SumTree(capacity) if prioritized else None
+        self.alpha, self.priority_eps = alpha, priority_eps
+        self.max_priority = 1.0
+        self.stale_priority_updates = 0
+
+    @property
+    def size(self) -> int:
+        return self.storage.size
+
+    @property
+    def capacity(self) -> int:
+        return self.storage.capacity
+
+    def insert(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, discount: np.ndarray,
+               next_obs: np.ndarray, keys: np.ndarray, priority: np.ndarray | None) -> int:
+        """Store rows; new rows get their priority, or the largest so far when ``priority`` is None."""
+        storage = self.storage
+        slots, evicted = storage.insert(obs, action, reward, discount, next_obs, keys)
+        if self.tree is not None:
+            positions = storage.next_position - slots.size + np.arange(slots.size)
+            live = positions >= storage.oldest
+            if priority is None:
+                values = np.full(slots.size, self.max_priority)
+            else:
+                values = self._scaled(priority[-slots.size:])
+                self.max_priority = max(self.max_priority, float(values.max()))
+            if evicted.size:
+                dead = np.setdiff1d(evicted, slots[live])
+                self.tree.set(dead, np.zeros(dead.size))
+            self.tree.set(slots[live], values[live])
+        return int(slots.size)
+
+    def _scaled(self, priority: np.ndarray) -> np.ndarray:
+        return (np.asarray(priority, np.float64) + self.priority_eps) ** self.alpha
+
+    def sample(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, probability of each within this table)."""
+        size = self.size
+        if size == 0:
+            raise ValueError("cannot sample from an empty table")
+        if self.tree is None or self.tree.total <= 0:
+            return self.storage.random_slots(rng, count), np.full(count, 1.0 / size)
+        slots, bad = self.tree.stratified(count, rng)
+        if np.any(bad):
+            slots[bad] = self.storage.random_slots(rng, int(bad.sum()))
+        leaves = self.tree.get(slots)
+        leaves[leaves <= 0] = self.tree.total / size  # only a replaced rounding miss can land here
+        return slots, leaves / self.tree.total
+
+    def update_priorities(self, positions: np.ndarray, priorities: np.ndarray) -> int:
+        """Apply learner priorities to positions still stored; returns how many were applied."""
+        if self.tree is None:
+            return 0
+        priorities = np.asarray(priorities, dtype=np.float64)
+        valid = np.isfinite(priorities) & (priorities >= 0)
+        live, slots = self.storage.live_slots(positions)
+        keep = live & valid
+        self.stale_priority_updates += int((~keep).sum())
+        if not np.any(keep):
+            return 0
+        values = self._scaled(priorities[keep])
+        self.tree.set(slots[keep], values)
+        self.max_priority = max(self.max_priority, float(values.max()))
+        return int(keep.sum())
+
+    def state_dict(self) -> dict[str, np.ndarray | list[np.ndarray]]:
+        state: dict[str, np.ndarray | list[np.ndarray]] = {
+            f"storage.{k}": v for k, v in self.storage.state_dict().items()}
+        if self.tree is not None:
+            state["sampler.leaves"] = self.tree.tree[self.tree.leaves: self.tree.leaves + self.tree.capacity]
+        state["sampler.max_priority"] = np.array(self.max_priority, dtype=np.float64)
+        state["config.capacity"] = np.array(self.capacity, dtype=np.int64)
+        return state
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore; raises ValueError (and changes nothing) when the state does not fit this table."""
+        capacity = int(state["config.capacity"])
+        if capacity != self.capacity:
+            raise ValueError(f"checkpoint was written with capacity {capacity}, this replay has {self.capacity}")
+        max_priority = float(state["sampler.max_priority"])
+        if not np.isfinite(max_priority) or max_priority <= 0:
+            raise ValueError(f"checkpoint max priority {max_priority} is not a positive number")
+        leaves = state.get("sampler.leaves")
+        if self.tree is not None and leaves is not None:
+            leaves = np.asarray(leaves, np.float64)
+            if leaves.shape != (capacity,) or not np.all(np.isfinite(leaves)) or np.any(leaves < 0):
+                raise ValueError("checkpoint priorities are not finite, non-negative and one per slot")
+        self.storage.load_state_dict({k.removeprefix("storage."): v for k, v in state.items()
+                                      if k.startswith("storage.")})
+        self.max_priority = max_priority
+        if self.tree is None:
+            return
+        live = np.arange(self.storage.oldest, self.storage.next_position) % capacity
+        values = np.zeros(capacity)
+        # A checkpoint of a uniform replay has no priorities: every stored item starts at the max.
+        values[live] = leaves[live] if leaves is not None else self.max_priority
+        self.tree.load_state_dict({"leaves": values})
