@@ -114,3 +114,98 @@ def test_same_seed_same_trajectory() -> None:
     finally:
         a.close()
         b.close()
+
+
+def collect(core: ActorCore, calls: int) -> list[Emitted]:
+    rows: list[Emitted] = []
+    for _ in range(calls):
+        rows += core.step()
+    return rows
+
+
+def by_stream(rows: list[Emitted]) -> dict[int, list[tuple[np.ndarray, np.ndarray, float]]]:
+    """Rows of each stream in the order they were emitted: (obs, next_obs, discount)."""
+    streams: dict[int, list[tuple[np.ndarray, np.ndarray, float]]] = {}
+    for r in rows:
+        assert r.stream is not None and r.stream.dtype == np.int64 and r.stream.shape == (len(r),)
+        for k in range(len(r)):
+            streams.setdefault(int(r.stream[k]), []).append((r.obs[k], r.next_obs[k], float(r.discount[k])))
+    return streams
+
+
+@pytest.mark.parametrize("env_id,num_envs", [("CartPole-v1", 4), ("Snake-v0?size=6,hunger_limit=10000", 6)])
+def test_streams_are_env_slots_in_step_order(env_id: str, num_envs: int) -> None:
+    """Row k of a stream is step k of that env: a full 3-step row bootstraps from row k + 3's observation."""
+    from flywheel.envs import env_spec
+
+    spec = env_spec(env_id)
+    net = build_q_network(spec.obs_shape, spec.n_actions, hidden=32)
+    core = build_core(env_id, num_envs, net, n_step=3, gamma=0.9, seed=2)
+    core.epsilon = 0.5
+    calls = 300
+    try:
+        streams = by_stream(collect(core, calls))
+    finally:
+        core.close()
+    assert sorted(streams) == list(range(num_envs))
+    full = terminal = 0
+    for rows in streams.values():
+        assert calls - 1 - 3 <= len(rows) <= calls - 1  # every step once, less the ones still maturing
+        for k, (_, next_obs, discount) in enumerate(rows):
+            if np.isclose(discount, 0.9**3) and k + 3 < len(rows):
+                np.testing.assert_array_equal(next_obs, rows[k + 3][0])
+                full += 1
+            elif discount == 0.0:
+                terminal += 1
+    assert full > 100 * num_envs and terminal > 3 * num_envs  # episodes ended, and the order held across them
+
+
+def test_subprocess_double_buffered_core_equals_inprocess() -> None:
+    net = build_q_network((4,), 2, hidden=32)
+    a = build_core("CartPole-v1", 8, net, n_step=3, gamma=0.99, seed=4)
+    b = build_core("CartPole-v1", 8, net, n_step=3, gamma=0.99, seed=4, vector_mode="subprocess", workers=2)
+    a.epsilon = b.epsilon = 0.0  # greedy: both take the same actions from the same observations
+    try:
+        assert len(a.groups) == 1 and len(b.groups) == 2
+        rows_a = collect(a, 100)
+        rows_b = collect(b, 200)  # one call steps one half
+        sa, sb = by_stream(rows_a), by_stream(rows_b)
+        assert sorted(sa) == sorted(sb) == list(range(8))
+        for slot in range(8):
+            n = min(len(sa[slot]), len(sb[slot]))
+            assert n > 90
+            for (o1, n1, d1), (o2, n2, d2) in zip(sa[slot][:n], sb[slot][:n], strict=True):
+                assert np.array_equal(o1, o2) and np.array_equal(n1, n2) and d1 == d2
+        assert a.env_steps == b.env_steps == 8 * 99
+        assert b.times.env >= 0 and b.times.inference > 0 and a.times.inference > 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_mettagrid_agents_share_one_policy() -> None:
+    pytest.importorskip("mettagrid")
+    from flywheel.envs import env_spec
+
+    spec = env_spec("MettaGrid-v0?max_steps=20")
+    net = build_q_network(spec.obs_shape, spec.n_actions, hidden=32)
+    core = build_core("MettaGrid-v0?max_steps=20", 8, net, n_step=3, gamma=0.99, seed=0, eval_envs=1)
+    try:
+        rows = collect(core, 50)
+        assert sorted(by_stream(rows)) == list(range(8))
+        # two simulations x 4 agents, twice; the greedy evaluation is one simulation of 4 agents, twice
+        assert core.stats.episodes == 16 and core.stats.eval_episodes == 8
+        assert all(r.obs.dtype == np.uint8 and r.obs.shape[1:] == spec.obs_shape for r in rows)
+    finally:
+        core.close()
+
+
+def test_time_split_accounts_for_the_loop() -> None:
+    core = make_core(num_envs=8)
+    try:
+        collect(core, 200)
+        t = core.times
+        assert t.env > 0 and t.inference > 0 and t.other > 0
+        assert set(t.as_counters()) == {"env_seconds_total", "inference_seconds_total", "bookkeeping_seconds_total"}
+    finally:
+        core.close()

@@ -140,54 +140,56 @@ def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context) -> None:
     def publish(msg: proto.Weights) -> None:
         pub.send_multipart(proto.encode(msg))
 
-    def poll_until_rejected(count: int) -> None:
-        """Poll (never loading anything) until ``count`` refusals in all; PUB/SUB keeps order."""
+    def settle() -> None:
+        """Send an undecodable marker and poll until it is refused: everything sent before it has been read."""
+        before = sum(n for key, n in faults.counts.items() if not key.endswith(("stale_version", "mismatch")))
+        pub.send_multipart([b"\x00marker"])
         deadline = time.monotonic() + DEADLINE_S
-        while receiver.rejected < count:
-            assert time.monotonic() < deadline, "refusal never seen"
-            assert not receiver.poll()
+        while sum(n for key, n in faults.counts.items() if not key.endswith(("stale_version", "mismatch"))) == before:
+            assert time.monotonic() < deadline, "marker never seen"
+            receiver.poll()
             receiver.sock.poll(50)
 
-    # PUB/SUB joins late: repeat version 1 until the subscription is live.
+    # PUB/SUB joins late: repeat version 1 until the subscription is live, then read the leftovers.
     deadline = time.monotonic() + DEADLINE_S
     while not receiver.poll():
         assert time.monotonic() < deadline, "subscription never became live"
         publish(weights_message(learner[1], 1, actor_net.name))
         time.sleep(0.02)
+    settle()
     assert receiver.version == 1 and same(params(actor_net), params(learner[1]))
+    stale, rejected = receiver.stale, receiver.rejected  # late copies of version 1 count as stale
 
-    # Newest wins even when an older one comes after it in the same burst.
+    # Newest wins even when an older one comes after it in the same burst (the older is superseded, not refused).
     publish(weights_message(learner[3], 3, actor_net.name))
     publish(weights_message(learner[2], 2, actor_net.name))
-    pub.send_multipart([b"\x00marker"])  # refused as undecodable: once counted, the burst has been read
-    deadline = time.monotonic() + DEADLINE_S
-    while receiver.version < 3 or receiver.rejected < 1:
-        assert time.monotonic() < deadline, "burst never arrived"
-        receiver.poll()
-        receiver.sock.poll(50)
+    settle()
     assert receiver.version == 3 and same(params(actor_net), params(learner[3]))
+    # v2 was either superseded in the same drain or, read after v3 was loaded, refused as stale
+    assert receiver.stale - stale in (0, 1) and receiver.rejected - rejected == 1 + receiver.stale - stale
+    stale, rejected = receiver.stale, receiver.rejected - 1
 
-    # Older or repeated versions are ignored (the marker shows they were read).
+    # Versions not newer than the acting one are refused and counted; the network stays as it was.
     publish(weights_message(learner[2], 2, actor_net.name))
     publish(weights_message(learner[1], 3, actor_net.name))
-    pub.send_multipart([b"\x00marker"])
-    poll_until_rejected(2)
+    settle()
+    assert receiver.stale == stale + 2 and receiver.rejected == rejected + 4
+    assert faults.counts["weights:stale_version"] == receiver.stale
     assert receiver.version == 3 and same(params(actor_net), params(learner[3]))
 
     # Mismatched weights are refused and the acting weights stay as they were.
     before = params(actor_net)
     publish(weights_message(learner[0], 10, "mlp-8-2-dueling"))  # wrong network name
-    poll_until_rejected(3)
+    settle()
     publish(weights_message(build_q_network((4,), 2, hidden=64), 11, actor_net.name))  # right name, wrong shapes
-    poll_until_rejected(4)
+    settle()
     nan = weights_message(learner[0], 12, actor_net.name)
     next(iter(nan.tensors.values()))[...] = np.nan
     publish(nan)
-    poll_until_rejected(5)
-    pub.send_multipart([b"\x00not a header"])
-    poll_until_rejected(6)
-    assert faults.total == 6
+    settle()
+    assert faults.counts["weights:mismatch"] == 3 and receiver.rejected == rejected + 4 + 6
     assert receiver.version == 3 and same(params(actor_net), before)
+    assert receiver.newest_seen == 12 and receiver.lag == 9
 
     # A good newer version still gets through afterwards.
     publish(weights_message(learner[0], 13, actor_net.name))
@@ -195,9 +197,47 @@ def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context) -> None:
     while not receiver.poll():
         assert time.monotonic() < deadline, "good weights never arrived"
         receiver.sock.poll(50)
-    assert receiver.version == 13 and same(params(actor_net), params(learner[0]))
+    assert receiver.version == 13 and receiver.lag == 0 and same(params(actor_net), params(learner[0]))
+
+    # With an interval, a newer version waits (policy lag 1) until the interval has passed; acting goes on.
+    receiver.interval_s = 100.0
+    publish(weights_message(learner[2], 14, actor_net.name))
+    settle()
+    assert receiver.version == 13 and receiver.newest_seen == 14 and receiver.lag == 1
+    assert not receiver.poll(receiver.loaded_at + 99.0)
+    assert receiver.poll(receiver.loaded_at + 100.0)
+    assert receiver.version == 14 and receiver.lag == 0 and same(params(actor_net), params(learner[2]))
     receiver.close()
     pub.close()
+
+
+def test_stream_column_and_one_weight_version_per_batch(ctx: zmq.Context) -> None:
+    """Rows go out with their env slots in order; a new weight version starts a new message."""
+    pull = ctx.socket(zmq.PULL)
+    pull.bind("tcp://127.0.0.1:*")
+    sender = TransitionSender(ctx, pull.getsockopt_string(zmq.LAST_ENDPOINT), "a0", hwm=100, on_full="block",
+                              batch_rows=8)
+
+    def slot_rows(start: int, streams: list[int]) -> Emitted:
+        r = rows(start, len(streams))
+        r.stream = np.array(streams, dtype=np.int64)
+        return r
+
+    sender.add([slot_rows(0, [0, 1, 2]), slot_rows(3, [0, 0])], 4, lambda: True)
+    sender.add([slot_rows(5, [2, 1, 1])], 4, lambda: True)  # 8 rows: sent as one message
+    sender.add([slot_rows(8, [0, 1])], 4, lambda: True)
+    sender.add([slot_rows(10, [2])], 5, lambda: True)  # newer weights: the v4 rows leave first, alone
+    sender.flush(5, lambda: True)
+    got = []
+    while len(got) < 3:
+        assert pull.poll(int(DEADLINE_S * 1000))
+        got.append(proto.decode(pull.recv_multipart(), expect=proto.TransitionBatch))
+    assert [(m.weight_version, len(m)) for m in got] == [(4, 8), (4, 2), (5, 1)]
+    assert got[0].stream.tolist() == [0, 1, 2, 0, 0, 2, 1, 1] and got[1].stream.tolist() == [0, 1]
+    assert np.array_equal(np.concatenate([m.action for m in got]), np.arange(11))
+    assert sender.send_s > 0
+    sender.close()
+    pull.close()
 
 
 def test_lease_client_gets_and_follows_its_slot(ctx: zmq.Context) -> None:
