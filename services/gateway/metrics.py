@@ -14,7 +14,8 @@ from flywheel import proto
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _KEY_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)(?:\{(.*)\})?$")
 _LABEL_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)=\"?([^\",{}=]*)\"?$")
-_RESERVED_LABELS = {"service", "instance"}
+_RESERVED_LABELS = {"service", "instance", "le", "quantile"}
+_TYPE_WORDS = ("counter", "gauge", "histogram", "summary", "untyped")
 
 
 class TelemetryRejected(proto.DecodeError):
@@ -43,6 +44,21 @@ def parse_key(key: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
     if len({k for k, _ in labels}) != len(labels):
         return None
     return name, tuple(sorted(labels))
+
+
+def name_problem(name: str, kind: str) -> str | None:
+    """Why ``name`` of type ``kind`` would fail Prometheus's metric lint (promtool check metrics), or None."""
+    if name != name.lower():
+        return "metric names are snake_case (no capitals)"
+    if kind != "counter" and name.endswith("_total"):
+        return "only counters end in _total"
+    for suffix in ("_count", "_sum", "_bucket"):
+        if name.endswith(suffix):
+            return f"{suffix} is reserved for histograms and summaries"
+    for word in _TYPE_WORDS:
+        if f"_{word}_" in name or name.endswith(f"_{word}"):
+            return f"a metric name should not include its type ({word})"
+    return None
 
 
 def format_value(value: float) -> str:
@@ -106,6 +122,7 @@ class Registry:
         self.instances: dict[tuple[str, str], InstanceState] = {}
         self.received = 0
         self.bad_keys = 0
+        self.invalid_keys: dict[tuple[str, str], str] = {}  # (service, key) -> why it is not exported (bounded)
         self.forgotten = 0
         self.went_down = 0
         self.events: deque[tuple[str, InstanceState, str]] = deque(maxlen=10_000)
@@ -114,6 +131,8 @@ class Registry:
         """Store one telemetry message; raises TelemetryRejected when it cannot be kept."""
         if not _NAME_RE.match(msg.service):
             raise TelemetryRejected(f"telemetry: service name {msg.service[:40]!r} must match {_NAME_RE.pattern}")
+        if msg.service == "gateway":
+            raise TelemetryRejected("telemetry: the service name 'gateway' is the gateway's own")
         if not msg.instance or len(msg.instance) > 128 or any(ord(c) < 32 or ord(c) == 127 for c in msg.instance):
             raise TelemetryRejected("telemetry: instance must be 1-128 printable characters")
         now = self.clock()
@@ -208,8 +227,20 @@ class MetricsWriter:
 
 
 def render_instances(registry: Registry, writer: MetricsWriter, now: float) -> None:
-    """Every instance's counters and gauges as ``flywheel_<service>_<key>``, labelled service and instance."""
+    """Every instance's counters and gauges as ``flywheel_<service>_<key>``, labelled service and instance.
+
+    Keys that are not valid metric names, or that Prometheus's lint would refuse (a gauge ending in _total, a
+    _count suffix, ...), are skipped and recorded in ``registry.invalid_keys`` with the reason, so /metrics stays
+    clean under ``promtool check metrics``.
+    """
     bad = 0
+
+    def refuse(service: str, key: str, why: str) -> None:
+        nonlocal bad
+        bad += 1
+        if len(registry.invalid_keys) < 1000:
+            registry.invalid_keys.setdefault((service, key[:100]), why)
+
     for service, states in registry.by_service().items():
         for s in states:
             base = {"service": service, "instance": s.instance}
@@ -221,12 +252,17 @@ def render_instances(registry: Registry, writer: MetricsWriter, now: float) -> N
                 for key, value in sorted(values.items()):
                     parsed = parse_key(key)
                     if parsed is None:
-                        bad += 1
+                        refuse(service, key, "not a metric name (optionally with {label=value,...}), or it uses "
+                                             "a reserved label")
                         continue
                     suffix, extra = parsed
                     name = f"flywheel_{service}_{suffix}"
                     if kind == "counter" and not name.endswith("_total"):
                         name += "_total"
+                    problem = name_problem(name, kind)
+                    if problem is not None:
+                        refuse(service, key, f"{kind} {name}: {problem}")
+                        continue
                     writer.add(name, kind, f"{suffix} reported by {service} instances",
                                (("service", service), ("instance", s.instance), *extra), value)
             if s.info:

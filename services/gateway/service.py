@@ -49,6 +49,7 @@ class GatewayService:
         self.published = 0
         self.lease_requests = 0
         self.http_rejected: dict[tuple[str, int], int] = {}
+        self._logged_invalid: set[tuple[str, str]] = set()
         self.telemetry_sock: zmq.asyncio.Socket | None = None
         self.control_sock: zmq.asyncio.Socket | None = None
         self.lease_sock: zmq.asyncio.Socket | None = None
@@ -150,6 +151,14 @@ class GatewayService:
         for event, state, detail in self.registry.drain_events():
             level = logging.WARNING if event == "down" else logging.INFO
             log.log(level, "%s %s %s (%s)", state.service, state.instance, event, detail)
+
+    def log_invalid_keys(self) -> None:
+        """One warning per telemetry key that /metrics leaves out, saying why (the service should rename it)."""
+        for key, why in self.registry.invalid_keys.items():
+            if key not in self._logged_invalid:
+                self._logged_invalid.add(key)
+                log.warning("%s telemetry key %r is not exported to /metrics: %s; rename it in the %s service",
+                            key[0], key[1], why, key[0])
 
     async def _sweep_loop(self) -> None:
         while True:

@@ -33,6 +33,7 @@ def metrics_text(gw: GatewayService) -> str:
     gw.log_events()
     w = MetricsWriter()
     render_instances(gw.registry, w, now)
+    gw.log_invalid_keys()
     g = {"service": "gateway", "instance": gw.settings.instance}
     w.add("flywheel_gateway_info", "gauge", "static facts about the gateway", {**g, "version": __version__}, 1)
     w.add("flywheel_gateway_telemetry_received_total", "counter", "telemetry messages accepted", g,
@@ -158,6 +159,7 @@ def status(gw: GatewayService) -> dict[str, Any]:
             "control_enabled": gw.auth.active, "stale_after_s": gw.settings.stale_after_s,
             "forget_after_s": gw.settings.forget_after_s,
             "telemetry_received": gw.registry.received, "rejected": dict(gw.faults.counts),
+            "invalid_metric_keys": {f"{svc}:{key}": why for (svc, key), why in gw.registry.invalid_keys.items()},
         },
         "summary": _summary(services),
         "services": services,

@@ -14,6 +14,7 @@ from flywheel.services.gateway.metrics import (
     Registry,
     TelemetryRejected,
     format_value,
+    name_problem,
     parse_key,
     render_instances,
 )
@@ -121,14 +122,16 @@ def test_rates_over_the_window_survive_restarts() -> None:
     assert state.rates()["env_steps_total"] == pytest.approx(50.0)
 
 
-def test_type_conflicts_are_skipped_not_duplicated() -> None:
+def test_one_name_never_has_two_types() -> None:
     reg = Registry(clock=FakeClock())
-    reg.update(tel(instance="a-0", gauges={"x_total": 1}))
+    reg.update(tel(instance="a-0", gauges={"x_total": 1}))  # a gauge may not end in _total: left out
     reg.update(tel(instance="a-1", counters={"x": 2}))
     w = MetricsWriter()
     render_instances(reg, w, reg.clock())
-    check_exposition(w.text())
-    assert w.conflicts == 1
+    assert check_exposition(w.text())["flywheel_actor_x_total"] == "counter"
+    assert w.conflicts == 0 and reg.bad_keys == 1
+    with pytest.raises(TelemetryRejected):
+        reg.update(tel(service="gateway"))  # the gateway's own families are not for others to fill
 
 
 def test_curve_point_from_live_instances() -> None:
@@ -165,3 +168,40 @@ def test_learning_curve_is_bounded_and_keeps_the_whole_run() -> None:
     curve.add({"t": ts[-1] - 5, "return_mean": 0})  # a clock step backwards is ignored
     assert curve.points[-1]["t"] == ts[-1]
     assert not math.isnan(curve.points[-1]["return_mean"])
+
+
+@pytest.mark.parametrize(("key", "kind"), [
+    ("lease_count", "gauge"), ("x_sum", "gauge"), ("le_bucket", "gauge"), ("queued_total", "gauge"),
+    ("queue_gauge", "gauge"), ("my_counter_value", "counter"), ("envSteps", "counter"), ("x{le=1}", "gauge"),
+    ("x{quantile=0.5}", "gauge"),
+])
+def test_keys_prometheus_lint_would_refuse_are_left_out_with_a_reason(key: str, kind: str) -> None:
+    reg = Registry(clock=FakeClock())
+    values = {key: 1.0, "fine_seconds": 2.0}
+    reg.update(tel("actor", "a-0", counters=values if kind == "counter" else {},
+                   gauges=values if kind == "gauge" else {}))
+    w = MetricsWriter()
+    render_instances(reg, w, reg.clock())
+    assert "fine_seconds" in w.text() and reg.bad_keys == 1
+    assert list(reg.invalid_keys) == [("actor", key)] and reg.invalid_keys[("actor", key)]
+
+
+def test_every_name_the_gateway_itself_writes_passes_the_lint() -> None:
+    for name, (kind, _, _) in _gateway_families().items():
+        assert name_problem(name, kind) is None, name
+
+
+def _gateway_families() -> dict[str, tuple[str, str, list[str]]]:
+    from flywheel.services.gateway.service import GatewayService
+    from flywheel.services.gateway.settings import GatewaySettings
+    from flywheel.services.gateway.views import metrics_text
+
+    gw = GatewayService(GatewaySettings())
+    text = metrics_text(gw)
+    families: dict[str, tuple[str, str, list[str]]] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            families[name] = (kind, "", [])
+    assert families
+    return families
