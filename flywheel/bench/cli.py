@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from flywheel.bench import suites
-from flywheel.bench.runner import BenchContext, write_results
+from flywheel.bench.runner import BenchContext, BenchError, write_results
 
 
 def suite_names() -> list[str]:
@@ -42,6 +42,8 @@ def run_bench(args: argparse.Namespace) -> int:
         for name in names:
             module = importlib.import_module(f"flywheel.bench.suites.{name}")
             print(f"{name:12s} {getattr(module, 'DESCRIPTION', '')}")
+            for opt, text in getattr(module, "OPTIONS", {}).items():
+                print(f"{'':14s}--opt {opt}=...  {text}")
         return 0
     if args.suite not in names:
         print(f"error: unknown bench suite {args.suite!r}; suites: {', '.join(names) or 'none'}", file=sys.stderr)
@@ -52,7 +54,17 @@ def run_bench(args: argparse.Namespace) -> int:
     ctx = BenchContext(suite=args.suite, runs=args.runs, warmup=args.warmup, quick=args.quick,
                        out_dir=args.out, seed=args.seed, options=options)
     module = importlib.import_module(f"flywheel.bench.suites.{args.suite}")
-    result = module.run(ctx)
+    known = getattr(module, "OPTIONS", None)  # a suite that declares its options gets typos refused
+    unknown = sorted(set(options) - set(known)) if known is not None else []
+    if unknown:
+        print(f"error: suite {args.suite!r} has no option {', '.join(unknown)}; "
+              f"options: {', '.join(known) or 'none'}", file=sys.stderr)
+        return 2
+    try:
+        result = module.run(ctx)
+    except BenchError as exc:
+        print(f"error: flywheel bench {args.suite}: {exc}", file=sys.stderr)
+        return 2
     command = "flywheel bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else \
         f"flywheel bench {args.suite}"
     json_path, md_path = write_results(result, ctx, command)

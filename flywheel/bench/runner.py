@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -25,14 +26,54 @@ class BenchContext:
     out_dir: Path = Path("bench-results")
     seed: int = 0
     options: dict[str, str] = field(default_factory=dict)
+    load_at_start: tuple[float, float, float] = field(default_factory=lambda: _loadavg())
 
     def option(self, name: str, default: str) -> str:
         """A suite-specific ``--opt NAME=VALUE`` value, or ``default``."""
         return self.options.get(name, default)
 
+    def option_int(self, name: str, default: int) -> int:
+        """An integer ``--opt``; a value that is not one is a BenchError naming the option."""
+        raw = self.options.get(name)
+        if raw is None:
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise BenchError(f"--opt {name}={raw!r}: expected an integer") from None
+
+    def option_float(self, name: str, default: float) -> float:
+        """A numeric ``--opt``; a value that is not a finite number is a BenchError naming the option."""
+        raw = self.options.get(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value):
+            raise BenchError(f"--opt {name}={raw!r}: expected a number")
+        return value
+
+    def plot_path(self, name: str) -> Path:
+        """Where a suite's PNG called ``name`` goes: ``<out>/<suite>_<name>.png`` (the folder is created)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        return self.out_dir / f"{self.suite}_{name}.png"
+
     def progress(self, message: str) -> None:
         """One progress line on stderr, so long suites show where they are."""
         print(f"[bench {self.suite} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class BenchError(RuntimeError):
+    """A suite cannot run as asked (bad option, missing peer, a run that failed); the CLI prints it in one line."""
+
+
+def _loadavg() -> tuple[float, float, float]:
+    try:
+        return os.getloadavg()
+    except OSError:  # pragma: no cover - not on Linux
+        return (float("nan"),) * 3
 
 
 @dataclass
@@ -49,6 +90,7 @@ class Row:
     goal: str = ""
     flywheel_runs: list[float] = field(default_factory=list)
     peer_runs: list[float] = field(default_factory=list)
+    met: bool | None = None  # whether ``goal`` was met, when the suite can tell
 
     @property
     def ratio(self) -> float | None:
@@ -100,6 +142,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "cpu_model": _cpu_model(),
+        "load_average": list(_loadavg()),
     }
     try:
         import psutil
@@ -128,7 +171,7 @@ def _cpu_model() -> str:
 
 
 def _fmt(value: float | None) -> str:
-    if value is None:
+    if value is None or not math.isfinite(value):
         return "–"
     if abs(value) >= 1000:
         return f"{value:,.0f}"
@@ -146,9 +189,12 @@ def markdown_table(result: SuiteResult) -> str:
     for row in result.rows:
         ratio = row.ratio
         ratio_text = "–" if ratio is None else f"{ratio:.2f}x"
+        goal = row.goal or "–"
+        if row.goal and row.met is not None:
+            goal += " (met)" if row.met else " (not met)"
         lines.append(
             f"| {row.case} | {row.metric} ({row.unit}) | {_fmt(row.flywheel)} | {row.peer_name or '–'} | "
-            f"{_fmt(row.peer)} | {ratio_text} | {row.goal or '–'} |"
+            f"{_fmt(row.peer)} | {ratio_text} | {goal} |"
         )
     return "\n".join(lines)
 
@@ -161,7 +207,8 @@ def render_markdown(result: SuiteResult, ctx: BenchContext, command: str, machin
         f"Command: `{command}`  ",
         f"Machine: {machine.get('cpus')} CPUs ({machine.get('cpu_model')}), {machine.get('memory_gib')} GiB, "
         f"GPU: {machine.get('gpu') or 'none'}; torch {machine.get('torch')}; "
-        f"median of {ctx.runs} runs after {ctx.warmup} warm-up.",
+        f"median of {ctx.runs} runs after {ctx.warmup} warm-up; load average (1 min) "
+        f"{_fmt(ctx.load_at_start[0])} at the start, {_fmt(machine.get('load_average', [math.nan])[0])} at the end.",
         "",
         markdown_table(result),
     ]
@@ -185,6 +232,8 @@ def write_results(result: SuiteResult, ctx: BenchContext, command: str) -> tuple
         "runs": ctx.runs,
         "warmup": ctx.warmup,
         "quick": ctx.quick,
+        "options": ctx.options,
+        "load_average_at_start": list(ctx.load_at_start),
         "rows": [asdict(row) | {"ratio": row.ratio} for row in result.rows],
         "notes": result.notes,
         "plots": result.plots,
