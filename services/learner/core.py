@@ -152,6 +152,7 @@ class LearnerCore:
         self._skipped = torch.zeros((), device=self.device)
         self._sums = torch.zeros(4, device=self.device)  # loss, td, q, batches since the last read
         self._one = torch.ones((), device=self.device)
+        self._loss_bad = torch.zeros((), device=self.device)  # 1 when a loss since the last step was not finite
         self._loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = self._losses
         self.compile_state = "off"  # off | pending (first call not yet done) | on | failed
         if config.compile:
@@ -202,6 +203,8 @@ class LearnerCore:
             raise BadBatch(f"batch actions outside 0..{self.n_actions - 1}")
         if not np.isfinite(batch.weight).all() or (batch.weight < 0).any():
             raise BadBatch("batch importance weights must be finite and non-negative")
+        if not (np.isfinite(batch.reward).all() and np.isfinite(batch.discount).all()):
+            raise BadBatch("batch rewards and discounts must be finite")
 
     def _terms(self, out: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
                next_target: torch.Tensor, next_online: torch.Tensor | None) -> LossTerms:
@@ -229,8 +232,9 @@ class LearnerCore:
         return loss.detach(), td_abs.detach(), q_mean.detach()
 
     def _compile_failed(self, exc: BaseException) -> None:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        log.warning("learner: torch.compile failed (%s: %s); training continues eagerly", type(exc).__name__,
+        cause = getattr(exc, "inner_exception", None) or exc.__cause__ or exc  # dynamo wraps the backend's error
+        first = (str(cause).strip().splitlines() or [""])[0]
+        log.warning("learner: torch.compile failed (%s: %s); training continues eagerly", type(cause).__name__,
                     first[:300])
         self._loss_fn = self._losses
         self.compile_state = "failed"
@@ -251,6 +255,7 @@ class LearnerCore:
         else:
             loss, td_abs, q_mean = self._forward_backward(b)
         self._sums += torch.stack((loss.float(), td_abs.float().mean(), q_mean.float(), self._one))
+        self._loss_bad = torch.maximum(self._loss_bad, (~torch.isfinite(loss)).float())
         self._micro += 1
         found_inf = None
         if self._micro >= self.config.grad_accum_steps:
@@ -260,10 +265,14 @@ class LearnerCore:
 
     def _step(self) -> torch.Tensor:
         if self.scaler is not None:
+            # a non-finite loss can still give finite (Huber-clipped) gradients: make the scaler see it
+            poison = torch.where(self._loss_bad > 0, torch.nan, 0.0)
+            torch._foreach_add_([p.grad for p in self.params if p.grad is not None], poison)
             self.scaler.unscale_(self.optimizer)
         clip = self.config.grad_clip_norm if self.config.grad_clip_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True)
-        found_inf = (~torch.isfinite(norm)).float()
+        found_inf = torch.maximum((~torch.isfinite(norm)).float(), self._loss_bad)
+        self._loss_bad = torch.zeros_like(self._loss_bad)
         if self.scaler is not None:  # the scaler hands the fused step its own found_inf (also sync-free)
             self.scaler.step(self.optimizer)
             self.scaler.update()

@@ -83,3 +83,54 @@ def test_garbage_and_foreign_files_are_refused(tmp_path: Path) -> None:
     save_file({"x": torch.zeros(2)}, str(tmp_path / CHECKPOINT_FILE))
     with pytest.raises(CheckpointError, match="not a flywheel learner checkpoint"):
         load_checkpoint(tmp_path, LearnerCore((4,), 2, CONFIG))
+
+
+def test_rng_steps_and_skipped_survive_a_round_trip(tmp_path: Path) -> None:
+    core = _trained(3)
+    nan_batch = make_batch(np.random.default_rng(5), 32)
+    nan_batch.reward[0] = np.nan
+    core.update(nan_batch)  # a skipped step
+    save_checkpoint(tmp_path, core, weight_version=9)
+    expected = torch.rand(5)
+    torch.manual_seed(77)
+    restored = LearnerCore((4,), 2, CONFIG)
+    load_checkpoint(tmp_path, restored)
+    torch.testing.assert_close(torch.rand(5), expected, rtol=0, atol=0)  # the RNG continues where it was
+    assert (restored.steps, restored.updates, restored.skipped) == (4, 3, 1)
+
+
+def test_quantile_checkpoint_refuses_a_plain_learner(tmp_path: Path) -> None:
+    quantile = LearnerCore((4,), 2, CoreConfig(head="quantile", num_quantiles=8))
+    save_checkpoint(tmp_path, quantile, 1)
+    with pytest.raises(CheckpointError, match="qr8.*--head") as err:
+        load_checkpoint(tmp_path, LearnerCore((4,), 2, CONFIG))
+    assert "\n" not in str(err.value)
+    assert load_checkpoint(tmp_path, LearnerCore((4,), 2, CoreConfig(head="quantile", num_quantiles=8))).updates == 0
+
+
+def test_gradient_scaler_state_round_trips(tmp_path: Path) -> None:
+    core = LearnerCore((4,), 2, CoreConfig(precision="fp16"))
+    assert core.scaler is not None
+    core.update(make_batch(np.random.default_rng(6), 16))
+    core.scaler.update(1234.0)
+    save_checkpoint(tmp_path, core, 1)
+    restored = LearnerCore((4,), 2, CoreConfig(precision="fp16"))
+    load_checkpoint(tmp_path, restored)
+    assert restored.scaler is not None and restored.scaler.get_scale() == 1234.0
+
+
+def test_foreign_entries_are_refused(tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    save_checkpoint(tmp_path, _trained(1), 1)
+    path = tmp_path / CHECKPOINT_FILE
+    with safe_open(str(path), "pt") as fh:
+        meta = fh.metadata()
+    tensors = load_file(str(path))
+    save_file({**tensors, "rng.gpu": torch.zeros(4, dtype=torch.uint8)}, str(path), metadata=meta)
+    with pytest.raises(CheckpointError, match="rng.gpu"):
+        load_checkpoint(tmp_path, LearnerCore((4,), 2, CONFIG))
+    save_file({**tensors, "pickle.data": torch.zeros(1)}, str(path), metadata=meta)
+    with pytest.raises(CheckpointError, match="unexpected entry"):
+        load_checkpoint(tmp_path, LearnerCore((4,), 2, CONFIG))

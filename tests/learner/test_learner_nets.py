@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from flywheel import proto
-from flywheel.nets import QNetwork, WeightsMismatch, build_q_network, load_weights, network_name, weights_message
+from flywheel.nets import (
+    QNetwork,
+    WeightsMismatch,
+    build_q_network,
+    forward_macs,
+    load_weights,
+    network_name,
+    weights_message,
+)
 
 
 def test_names_follow_the_contract() -> None:
@@ -16,6 +24,32 @@ def test_names_follow_the_contract() -> None:
     assert network_name((4,), 2, False) == "mlp-4-2-plain"
     assert network_name((3, 11, 11), 5, True) == "conv-3x11x11-5-dueling"
     assert build_q_network((4,), 2, hidden=64).name == "mlp-4-2-dueling-h64"
+    assert network_name((4, 84, 84), 7, True, head="quantile", num_quantiles=51) == "nature-4x84x84-7-dueling-qr51"
+    assert build_q_network((4,), 2, head="quantile", num_quantiles=200).name == "mlp-4-2-dueling-qr200"
+    with pytest.raises(ValueError, match="head"):
+        build_q_network((4,), 2, head="categorical")
+    with pytest.raises(ValueError, match="num_quantiles"):
+        build_q_network((4,), 2, head="quantile", num_quantiles=1)
+
+
+def test_an_actor_with_the_plain_head_refuses_quantile_weights() -> None:
+    learner = build_q_network((4,), 2, head="quantile", num_quantiles=11)
+    actor = build_q_network((4,), 2)
+    msg = proto.decode(proto.encode(weights_message(learner, 3, learner.name)), expect=proto.Weights)
+    with pytest.raises(WeightsMismatch, match="qr11"):
+        load_weights(actor, msg, actor.name)
+    twin = build_q_network((4,), 2, head="quantile", num_quantiles=11)
+    load_weights(twin, msg, twin.name)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), learner(x))
+
+
+def test_forward_macs_of_the_nature_cnn() -> None:
+    net = build_q_network((4, 84, 84), 7)
+    convs = 20 * 20 * 32 * (4 * 8 * 8) + 9 * 9 * 64 * (32 * 4 * 4) + 7 * 7 * 64 * (64 * 3 * 3)
+    assert forward_macs(net) == convs + 3136 * 512 + 512 * 7 + 512 * 1
+    assert forward_macs(build_q_network((4,), 2, hidden=8)) == 4 * 8 + 8 * 8 + 8 * 2 + 8
 
 
 @pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84), (3, 11, 11)])

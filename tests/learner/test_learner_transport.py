@@ -4,139 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-import zmq
-from learner_helpers import free_port, make_batch
+from learner_helpers import make_batch
 
 from flywheel import proto
 from flywheel.nets import build_q_network, load_weights
 from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
-from flywheel.services.learner.settings import LearnerSettings
-from flywheel.services.learner.transport import LearnerService
-
-
-class FakeReplay:
-    """A ROUTER that answers every SampleRequest with a random CartPole-shaped batch and records priorities."""
-
-    def __init__(self, ctx: zmq.Context, obs_shape: tuple[int, ...] = (4,)) -> None:
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.obs_shape = obs_shape
-        self.rng = np.random.default_rng(0)
-        self.pending: list[tuple[bytes, proto.SampleRequest]] = []
-        self.sent_index: dict[int, np.ndarray] = {}
-        self.priorities: list[proto.PriorityUpdate] = []
-        self.requests = 0
-        self.max_pending = 0
-        self.answer = True
-        self.identity = b""
-
-    def pump(self) -> None:
-        while True:
-            try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            self.identity = frames[0].bytes
-            msg = proto.decode(frames[1:], expect=(proto.SampleRequest, proto.PriorityUpdate))
-            if isinstance(msg, proto.SampleRequest):
-                self.requests += 1
-                self.pending.append((self.identity, msg))
-            else:
-                self.priorities.append(msg)
-        self.max_pending = max(self.max_pending, len(self.pending))
-        if self.answer:
-            for identity, req in self.pending:
-                batch = make_batch(self.rng, req.batch_size, self.obs_shape, request_id=req.request_id)
-                batch.index[:] = np.arange(req.batch_size) + 1000 * req.request_id
-                self.sent_index[req.request_id] = batch.index.copy()
-                self.sock.send_multipart([identity, *proto.encode(batch)], copy=False)
-            self.pending.clear()
-
-
-class Harness:
-    """Learner service plus the peers it talks to, all on free 127.0.0.1 ports."""
-
-    def __init__(self, tmp_path: Path, **overrides: object) -> None:
-        self.ctx = zmq.Context()
-        self.replay = FakeReplay(self.ctx)
-        self.telemetry = self.ctx.socket(zmq.PULL)
-        tel_port = self.telemetry.bind_to_random_port("tcp://127.0.0.1")
-        self.control = self.ctx.socket(zmq.PUB)
-        ctl_port = self.control.bind_to_random_port("tcp://127.0.0.1")
-        self.weights_port = free_port()
-        values = dict(
-            instance="learner-test", env_id="CartPole-v1", batch_size=32, lr=1e-3, requests_in_flight=3,
-            publish_interval_updates=5, telemetry_interval_s=0.1, telemetry_endpoint=f"tcp://127.0.0.1:{tel_port}",
-            control_endpoint=f"tcp://127.0.0.1:{ctl_port}", sample_endpoint=f"tcp://127.0.0.1:{self.replay.port}",
-            weights_bind=f"tcp://127.0.0.1:{self.weights_port}", checkpoint_dir=str(tmp_path), torch_threads=1,
-        )
-        values.update(overrides)
-        self.settings = LearnerSettings(**values)
-        self.core = LearnerCore((4,), 2, CoreConfig(lr=self.settings.lr))
-        self.start_version = 0
-        if self.settings.resume:
-            self.start_version = load_checkpoint(tmp_path, self.core).weight_version
-        self.service = LearnerService(self.settings, self.core, self.ctx, start_version=self.start_version)
-        self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(f"tcp://127.0.0.1:{self.weights_port}")
-        self.versions: list[int] = []
-        self.weights: list[proto.Weights] = []
-        self.reports: list[proto.Telemetry] = []
-        self.control_seq = 0
-        time.sleep(0.3)  # let SUB sockets (weights, control) connect before anything is published
-
-    def collect(self) -> None:
-        for sock, sink in ((self.sub, self.weights), (self.telemetry, self.reports)):
-            while True:
-                try:
-                    frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                sink.append(proto.decode(frames))
-        self.versions = [w.version for w in self.weights]
-
-    def drive(self, until: Callable[[], bool], timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not until():
-            assert time.monotonic() < deadline, "condition not reached in time"
-            self.service.step(5)
-            self.replay.pump()
-            self.collect()
-
-    def send_control(self, command: str, **args: object) -> None:
-        self.control_seq += 1
-        msg = proto.Control(seq=self.control_seq, command=command, target="learner", args=dict(args))
-        self.control.send_multipart(proto.encode(msg))
-
-    def counter(self, name: str) -> float:
-        return self.reports[-1].counters.get(name, 0.0) if self.reports else 0.0
-
-    def close(self) -> None:
-        self.service.close()
-        for sock in (self.replay.sock, self.telemetry, self.control, self.sub):
-            sock.close(0)
-        self.ctx.term()
-
-
-@pytest.fixture
-def harness(tmp_path: Path):
-    made: list[Harness] = []
-
-    def make(**overrides: object) -> Harness:
-        made.append(Harness(tmp_path, **overrides))
-        return made[-1]
-
-    yield make
-    for h in made:
-        h.close()
 
 
 def test_trains_keeps_requests_in_flight_and_sends_priorities(harness) -> None:

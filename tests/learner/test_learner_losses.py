@@ -1,0 +1,97 @@
+"""Loss terms against hand-computed values and plain references: QR-DQN quantile Huber, double/dueling targets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from flywheel.nets import build_q_network
+from flywheel.services.learner.losses import q_td_loss, quantile_huber, quantile_midpoints, quantile_td_loss
+
+
+def test_quantile_midpoints() -> None:
+    torch.testing.assert_close(quantile_midpoints(4), torch.tensor([0.125, 0.375, 0.625, 0.875]))
+
+
+def test_quantile_huber_matches_a_hand_computed_example() -> None:
+    # taus (0.25, 0.75); pred (0, 1); target (0.5, 3); kappa 1.
+    # i=0: u=(0.5, 3.0) -> 0.25 * mean(0.125, 2.5) = 0.328125
+    # i=1: u=(-0.5, 2.0) -> mean(0.25 * 0.125, 0.75 * 1.5) = 0.578125      total 0.90625
+    loss = quantile_huber(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 3.0]]), kappa=1.0)
+    torch.testing.assert_close(loss, torch.tensor([0.90625]))
+    # kappa 2: every |u| <= 2 is quadratic, and the loss is divided by kappa
+    # i=0: 0.25 * mean(0.125, 2*(3-1)=4.0) = 0.515625; i=1: mean(0.25*0.125, 0.75*2.0) = 0.765625 -> /2
+    loss2 = quantile_huber(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 3.0]]), kappa=2.0)
+    torch.testing.assert_close(loss2, torch.tensor([(0.515625 + 0.765625) / 2]))
+
+
+def _qr_case() -> dict[str, torch.Tensor]:
+    z_all = torch.tensor([[[9.0, 9.0], [0.0, 1.0]]])  # (B=1, A=2, N=2); the taken action is 1: quantiles (0, 1)
+    z_next_target = torch.tensor([[[0.0, 5.0], [4.0, 4.0]]])  # target means: a0 2.5, a1 4.0
+    z_next_online = torch.tensor([[[1.0, 1.0], [0.0, 0.0]]])  # online means: a0 1.0, a1 0.0
+    return {"z_all": z_all, "action": torch.tensor([1]), "reward": torch.tensor([0.5]),
+            "discount": torch.tensor([0.5]), "z_next_target": z_next_target, "z_next_online": z_next_online}
+
+
+def test_quantile_td_loss_double_picks_on_online_means() -> None:
+    case = _qr_case()
+    terms = quantile_td_loss(**case)  # double: a* = 0 -> target 0.5 + 0.5 * (0, 5) = (0.5, 3.0)
+    torch.testing.assert_close(terms.per_sample, torch.tensor([0.90625]))
+    torch.testing.assert_close(terms.td_abs, torch.tensor([1.25]))  # |mean(0.5, 3) - mean(0, 1)|
+    torch.testing.assert_close(terms.q_taken, torch.tensor([0.5]))
+
+
+def test_quantile_td_loss_without_double_picks_on_target_means() -> None:
+    case = {**_qr_case(), "z_next_online": None}
+    terms = quantile_td_loss(**case)  # a* = 1 -> target (2.5, 2.5); i=0: 0.25 * 2.0, i=1: 0.75 * 1.0
+    torch.testing.assert_close(terms.per_sample, torch.tensor([1.25]))
+    torch.testing.assert_close(terms.td_abs, torch.tensor([2.0]))
+
+
+def test_quantile_loss_gradient_moves_quantiles_towards_their_fractions() -> None:
+    pred = torch.zeros(1, 4, requires_grad=True)
+    target = torch.linspace(-1, 1, 101).unsqueeze(0)
+    for _ in range(400):
+        loss = quantile_huber(pred, target, kappa=0.01).sum()
+        (grad,) = torch.autograd.grad(loss, pred)
+        pred = (pred - 0.05 * grad).detach().requires_grad_(True)
+    expected = torch.quantile(target[0], quantile_midpoints(4))
+    torch.testing.assert_close(pred.detach()[0], expected, atol=0.03, rtol=0)
+
+
+@pytest.mark.parametrize("double", [True, False])
+def test_q_td_loss_matches_a_plain_reference(double: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    q_all, q_next_t, q_next_o = (torch.randn(8, 3, generator=g) for _ in range(3))
+    action, reward = torch.randint(0, 3, (8,), generator=g), torch.randn(8, generator=g)
+    discount = torch.full((8,), 0.99**3)
+    discount[2] = 0.0  # an episode end inside the n steps
+    terms = q_td_loss(q_all, action, reward, discount, q_next_t, q_next_o if double else None, kappa=1.0)
+    best = (q_next_o if double else q_next_t).argmax(1)
+    y = reward + discount * q_next_t[torch.arange(8), best]
+    q = q_all[torch.arange(8), action]
+    torch.testing.assert_close(terms.td_abs, (y - q).abs())
+    torch.testing.assert_close(terms.per_sample, F.smooth_l1_loss(q, y, reduction="none"))
+    assert terms.td_abs[2] == pytest.approx(abs(float(reward[2] - q[2])), rel=1e-6)
+
+
+def test_dueling_head_is_value_plus_centred_advantage() -> None:
+    net = build_q_network((5,), 4, hidden=16)
+    x = torch.randn(6, 5)
+    with torch.no_grad():
+        h = net.fc(net.torso(x))
+        adv, value = net.advantage(h), net.value(h)
+        torch.testing.assert_close(net(x), value + adv - adv.mean(1, keepdim=True))
+
+
+def test_quantile_network_forward_is_the_quantile_mean() -> None:
+    net = build_q_network((5,), 4, hidden=16, head="quantile", num_quantiles=8)
+    x = torch.randn(6, 5)
+    with torch.no_grad():
+        z = net.outputs(x)
+        assert z.shape == (6, 4, 8)
+        torch.testing.assert_close(net(x), z.mean(2))
+        h = net.fc(net.torso(x))
+        adv, value = net.advantage(h).view(6, 4, 8), net.value(h).view(6, 1, 8)
+        torch.testing.assert_close(z, value + adv - adv.mean(1, keepdim=True))

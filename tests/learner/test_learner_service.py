@@ -1,0 +1,101 @@
+"""The learner service's cadence and numbers: publishing by time, set_publish_interval, data wait, metric reads."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from flywheel import proto
+
+
+def _distinct(versions: list[int]) -> list[int]:
+    return [v for i, v in enumerate(versions) if i == 0 or v != versions[i - 1]]
+
+
+def test_publishes_by_time_only_while_training(harness) -> None:
+    h = harness(publish_interval_updates=1_000_000, publish_interval_s=0.3, weights_republish_s=0.1)
+    h.service.start()
+    h.drive(lambda: len(_distinct(h.versions)) >= 3, timeout=20)
+    assert _distinct(h.versions)[:3] == [1, 2, 3]
+    assert h.core.steps < 1_000_000
+    h.replay.answer = False  # no more batches: the last trained weights go out once, then only repeats
+    h.drive(lambda: len(h.replay.pending) == 3, timeout=10)
+    trained = h.core.steps
+    h.drive(lambda: h.service.snapshots.steps_at_last == trained, timeout=5)
+    latest = h.service.version
+    deadline = time.monotonic() + 1.0
+    h.drive(lambda: time.monotonic() > deadline)
+    assert h.service.version == latest
+    assert h.versions[-1] == latest and h.versions.count(latest) >= 2  # re-sent for late subscribers
+
+
+def test_publishes_every_k_updates_with_strictly_increasing_versions(harness) -> None:
+    h = harness(publish_interval_updates=4, publish_interval_s=0)
+    h.service.start()
+    h.drive(lambda: h.core.steps >= 20 and h.service.version >= 6)
+    distinct = _distinct(h.versions)
+    assert distinct == list(range(1, len(distinct) + 1))
+    assert h.service.version == 1 + h.core.steps // 4  # version 1 at start, then one per 4 updates
+
+
+def test_set_publish_interval_is_validated_applied_and_logged(harness, caplog: pytest.LogCaptureFixture) -> None:
+    h = harness()
+    h.service.start()
+    with caplog.at_level(logging.INFO, logger="flywheel.learner"):
+        h.send_control("set_publish_interval", updates=3, seconds=0.5)
+        h.drive(lambda: h.service.snapshots.every_updates == 3)
+    assert h.service.snapshots.every_seconds == 0.5
+    assert any("publishing weights every 3 updates / 0.5 s" in r.getMessage() for r in caplog.records)
+    h.send_control("set_publish_interval", seconds=2)
+    h.drive(lambda: h.service.snapshots.every_seconds == 2.0)
+    assert h.service.snapshots.every_updates == 3  # the part not given stays
+    bad = [{"updates": 0}, {"updates": True}, {"updates": 2.5}, {"seconds": -1.0}, {"seconds": float("inf")},
+           {}, {"updates": 5, "bogus": 1}, {"updates": 5, "seconds": "soon"}]
+    for args in bad:
+        h.send_control("set_publish_interval", **args)
+    h.drive(lambda: h.service.counters["control_rejected_total"] >= len(bad))
+    assert (h.service.snapshots.every_updates, h.service.snapshots.every_seconds) == (3, 2.0)
+    assert h.service.faults.counts["control:bad_args"] == len(bad)
+    h.send_control("set_lr", lr=2e-4)
+    h.send_control("set_lr", rate=2e-4)
+    h.drive(lambda: h.service.counters["control_rejected_total"] >= len(bad) + 1)
+    assert h.core.lr == pytest.approx(2e-4)
+    h.drive(lambda: h.counter("control_rejected_total") == len(bad) + 1)
+
+
+def test_data_wait_is_measured_when_starved(harness) -> None:
+    h = harness(telemetry_interval_s=0.2)
+    h.replay.answer = False
+    h.service.start()
+    start = len(h.reports)
+    h.drive(lambda: len(h.reports) >= start + 3)
+    last = h.reports[-1]
+    assert last.gauges["data_wait_ratio"] > 0.5
+    assert last.counters["data_wait_seconds_total"] > 0.3
+    assert last.counters["updates_total"] == 0
+    h.replay.answer = True
+    h.drive(lambda: h.counter("updates_total") >= 20)
+    for name in ("loss", "td_error_mean", "q_mean", "updates_per_second", "samples_per_second",
+                 "weight_version", "publish_interval_updates"):
+        assert name in h.reports[-1].gauges, name
+    assert h.reports[-1].info["compile"] == "off" and h.reports[-1].info["precision"] == "fp32"
+
+
+def test_metrics_are_read_from_the_device_every_n_updates(harness) -> None:
+    h = harness(metrics_interval_updates=5, telemetry_interval_s=60)
+    h.service.start()
+    h.drive(lambda: h.core.steps >= 12)
+    h.replay.answer = False
+    assert h.service.window.batches == 10  # read at update 5 and 10, not per update
+    assert h.core.drain_metrics().batches == h.core.steps - 10
+
+
+def test_priorities_reach_the_replay_for_every_batch(harness) -> None:
+    h = harness()
+    h.service.start()
+    h.drive(lambda: h.core.steps >= 15)
+    h.replay.answer = False
+    h.drive(lambda: len(h.replay.priorities) >= h.core.steps)
+    assert all(isinstance(u, proto.PriorityUpdate) and u.priority.shape == (32,) for u in h.replay.priorities)

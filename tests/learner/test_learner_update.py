@@ -1,0 +1,165 @@
+"""The update loop's machinery: gradient accumulation, no host syncs per update, compile fall-back, AMP, QR-DQN."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from learner_helpers import make_batch
+
+from flywheel import proto
+from flywheel.services.learner.core import CoreConfig, LearnerCore
+
+SYNC_METHODS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+def _cat(a: proto.SampleBatch, b: proto.SampleBatch) -> proto.SampleBatch:
+    return proto.SampleBatch(request_id=0, replay_size=1000, **{
+        name: np.concatenate([getattr(a, name), getattr(b, name)])
+        for name in ("obs", "action", "reward", "discount", "next_obs", "index", "weight")})
+
+
+def _capture_grads(core: LearnerCore) -> list[list[torch.Tensor]]:
+    seen: list[list[torch.Tensor]] = []
+    original = core.optimizer.step
+
+    def step(*args, **kwargs):  # what the fused Adam step is about to apply
+        seen.append([p.grad.detach().clone() for p in core.params])
+        return original(*args, **kwargs)
+
+    core.optimizer.step = step  # type: ignore[method-assign]
+    return seen
+
+
+def test_gradient_accumulation_equals_one_big_batch() -> None:
+    rng = np.random.default_rng(0)
+    b1, b2 = make_batch(rng, 16), make_batch(rng, 16)
+    torch.manual_seed(1)
+    accum = LearnerCore((4,), 2, CoreConfig(grad_accum_steps=2, grad_clip_norm=0))
+    torch.manual_seed(1)
+    big = LearnerCore((4,), 2, CoreConfig(grad_accum_steps=1, grad_clip_norm=0))
+    grads_accum, grads_big = _capture_grads(accum), _capture_grads(big)
+    first = accum.update(b1)
+    assert not first.stepped and accum.steps == 0 and not grads_accum
+    second = accum.update(b2)
+    assert second.stepped and accum.steps == 1
+    assert big.update(_cat(b1, b2)).stepped
+    for g_acc, g_big in zip(grads_accum[0], grads_big[0], strict=True):
+        torch.testing.assert_close(g_acc, g_big, rtol=1e-5, atol=1e-7)
+    for p_acc, p_big in zip(accum.params, big.params, strict=True):
+        torch.testing.assert_close(p_acc, p_big, rtol=1e-5, atol=1e-7)
+
+
+def test_accumulated_priorities_come_from_the_weights_before_the_step() -> None:
+    rng = np.random.default_rng(1)
+    b1, b2 = make_batch(rng, 16), make_batch(rng, 16)
+    torch.manual_seed(2)
+    accum = LearnerCore((4,), 2, CoreConfig(grad_accum_steps=2))
+    torch.manual_seed(2)
+    big = LearnerCore((4,), 2, CoreConfig())
+    p_accum = np.concatenate([accum.update(b1).priorities(), accum.update(b2).priorities()])
+    np.testing.assert_allclose(p_accum, big.update(_cat(b1, b2)).priorities(), rtol=1e-5, atol=1e-6)
+
+
+def test_updates_make_no_host_syncs_and_metrics_are_read_in_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    core = LearnerCore((4,), 2, CoreConfig(target_update_interval=3, grad_accum_steps=2))
+    rng = np.random.default_rng(2)
+    batches = [make_batch(rng, 32) for _ in range(12)]
+    calls: list[str] = []
+    for name in SYNC_METHODS:
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    for batch in batches:
+        core.update(batch)
+    assert calls == [], f"host syncs inside the update loop: {calls}"
+    sums = core.drain_metrics()
+    assert calls == ["tolist"]
+    monkeypatch.undo()
+    assert core.steps == 6 and sums.batches == 12 and sums.skipped_total == 0
+    assert np.isfinite([sums.loss, sums.td_error, sums.q]).all() and sums.loss > 0
+    assert core.drain_metrics().batches == 0  # sums restart after each read
+
+
+def test_non_finite_step_is_skipped_on_the_device_and_counted() -> None:
+    core = LearnerCore((4,), 2, CoreConfig())
+    batch = make_batch(np.random.default_rng(3), 16)
+    core.update(batch)
+    moments = [s["exp_avg"].clone() for s in core.optimizer.state.values()]
+    params = [p.detach().clone() for p in core.params]
+    bad = proto.SampleBatch(**{**batch.__dict__, "reward": np.full(16, np.inf, np.float32)})
+    result = core.update(bad)
+    assert result.stepped and not result.applied
+    assert all(torch.equal(a, b) for a, b in zip(params, core.params, strict=True))
+    assert all(torch.equal(a, s["exp_avg"]) for a, s in zip(moments, core.optimizer.state.values(), strict=True))
+    assert all(float(s["step"]) == 1.0 for s in core.optimizer.state.values())  # the skipped step is undone
+    assert (core.steps, core.updates, core.skipped, core.drain_metrics().skipped_total) == (2, 1, 1, 1)
+
+
+def test_compile_fall_back_trains_eagerly_with_the_same_result(caplog: pytest.LogCaptureFixture) -> None:
+    def failing_backend(graph_module: torch.fx.GraphModule, example_inputs: list) -> None:
+        raise RuntimeError("no C++ compiler on this machine")
+
+    batch = make_batch(np.random.default_rng(4), 32)
+    torch.manual_seed(3)
+    compiled = LearnerCore((4,), 2, CoreConfig(compile=True),
+                           compiler=lambda fn: torch.compile(fn, backend=failing_backend))
+    torch.manual_seed(3)
+    eager = LearnerCore((4,), 2, CoreConfig())
+    assert compiled.compile_state == "pending"
+    with caplog.at_level(logging.WARNING, logger="flywheel.learner"):
+        r1 = compiled.update(batch)
+    assert compiled.compile_state == "failed"
+    assert any("torch.compile failed" in r.getMessage() and "no C++ compiler" in r.getMessage()
+               for r in caplog.records)
+    np.testing.assert_array_equal(r1.priorities(), eager.update(batch).priorities())
+    for a, b in zip(compiled.params, eager.params, strict=True):
+        torch.testing.assert_close(a, b)
+    assert compiled.update(batch).stepped and compiled.steps == 2
+
+
+def test_compiled_loss_matches_eager() -> None:
+    rng = np.random.default_rng(5)
+    batches = [make_batch(rng, 32, n_actions=3) for _ in range(3)]
+    torch.manual_seed(4)
+    compiled = LearnerCore((4,), 3, CoreConfig(compile=True), compiler=lambda fn: torch.compile(fn, backend="eager"))
+    torch.manual_seed(4)
+    eager = LearnerCore((4,), 3, CoreConfig())
+    for batch in batches:
+        np.testing.assert_allclose(compiled.update(batch).priorities(), eager.update(batch).priorities(),
+                                   rtol=1e-5, atol=1e-6)
+    assert compiled.compile_state == "on"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_paths_train(precision: str) -> None:
+    torch.manual_seed(5)
+    core = LearnerCore((4,), 2, CoreConfig(lr=1e-3, precision=precision, target_update_interval=10_000))
+    assert (core.scaler is not None) == (precision == "fp16")
+    batch = make_batch(np.random.default_rng(6), 64)
+    first = core.update(batch).stats()["loss"]
+    for _ in range(40):
+        last = core.update(batch).stats()["loss"]
+    assert last < 0.7 * first
+    assert all(p.dtype == torch.float32 for p in core.params)  # autocast: master weights stay fp32
+
+
+def test_quantile_head_learns_one_step_rewards() -> None:
+    rng = np.random.default_rng(7)
+    states = np.eye(4, dtype=np.float32)
+    table = rng.uniform(-1, 1, (4, 2)).astype(np.float32)
+    core = LearnerCore((4,), 2, CoreConfig(lr=3e-3, head="quantile", num_quantiles=16))
+    assert core.name == "mlp-4-2-dueling-qr16"
+    for _ in range(300):
+        s, a = rng.integers(0, 4, 64), rng.integers(0, 2, 64)
+        core.update(proto.SampleBatch(
+            request_id=0, replay_size=8, obs=states[s], action=a.astype(np.int64), reward=table[s, a],
+            discount=np.zeros(64, np.float32), next_obs=states[s], index=np.arange(64, dtype=np.int64),
+            weight=np.ones(64, np.float32)))
+    np.testing.assert_allclose(core.q_values(states), table, atol=0.08)
