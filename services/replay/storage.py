@@ -122,7 +122,7 @@ class TransitionStorage:
         assert store is not None
         depth, frame_shape = self.depth, store.frame_shape
         chunk = max(1, store.max_insert // (2 * depth))
-        slots_out, evicted = [], []
+        slots_out, evicted = [], [np.zeros(0, np.int64)]
         for lo in range(0, len(action), chunk):
             hi = min(lo + chunk, len(action))
             n = hi - lo

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -47,22 +48,30 @@ class RunningServer:
     transitions: str
     sample: str
     faults: FaultCounter
+    control: zmq.Socket  # PUB: what the gateway would send
+
+    def send_control(self, command: str, args: dict | None = None, seq: int = 1, target: str = "replay") -> None:
+        self.control.send_multipart(proto.encode(proto.Control(seq=seq, command=command, target=target,
+                                                               args=args or {})))
 
 
 @contextmanager
-def running_server(core: ReplayCore, **kwargs: object) -> Iterator[RunningServer]:
+def running_server(core: ReplayCore, *, sample_bind: str = "tcp://127.0.0.1:*",
+                   **kwargs: object) -> Iterator[RunningServer]:
     """Run ``server.run()`` in a thread on tcp://127.0.0.1:* ports; stop and close on exit."""
     ctx = zmq.Context()
     faults = FaultCounter("replay")
+    publisher = ctx.socket(zmq.PUB)
+    publisher.bind("inproc://control-source")
     telemetry = TelemetryReporter(ctx, "inproc://telemetry-sink", "replay", "test", 3600.0)
     control = ControlSubscriber(ctx, "inproc://control-source", "replay", "test", faults)
-    server = ReplayServer(core, ctx, transitions_bind="tcp://127.0.0.1:*", sample_bind="tcp://127.0.0.1:*",
+    server = ReplayServer(core, ctx, transitions_bind="tcp://127.0.0.1:*", sample_bind=sample_bind,
                           telemetry=telemetry, control=control, faults=faults, **kwargs)  # type: ignore[arg-type]
     endpoints = (server.pull.getsockopt_string(zmq.LAST_ENDPOINT), server.router.getsockopt_string(zmq.LAST_ENDPOINT))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        yield RunningServer(server, ctx, endpoints[0], endpoints[1], faults)
+        yield RunningServer(server, ctx, endpoints[0], endpoints[1], faults, publisher)
     finally:
         server.stop()
         thread.join(10)
@@ -70,4 +79,115 @@ def running_server(core: ReplayCore, **kwargs: object) -> Iterator[RunningServer
         server.close()
         telemetry.close()
         control.close()
+        publisher.close(0)
         ctx.term()
+
+
+def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 10.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class ActorStreams:
+    """Transition batches shaped like an actor's: stacks of (H, W) uint8 frames, oldest first, the first frame
+    repeated at reset, n-step rows (the matured row one step late, all rows newest first at an episode end).
+
+    Every frame encodes (env, episode, step) plus noise, so two episodes never share a frame by accident;
+    ``static`` is the chance a step repeats the previous frame byte for byte. ``sent`` maps each row's global
+    position to the (obs, next_obs) it was sent with.
+    """
+
+    def __init__(self, envs: int = 3, depth: int = 4, n_step: int = 3, frame: tuple[int, int] = (8, 8),
+                 episode: tuple[int, int] = (1, 12), static: float = 0.0, seed: int = 0,
+                 stream_ids: str = "env") -> None:
+        self.rng = np.random.default_rng(seed)
+        self.envs, self.depth, self.n_step, self.frame, self.episode = envs, depth, n_step, frame, episode
+        self.static, self.stream_ids = static, stream_ids
+        self.episodes = [0] * envs
+        self.history: list[list[np.ndarray]] = [[] for _ in range(envs)]
+        self.stacks: list[list[np.ndarray]] = [[] for _ in range(envs)]
+        self.lengths = [0] * envs
+        self.pending: list[tuple[int, int]] = []  # (env, step of the row's obs) maturing one step late
+        self.sent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.position = 0
+        self.seq = 0
+        for env in range(envs):
+            self._reset(env)
+
+    def _frame(self, env: int) -> np.ndarray:
+        hist = self.history[env]
+        if hist and self.rng.random() < self.static:
+            return hist[-1][-1].copy()
+        frame = self.rng.integers(0, 256, self.frame, dtype=np.uint8)
+        frame.reshape(-1)[:3] = (env, self.episodes[env] % 256, len(hist) % 256)
+        return frame
+
+    def _reset(self, env: int) -> None:
+        self.episodes[env] += 1
+        self.history[env] = []
+        first = self._frame(env)
+        self.stacks[env] = [first] * self.depth
+        self.history[env].append(np.stack(self.stacks[env]))
+        self.lengths[env] = int(self.rng.integers(self.episode[0], self.episode[1] + 1))
+
+    def step(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """One vector step: the rows (env, obs, next_obs) it emits, in the actor's order."""
+        rows = [(env, self.history[env][t], self.history[env][t + self.n_step]) for env, t in self.pending]
+        self.pending = []
+        for env in range(self.envs):
+            self.stacks[env] = self.stacks[env][1:] + [self._frame(env)]
+            self.history[env].append(np.stack(self.stacks[env]))
+            steps = len(self.history[env]) - 1
+            if steps >= self.lengths[env]:
+                final = self.history[env][steps]
+                rows += [(env, self.history[env][t], final) for t in range(steps - 1, max(-1, steps - self.n_step - 1),
+                                                                            -1)]
+                self._reset(env)
+            elif steps >= self.n_step:
+                self.pending.append((env, steps - self.n_step))
+        return rows
+
+    def batch(self, min_rows: int, actor: str = "actor-0") -> proto.TransitionBatch:
+        """At least ``min_rows`` rows (whole vector steps), recorded in ``sent``."""
+        rows: list[tuple[int, np.ndarray, np.ndarray]] = []
+        while len(rows) < min_rows:
+            rows += self.step()
+        count = len(rows)
+        obs = np.stack([r[1] for r in rows])
+        next_obs = np.stack([r[2] for r in rows])
+        if self.depth == 1:
+            obs, next_obs = obs[:, 0], next_obs[:, 0]
+        ids = np.arange(self.position, self.position + count)
+        for i, position in enumerate(ids):
+            self.sent[int(position)] = (obs[i], next_obs[i])
+        stream = {"env": np.array([r[0] for r in rows], np.int64), "none": None,
+                  "random": self.rng.integers(0, 3, count).astype(np.int64)}[self.stream_ids]
+        self.position += count
+        self.seq += 1
+        return proto.TransitionBatch(
+            actor=actor, weight_version=0, seq=self.seq, obs=obs, action=ids.astype(np.int64),
+            reward=np.zeros(count, np.float32), discount=np.full(count, 0.9, np.float32), next_obs=next_obs,
+            stream=stream)
+
+
+def assert_stored_as_sent(core: ReplayCore, sent: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+    """Every live transition rebuilds byte for byte what was sent; dead slots have no priority."""
+    storage = core.storage
+    positions = np.arange(storage.oldest, storage.next_position)
+    slots = positions % storage.capacity
+    obs = np.empty((len(slots), *storage.obs_shape), storage.obs_dtype)
+    next_obs = np.empty_like(obs)
+    small = storage.gather(slots, obs, next_obs)
+    assert np.array_equal(small["action"], positions)
+    for i, position in enumerate(positions):
+        want_obs, want_next = sent[int(position)]
+        assert np.array_equal(obs[i], want_obs), f"obs of position {position} differs"
+        assert np.array_equal(next_obs[i], want_next), f"next_obs of position {position} differs"
+    if core.tree is not None:
+        leaves = core.tree.get(np.arange(storage.capacity))
+        live = np.zeros(storage.capacity, bool)
+        live[slots] = True
+        assert np.all(leaves[live] > 0) and np.all(leaves[~live] == 0)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from replay_helpers import make_core, transitions
+from replay_helpers import ActorStreams, assert_stored_as_sent, make_core, transitions
 
 from flywheel.services.replay import checkpoint
 from flywheel.services.replay.checkpoint import CheckpointError
+from flywheel.services.replay.snapshot import Snapshotter
 
 
 def filled_state(count: int = 10) -> dict[str, np.ndarray]:
@@ -120,3 +121,63 @@ def test_stale_old_directory_does_not_break_save(tmp_path: Path) -> None:
     state = filled_state(5)
     checkpoint.save(state, tmp_path)
     assert_same(state, checkpoint.load(tmp_path))
+
+
+def test_flipped_byte_is_refused_by_crc(tmp_path: Path) -> None:
+    checkpoint.save(filled_state(), tmp_path)
+    file = tmp_path / "replay" / "storage.obs.npy"
+    data = bytearray(file.read_bytes())
+    data[-5] ^= 0xFF  # same size, same header: only the CRC can tell
+    file.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="CRC"):
+        checkpoint.load(tmp_path)
+    assert checkpoint.load(tmp_path, verify=False)["storage.obs"].shape == (16, 4)
+
+
+def test_wrapped_frame_ring_round_trip_through_files(tmp_path: Path) -> None:
+    streams = ActorStreams(envs=3, depth=4, n_step=3, episode=(2, 15), seed=11)
+    core = make_core(120, frame_ratio=1.5, seed=1)
+    for _ in range(25):  # well past the ring's size: its live range wraps around
+        core.insert(streams.batch(20))
+    state = core.state_dict()
+    assert isinstance(state["storage.frames.frames"], list)
+    checkpoint.save(state, tmp_path)
+    restored = make_core(120, frame_ratio=1.5, seed=1)
+    restored.load_state_dict(checkpoint.load(tmp_path))
+    assert restored.size == core.size
+    assert_stored_as_sent(restored, streams.sent)
+    a, b = core.sample(32, 0.5), restored.sample(32, 0.5)
+    assert np.array_equal(a.index, b.index) and np.array_equal(a.obs, b.obs) and np.array_equal(a.weight, b.weight)
+
+
+def test_background_snapshot_is_the_state_at_fork_time(tmp_path: Path) -> None:
+    streams = ActorStreams(envs=2, depth=4, n_step=3, episode=(3, 12), seed=12)
+    core = make_core(300, seed=2)
+    for _ in range(5):
+        core.insert(streams.batch(20))
+    size_at_fork = core.size
+    snap = Snapshotter(tmp_path, core.state_dict, lambda: core.size)
+    assert snap.start("test") and snap.in_progress
+    assert not snap.start("again")  # one at a time
+    for _ in range(5):  # the parent goes on changing its state while the child writes
+        core.insert(streams.batch(20))
+    assert snap.poll(block=True) is True and not snap.in_progress
+    assert snap.completed == 1 and snap.max_pause_s < 5.0
+    restored = make_core(300)
+    restored.load_state_dict(checkpoint.load(tmp_path))
+    assert restored.size == size_at_fork < core.size
+    assert_stored_as_sent(restored, streams.sent)
+
+
+def test_failed_background_snapshot_keeps_the_previous_one(tmp_path: Path) -> None:
+    core = make_core(16)
+    core.insert(transitions(0, 5))
+    checkpoint.save(core.state_dict(), tmp_path)
+
+    def broken() -> dict[str, np.ndarray]:
+        raise OSError("disk full")
+
+    snap = Snapshotter(tmp_path, broken, lambda: 5)
+    assert snap.start("test")
+    assert snap.poll(block=True) is False and snap.failed == 1
+    assert checkpoint.load(tmp_path)["storage.positions"][0] == 5
