@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flywheel.bench.cli import add_bench_flags
 
     add_bench_flags(sub.add_parser("bench", help="run a benchmark suite side by side with its peer"))
+    from flywheel.demos.cli import add_demos_flags
+
+    add_demos_flags(sub.add_parser("demos", help="collect demonstrations in parallel, or inspect a set"))
     for name in SERVICES:
         cls = _settings_class(name)
         add_settings_flags(sub.add_parser(name, help=f"run one {name} (flags or FLYWHEEL_{name.upper()}_* vars)"),
@@ -84,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             from flywheel.bench.cli import run_bench
 
             return run_bench(args)
+        if args.command == "demos":
+            from flywheel.demos.cli import run_demos
+
+            return run_demos(args)
         return run_service(args.command, args)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
