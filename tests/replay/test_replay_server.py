@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
 import zmq
-from replay_helpers import make_core, running_server, transitions
+from replay_helpers import ActorStreams, assert_stored_as_sent, make_core, running_server, transitions, wait_for
 
 from flywheel import proto
+from flywheel.services.replay import checkpoint
+from flywheel.services.replay.client import ReplayClient
 from flywheel.services.replay.core import ReplayCore
+from flywheel.services.replay.shm import ShmSlots
+from flywheel.services.replay.snapshot import Snapshotter
 from flywheel.services.replay.transport import ReplayServer
 from flywheel.transport import ControlSubscriber, EndpointInUse, FaultCounter, TelemetryReporter
 
 DEADLINE_S = 10.0
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def receive(sock: zmq.Socket) -> proto.Message:
@@ -176,3 +172,70 @@ def test_stop_returns_promptly_with_pending_requests(ctx: zmq.Context) -> None:
         learner.send_multipart(proto.encode(proto.SampleRequest(1, 4, 0.4)))
         wait_for(lambda: len(rs.server.pending) == 1, "pending request")
         learner.close()
+
+
+def test_checkpoint_during_traffic_keeps_inserts_and_samples_flowing(ctx: zmq.Context, tmp_path: Path) -> None:
+    streams = ActorStreams(envs=3, depth=4, n_step=3, frame=(32, 32), episode=(5, 40), seed=31)
+    core = make_core(2000, min_size_to_sample=50)
+    while core.size < 500:
+        core.insert(streams.batch(50))
+    def state() -> dict:
+        snapshot = core.state_dict()  # taken in the child, at fork time
+        time.sleep(1.0)  # a slow disk: the parent must keep going meanwhile
+        return snapshot
+
+    snap = Snapshotter(tmp_path, state, lambda: core.size)
+    with running_server(core, snapshotter=snap, shm=ShmSlots()) as rs, \
+            ReplayClient(rs.sample, 32, inflight=2) as client:
+        push = ctx.socket(zmq.PUSH)
+        push.connect(rs.transitions)
+        size_at_request = core.size
+        rs.send_control("checkpoint", {"tag": "t1"})
+        wait_for(lambda: snap.in_progress, "the checkpoint to start")
+        inserted_before = rs.server.counters["transitions_received_total"]
+        sampled_during = 0
+        while snap.in_progress:
+            push.send_multipart(proto.encode(streams.batch(20)))
+            batch = client.poll(timeout_ms=20)
+            if batch is not None:
+                sampled_during += int(snap.in_progress)
+                client.release(batch)
+        assert sampled_during > 0
+        assert rs.server.counters["transitions_received_total"] > inserted_before
+        wait_for(lambda: rs.server.counters["checkpoints_total"] == 1, "the checkpoint to be reaped")
+        assert snap.max_pause_s > 0 and rs.server.max_turn_during_checkpoint_s > 0
+        push.close(0)
+    restored = make_core(2000)
+    restored.load_state_dict(checkpoint.load(tmp_path))
+    assert size_at_request <= restored.size < core.size
+    assert_stored_as_sent(restored, streams.sent)
+
+
+def test_bad_pixel_inserts_are_counted_and_storage_stays_intact(ctx: zmq.Context) -> None:
+    streams = ActorStreams(envs=2, depth=4, n_step=2, seed=32)
+    core = make_core(300, min_size_to_sample=1)
+    with running_server(core) as rs:
+        push = ctx.socket(zmq.PUSH)
+        push.connect(rs.transitions)
+        push.send_multipart(proto.encode(streams.batch(30)))
+        wait_for(lambda: core.size == streams.position, "first batch")
+        good = streams.batch(10)
+        wrong_dtype = proto.TransitionBatch(**{**good.__dict__, "obs": good.obs.astype(np.float32),
+                                                "next_obs": good.next_obs.astype(np.float32)})
+        wrong_shape = proto.TransitionBatch(**{**good.__dict__, "obs": good.obs[:, :3],
+                                                "next_obs": good.next_obs[:, :3]})
+        nan_reward = proto.TransitionBatch(**{**good.__dict__, "reward": np.full(len(good), np.nan, np.float32)})
+        for bad in (wrong_dtype, wrong_shape, nan_reward):
+            push.send_multipart(proto.encode(bad))
+        frames = proto.encode(good)
+        push.send_multipart([frames[0], *frames[1:2], b"short", *frames[3:]])  # a truncated array
+        wait_for(lambda: rs.server.counters["transitions_rejected_total"] == 4, "rejections")
+        assert rs.faults.counts["transitions:shape"] == 2 and rs.faults.counts["transitions:values"] == 1
+        assert core.size == streams.position - len(good)
+        streams.position -= len(good)  # the rejected rows never got positions: resend them as fresh rows
+        for position in range(streams.position, streams.position + len(good)):
+            streams.sent.pop(position, None)
+        push.send_multipart(proto.encode(streams.batch(10)))
+        wait_for(lambda: core.size == streams.position, "a good batch after the bad ones")
+        assert_stored_as_sent(core, streams.sent)
+        push.close(0)
