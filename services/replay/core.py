@@ -122,13 +122,15 @@ class ReplayCore:
     def insert(self, batch: proto.TransitionBatch) -> int:
         """Store a decoded batch; raises SchemaMismatch or InsertRejected with the storage untouched."""
         self.main.storage.check(batch.obs)
+        if self.demos is not None:
+            self.demos.storage.check(batch.obs)  # actors must send what the demonstrations hold
         _check_values(batch)
         priority = batch.priority
         if priority is not None and (not np.all(np.isfinite(priority)) or np.any(priority < 0)):
             priority = None  # an actor's garbage priorities must not poison the tree: use the max
         keys = np.broadcast_to(stream_keys(batch.actor, batch.stream), (len(batch),))
         inserted = self.main.insert(batch.obs, batch.action, batch.reward, batch.discount, batch.next_obs, keys,
-                                    priority)
+                                    priority, streamed=batch.stream is not None)
         self.limiter.record_insert(len(batch))
         return inserted
 
@@ -150,8 +152,6 @@ class ReplayCore:
             table.insert(rows.obs, rows.action, rows.reward, rows.discount, rows.next_obs, keys, None)
         if table.size != count:
             raise ValueError(f"demonstrations table holds {table.size} transitions, expected {count}")
-        if schema is None:
-            self.main.storage.allocate(tuple(obs_shape), dtype)  # actors must send what the demos hold
         self.demos = table
         return table.size
 

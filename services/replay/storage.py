@@ -54,12 +54,13 @@ class TransitionStorage:
         self.frames_evicted = 0
         self._floor = _NO_FLOOR  # a lower bound of every live transition's oldest frame id
 
-    def allocate(self, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str) -> None:
+    def allocate(self, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str, frames: bool = True) -> None:
+        """Allocate for this schema; pixels go to a frame ring when ``frames`` and ``dedup_frames`` allow it."""
         cap = self.capacity
         self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
         self.arrays = {"action": np.zeros(cap, np.int64), "reward": np.zeros(cap, np.float32),
                        "discount": np.zeros(cap, np.float32)}
-        layout = frame_layout(self.obs_shape, self.obs_dtype) if self.dedup_frames else None
+        layout = frame_layout(self.obs_shape, self.obs_dtype) if self.dedup_frames and frames else None
         if layout is None:
             self.frames = None
             self.arrays["obs"] = np.zeros((cap, *self.obs_shape), self.obs_dtype)
@@ -102,11 +103,15 @@ class TransitionStorage:
                                  f"{self.obs_dtype}{self.obs_shape}")
 
     def insert(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, discount: np.ndarray,
-               next_obs: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Store rows (the newest ``capacity`` of them); returns (their slots, slots evicted early)."""
+               next_obs: np.ndarray, keys: np.ndarray, streamed: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Store rows (the newest ``capacity`` of them); returns (their slots, slots evicted early).
+
+        The first insert fixes the layout: pixel rows that name their stream (``streamed``) go to the frame
+        ring; without it (rows that need not be consecutive env steps) stacks are stored whole.
+        """
         self.check(obs)
         if self.obs_shape is None:
-            self.allocate(tuple(obs.shape[1:]), obs.dtype)
+            self.allocate(tuple(obs.shape[1:]), obs.dtype, frames=streamed)
         skip = max(0, len(action) - self.capacity)
         rows = slice(skip, None)
         self.next_position += skip  # rows that would be evicted by their own batch take a position, no slot
@@ -241,7 +246,9 @@ class TransitionStorage:
             dtype = np.dtype(dtype_text)
         except TypeError:
             raise ValueError(f"unknown observation dtype {dtype_text!r}") from None
-        layout = frame_layout(shape, dtype) if self.dedup_frames else None
+        layout = frame_layout(shape, dtype) if "frames.range" in state else None
+        if "frames.range" in state and (layout is None or not self.dedup_frames):
+            raise ValueError("checkpoint keeps frames deduplicated: start with --dedup-frames true to restore it")
         names = set(SMALL_FIELDS) | (set(FRAME_FIELDS) if layout else {"obs", "next_obs"})
         missing = names - set(state)
         if missing:
@@ -271,7 +278,7 @@ class TransitionStorage:
             refs = np.concatenate([state["obs_ref"][live].ravel(), state["next_ref"][live].ravel()])
             if refs.size and (refs.min() < first or refs.max() >= head):
                 raise ValueError("checkpoint transitions use frames outside the saved frame range")
-        self.allocate(shape, dtype)
+        self.allocate(shape, dtype, frames=layout is not None)
         for name in names:
             self.arrays[name][:] = state[name]
         self.next_position, self.oldest = next_position, oldest

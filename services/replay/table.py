@@ -29,10 +29,10 @@ class ReplayTable:
         return self.storage.capacity
 
     def insert(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, discount: np.ndarray,
-               next_obs: np.ndarray, keys: np.ndarray, priority: np.ndarray | None) -> int:
+               next_obs: np.ndarray, keys: np.ndarray, priority: np.ndarray | None, streamed: bool = True) -> int:
         """Store rows; new rows get their priority, or the largest so far when ``priority`` is None."""
         storage = self.storage
-        slots, evicted = storage.insert(obs, action, reward, discount, next_obs, keys)
+        slots, evicted = storage.insert(obs, action, reward, discount, next_obs, keys, streamed)
         if self.tree is not None:
             positions = storage.next_position - slots.size + np.arange(slots.size)
             live = positions >= storage.oldest

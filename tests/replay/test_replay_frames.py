@@ -31,7 +31,8 @@ def test_every_live_transition_rebuilds_what_was_sent(
     for rows in batches:
         core.insert(streams.batch(rows))
         storage = core.storage
-        assert storage.frames is not None  # (H, W) and (K, H, W) uint8 observations are kept as frames
+        # (H, W) and (K, H, W) uint8 rows that name their stream are kept as frames, other rows whole
+        assert (storage.frames is None) == (stream_ids == "none")
         assert 0 < storage.size <= capacity
         assert storage.oldest <= storage.next_position == streams.position
         assert_stored_as_sent(core, streams.sent)
@@ -110,12 +111,18 @@ def test_frame_layout_rules() -> None:
     assert frame_layout((4, 4, 4), np.dtype(np.uint8)) is None  # frames too small to be worth it
 
 
-def test_without_dedup_pixels_are_stored_whole() -> None:
-    streams = ActorStreams(envs=2, depth=4, n_step=3, seed=7)
-    core = make_core(100, dedup_frames=False)
+@pytest.mark.parametrize("dedup, stream_ids", [(False, "env"), (True, "none")])
+def test_without_dedup_or_streams_pixels_are_stored_whole(dedup: bool, stream_ids: str) -> None:
+    streams = ActorStreams(envs=2, depth=4, n_step=3, seed=7, stream_ids=stream_ids)
+    core = make_core(100, dedup_frames=dedup)
     core.insert(streams.batch(30))
     assert core.storage.frames is None and "obs" in core.storage.arrays
     assert_stored_as_sent(core, streams.sent)
+    state = {k: np.array(v) for k, v in core.state_dict().items()}
+    restored = make_core(100)
+    restored.load_state_dict(state)
+    assert restored.storage.frames is None
+    assert_stored_as_sent(restored, streams.sent)
 
 
 def test_checkpoint_state_round_trip_with_frames() -> None:
