@@ -155,10 +155,15 @@ function drawCurve() {
     ctx.beginPath(); ctx.moveTo(L, yy); ctx.lineTo(w - R, yy); ctx.stroke();
     ctx.fillText(fmt(v, 1), 4, yy + 4);
   }
+  const span = t1 - t0;
+  const [unit, div] = span < 180 ? ["s", 1] : span < 3 * 3600 ? ["min", 60] : ["h", 3600];
+  ctx.textAlign = "center";
   for (let i = 0; i <= 4; i++) {
-    const t = t0 + (t1 - t0) * i / 4;
-    ctx.fillText(((t - t0) / 60).toFixed(1) + " min", x(t) - 16, h - 8);
+    const t = t0 + span * i / 4;
+    ctx.fillText(((t - t0) / div).toFixed(span / div < 10 ? 1 : 0) + " " + unit,
+                 Math.min(Math.max(x(t), L + 12), w - R - 16), h - 8);
   }
+  ctx.textAlign = "start";
   for (const [k, color] of series) {
     ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
     let started = false;

@@ -1,0 +1,180 @@
+"""The live page at / rendered by headless Chromium (Debian's package) against a gateway fed telemetry over ZeroMQ.
+
+The DOM after the page's script ran must show the live numbers, the learning curve must have points, and the
+screenshot must show the curve drawn (its colour is in the image).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import zmq
+from gateway_helpers import gateway_env, http_get, wait_for
+from prometheus_helpers import free_port_block
+
+from flywheel.transport import TelemetryReporter
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CURVE_BGR = np.array([255, 166, 88])  # #58a6ff, the return line
+
+
+class Texts(HTMLParser):
+    """Text of every element with an id, and the attributes of the canvas and of table rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_id: dict[str, str] = {}
+        self.attrs: dict[str, dict[str, str | None]] = {}
+        self.rows: list[list[str]] = []
+        self._stack: list[str | None] = []
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        ident = found.get("id")
+        if ident:
+            self.by_id.setdefault(ident, "")
+            self.attrs[ident] = found
+        self._stack.append(ident)
+        if tag == "tr" and found.get("class") == "instance":
+            self._row = []
+        if tag == "td" and self._row is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._stack:
+            self._stack.pop()
+        if tag == "td" and self._row is not None and self._cell is not None:
+            self._row.append("".join(self._cell))
+            self._cell = None
+        if tag == "tr" and self._row is not None:
+            self.rows.append(self._row)
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        for ident in self._stack:
+            if ident:
+                self.by_id[ident] += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture
+def fed_gateway(tmp_path: Path) -> Iterator[str]:
+    base = free_port_block(2)
+    env = gateway_env(base, FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT=f"tcp://127.0.0.1:{base + 1}",
+                      FLYWHEEL_GATEWAY_HISTORY_INTERVAL_S="0.2")
+    log = tmp_path / "gateway.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "flywheel", "gateway"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{base}"
+    ctx = zmq.Context()
+    try:
+        wait_for(lambda: _up(url), timeout=30, what=f"gateway on {url}")
+        stop = threading.Event()
+        feeder = threading.Thread(target=feed, args=(ctx, f"tcp://127.0.0.1:{base + 1}", stop), daemon=True)
+        feeder.start()
+        wait_for(lambda: len(json.loads(http_get(f"{url}/history")[1])["points"]) >= 6, timeout=20,
+                 what="six curve points")
+        yield url
+        stop.set()
+        feeder.join(timeout=10)
+    finally:
+        ctx.destroy(linger=0)
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def feed(ctx: zmq.Context, endpoint: str, stop: threading.Event) -> None:
+    """Telemetry of a system whose returns climb, every 0.2 s until stopped (through TelemetryReporter, as the
+    services send it): 1000 env steps per actor, 900 inserts and 3600 samples per step."""
+    actors = [TelemetryReporter(ctx, endpoint, "actor", f"actor-{i}") for i in range(2)]
+    replay = TelemetryReporter(ctx, endpoint, "replay", "replay-0")
+    learner = TelemetryReporter(ctx, endpoint, "learner", "learner-0")
+    step = 0
+    while not stop.is_set():
+        returns = 10.0 * min(step, 11)  # climbs, then holds at 110 (and 132 for the greedy runs)
+        for i, actor in enumerate(actors):
+            actor.send({"env_steps_total": 1000.0 * step, "episodes_total": 2.0 * step},
+                       {"epsilon": [0.4, 0.0007][i], "weight_version": 40 + i,
+                        "episode_return_mean": returns + i, "eval_return_mean": 1.2 * returns},
+                       {"env_id": "SuperMarioBros-1-1-v0"})
+        replay.send({"transitions_received_total": 900.0 * step, "samples_total": 3600.0 * step},
+                    {"size_transitions": 1234.0, "capacity_transitions": 5000.0})
+        learner.send({"updates_total": 20.0 * step}, {"weight_version": 42, "loss": 0.125, "data_wait_ratio": 0.25})
+        step += 1
+        stop.wait(0.2)
+    for reporter in (*actors, replay, learner):
+        reporter.close()
+
+
+def _up(url: str) -> bool:
+    try:
+        return http_get(f"{url}/healthz", timeout=1)[0] == 200
+    except OSError:
+        return False
+
+
+def number(text: str) -> float:
+    """A number as the page shows it: 950, 12.5, 17.8k, 1.20M."""
+    scale = {"k": 1e3, "M": 1e6}.get(text[-1:], 1.0)
+    return float(text[:-1] if scale != 1.0 else text) * scale
+
+
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    assert Path(CHROMIUM).exists(), "chromium missing: install Debian's chromium package (make system-deps)"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}",
+             "--window-size=1280,1100", "--virtual-time-budget=4000"]
+    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, timeout=90)
+
+
+def test_live_page_shows_live_numbers_and_a_curve(fed_gateway: str, tmp_path: Path) -> None:
+    status, html = http_get(fed_gateway + "/")
+    assert status == 200 and "<canvas" in html
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), "the page must not load anything external"
+
+    done = chromium(tmp_path, "--dump-dom", fed_gateway + "/")
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    page = Texts()
+    page.feed(done.stdout.decode())
+    t = page.by_id
+    assert t["error"].strip() == ""
+    assert t["gateway"].startswith("gateway gateway-test v") and "control on" in t["gateway"]
+    # the reporters advance 1000 env steps per actor, 900 inserts and 3600 samples every 0.2 s
+    assert 5_000 < number(t["env_steps_per_s"]) < 15_000
+    assert 2_000 < number(t["transitions_received_per_s"]) < 7_000 and 9_000 < number(t["samples_per_s"]) < 27_000
+    assert t["replay_size"] == "1234 / 5000"
+    assert t["weight_version"] == "42" and t["policy_lag"] == "2"
+    assert t["data_wait_ratio"] == "25 %" and t["loss"] == "0.1250"
+    assert t["episode_return_mean"] == "110.5" and t["eval_return_mean"] == "132"
+    points = int(page.attrs["curve"]["data-points"] or 0)
+    assert points >= 5, f"the curve has {points} points"
+    assert f"{points} points" in t["curve_info"]
+    rows = {(r[0], r[1]): r for r in page.rows}
+    assert set(rows) == {("actor", "actor-0"), ("actor", "actor-1"), ("replay", "replay-0"),
+                         ("learner", "learner-0")}
+    assert all(r[2] == "up" for r in rows.values())
+    assert rows[("actor", "actor-1")][5] == "0.0007"
+
+    shot = tmp_path / "live-page.png"
+    done = chromium(tmp_path, f"--screenshot={shot}", fed_gateway + "/")
+    assert done.returncode == 0 and shot.exists(), done.stderr.decode(errors="replace")[-2000:]
+    image = cv2.imread(str(shot))
+    assert image is not None and image.shape[:2] == (1100, 1280)
+    curve_pixels = int((np.abs(image.astype(int) - CURVE_BGR).sum(axis=2) < 40).sum())
+    assert curve_pixels > 200, f"the return curve is not in the screenshot ({curve_pixels} pixels of its colour)"
