@@ -140,7 +140,7 @@ class AtariEnv(gymnasium.Env[np.ndarray, np.int64]):
             ale.act(self._noop)  # the DQN convention: one no-op frame after a lost life, same game
             self._continue_game = False
         else:
-            self._env.reset(seed=seed if seed is not None else int(self.np_random.integers(2**31)))
+            self._env.reset(seed=seed)  # a seed reloads the ROM (about a second): only when one is given
             noops = int(self.np_random.integers(1, self.config.noop_max + 1)) if self.config.noop_max else 0
             for _ in range(noops):
                 ale.act(self._noop)

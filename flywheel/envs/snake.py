@@ -173,9 +173,9 @@ class SnakeVector(SyncVectorEnv):
         truncated = limit & ~terminated
         self.ret += reward
         obs = self.observe()
-        final = obs.copy()
         episodes: list[EpisodeEnd] = []
         done = np.flatnonzero(terminated | truncated)
+        final = obs.copy() if done.size and self.autoreset else obs
         for i in done:
             episodes.append(EpisodeEnd(self.slot_offset + int(i), float(self.ret[i]), int(self.steps[i]),
                                        {"length": float(self.length[i]), "won": float(won[i])}))

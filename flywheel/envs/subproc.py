@@ -138,6 +138,8 @@ class SubprocessVector(VectorEnv):
     step may take before the worker is declared stuck.
     """
 
+    reuses_buffers = True  # views of the shared memory, rewritten by the group's next step
+
     def __init__(self, env_id: str, num_envs: int, *, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str,
                  n_actions: int, seed: int | None = None, workers: int = 2, groups: int = 2, atom: int = 1,
                  step_timeout_s: float = 120.0, options: dict[str, Any] | None = None) -> None:

@@ -39,8 +39,9 @@ class VectorStep:
 
     ``obs`` is what each slot acts on next (the reset observation where an episode ended);
     ``final_obs`` is the last observation of the ended episode where ``terminated | truncated``
-    and equals ``obs`` elsewhere. Arrays may be reused by the vector's next step of the same
-    group: copy what you keep.
+    and equals ``obs`` elsewhere (it may be the very same array when no episode ended). If the
+    vector's ``reuses_buffers`` is true, the arrays are overwritten by the group's next step:
+    copy what you keep.
     """
 
     obs: np.ndarray
@@ -63,6 +64,7 @@ class VectorEnv:
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
     n_actions: int
+    reuses_buffers: bool = False  # True: a step's arrays are overwritten by the group's next step
 
     @property
     def groups(self) -> list[range]:
@@ -145,20 +147,19 @@ class InProcessVector(SyncVectorEnv):
         self._self_reporting = [bool(getattr(env.unwrapped, "reports_episodes", False)) for env in self.envs]
         self._ret = np.zeros(self.num_envs)
         self._len = np.zeros(self.num_envs, dtype=np.int64)
-        self._obs = np.zeros((self.num_envs, *self.obs_shape), dtype=self.obs_dtype)
-        self._final = np.zeros_like(self._obs)
         self._closed = False
 
     def reset(self) -> np.ndarray:
         """Reset each env with its seed."""
+        obs = np.empty((self.num_envs, *self.obs_shape), dtype=self.obs_dtype)
         for i, env in enumerate(self.envs):
             seed = self.seeds[i]
-            self._obs[i] = env.reset(seed=seed)[0]
+            obs[i] = env.reset(seed=seed)[0]
             if seed is not None:
                 env.action_space.seed(seed)
         self._ret[:] = 0.0
         self._len[:] = 0
-        return self._obs.copy()
+        return obs
 
     def _step(self, actions: np.ndarray) -> VectorStep:
         n = self.num_envs
@@ -166,19 +167,23 @@ class InProcessVector(SyncVectorEnv):
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
         episodes: list[EpisodeEnd] = []
-        obs_out, final = self._obs, self._final
+        obs_out = np.empty((n, *self.obs_shape), dtype=self.obs_dtype)  # fresh: callers may keep it
+        last: dict[int, np.ndarray] = {}
         for i, env in enumerate(self.envs):
             obs, r, term, trunc, info = env.step(int(actions[i]))
             reward[i], terminated[i], truncated[i] = r, term, trunc
             self._ret[i] += r
             self._len[i] += 1
             if term or trunc:
-                final[i] = obs
+                last[i] = obs
                 self._record(i, info, episodes)
                 obs, _ = env.reset()
-            else:
-                final[i] = obs
             obs_out[i] = obs
+        final = obs_out
+        if last:
+            final = obs_out.copy()
+            for i, obs in last.items():
+                final[i] = obs
         return VectorStep(obs_out, reward, terminated, truncated, final, episodes)
 
     def _record(self, i: int, info: dict[str, Any], episodes: list[EpisodeEnd]) -> None:

@@ -118,7 +118,10 @@ class ActorCore:
                                          res.truncated, res.final_obs, final_max_q)
             if emitted is not None:
                 ready.append(emitted)
-            np.copyto(self.obs[g], res.obs)
+            if self.vec.reuses_buffers:
+                np.copyto(self.obs[g], res.obs)
+            else:
+                self.obs[g] = res.obs
             for episode in res.episodes:
                 self.stats.record(episode)
             self.env_steps += len(res.reward)

@@ -16,6 +16,7 @@ from flywheel.settings import fail
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, install_stop_signals
 
 from .core import ActorCore, build_core
+from .malloc import keep_freed_frames
 from .nstep import ControlArgError, apex_epsilon, apply_exploration_command
 from .settings import ActorSettings
 from .transport import LeaseClient, TransitionSender, WeightsReceiver
@@ -87,6 +88,7 @@ def _telemetry(core: ActorCore, sender: TransitionSender, weights: WeightsReceiv
 
 def main(settings: ActorSettings) -> int:
     torch.set_num_threads(1)
+    keep_freed_frames()
     core, spec = _build(settings)  # before any ZeroMQ context: env workers are started first
     net = core.net
     ctx = zmq.Context()

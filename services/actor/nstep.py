@@ -117,6 +117,8 @@ class NStepAccumulator:
 
 
 def _take(rows: Emitted, mask: np.ndarray) -> Emitted:
+    if mask.all():  # the common case (no episode ended): no copy
+        return rows
     return Emitted(
         obs=rows.obs[mask], action=rows.action[mask], reward=rows.reward[mask], discount=rows.discount[mask],
         next_obs=rows.next_obs[mask], priority=rows.priority[mask],

@@ -1,0 +1,328 @@
+"""Actor throughput on one core: raw emulator speed, bare random-action loop vs the full actor loop, CartPole x64.
+
+Everything runs in this process pinned to one core with one torch thread. The actor loop is the real
+one (ActorCore + TransitionSender): batched inference under ``torch.inference_mode``, epsilon-greedy,
+n-step returns and priorities, encoding, and a PUSH over TCP loopback to a sink thread that discards
+(standing in for replay). Bare loops and actor loops are measured alternately, run after run, so
+both see the same machine load; medians are reported.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+
+from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median, rate
+from flywheel.envs import env_spec, make_env, make_vector_env
+from flywheel.nets import build_q_network
+from flywheel.services.actor.core import ActorCore
+from flywheel.services.actor.malloc import keep_freed_frames
+from flywheel.services.actor.transport import TransitionSender
+
+DESCRIPTION = "actor loop vs bare env loop (Mario, Pong) on one core, raw emulator speed, CartPole/Snake x64"
+OPTIONS = {
+    "seconds": "seconds per measurement (default 8, quick 2)",
+    "pixel_envs": "envs per vector for Mario and Pong (default 8)",
+    "cpu": "core to pin to (default: the last usable one)",
+    "subprocess": "also measure Mario in double-buffered subprocess mode on all cores (1/0, default 1)",
+}
+PIXEL_IDS = ("SuperMarioBros-1-1-v0", "ALE/Pong-v5")
+
+
+@contextmanager
+def one_core(cpu: int | None) -> Any:
+    """Pin this process to one core and torch to one thread for the block."""
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    if before is not None:
+        os.sched_setaffinity(0, {cpu if cpu is not None else max(before)})
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if before is not None:
+            os.sched_setaffinity(0, before)
+
+
+def _sink_main(conn: Connection, cpus: list[int]) -> None:
+    """Receive and discard transition batches until the pipe says stop (runs in its own process)."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.PULL)
+    sock.bind("tcp://127.0.0.1:*")
+    conn.send_bytes(sock.getsockopt_string(zmq.LAST_ENDPOINT).encode())
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(conn.fileno(), zmq.POLLIN)
+    messages = 0
+    while True:
+        events = dict(poller.poll(1000))
+        if sock in events:
+            sock.recv_multipart(copy=False)
+            messages += 1
+        if conn.fileno() in events:
+            break
+    conn.send_bytes(str(messages).encode())
+    sock.close(0)
+    zctx.term()
+
+
+class Sink:
+    """Replay's stand-in: a process with a PULL socket on TCP loopback that discards what it gets.
+
+    It runs on the cores the actor is not pinned to (the same one if there is only one), so the
+    actor pays for encoding and sending, and replay's receiving is not charged to it.
+    """
+
+    def __init__(self, actor_cpu: int | None) -> None:
+        usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        actor = actor_cpu if actor_cpu is not None else (max(usable) if usable else None)
+        others = [c for c in usable if c != actor] or usable
+        mpctx = mp.get_context("spawn")
+        self.conn, child = mpctx.Pipe()
+        self.proc = mpctx.Process(target=_sink_main, args=(child, others), daemon=True, name="flywheel-bench-sink")
+        self.proc.start()
+        child.close()
+        if not self.conn.poll(60):
+            raise BenchError("the sink process did not start")
+        self.endpoint = self.conn.recv_bytes().decode()
+        self.messages = 0
+
+    def close(self) -> None:
+        try:
+            self.conn.send_bytes(b"stop")
+            if self.conn.poll(10):
+                self.messages = int(self.conn.recv_bytes())
+        except (OSError, EOFError):
+            pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+
+def raw_emulator(env_id: str, seconds: float) -> float:
+    """Emulator frames per second without any preprocessing (nes-py's or ALE's own step)."""
+    env = make_env(env_id, seed=0)
+    try:
+        if env_id.startswith("SuperMarioBros"):
+            nes = env.unwrapped._nes
+            nes.reset()
+
+            def frame(i: int) -> bool:
+                done = nes.step(0b10000010 if i % 16 else 0b10000011)[2]  # run right, jump now and then
+                if done:
+                    nes.reset()
+                return done
+        else:
+            ale = env.unwrapped._ale
+            actions = env.unwrapped._actions
+
+            def frame(i: int) -> bool:
+                ale.act(actions[i % len(actions)])
+                if ale.game_over():
+                    ale.reset_game()
+                return False
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(100):
+                frame(count)
+                count += 1
+        return rate(count, time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def bare_loop(env_id: str, num_envs: int, seconds: float, seed: int) -> float:
+    """Agent steps per second of ``num_envs`` envs stepped with random actions, reset when done."""
+    envs = [make_env(env_id, seed=seed + i) for i in range(num_envs)]
+    rng = np.random.default_rng(seed)
+    n_actions = int(envs[0].action_space.n)
+    try:
+        for env in envs:
+            env.reset()
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            actions = rng.integers(n_actions, size=num_envs)
+            for i, env in enumerate(envs):
+                _, _, terminated, truncated, _ = env.step(int(actions[i]))
+                if terminated or truncated:
+                    env.reset()
+            count += num_envs
+        return rate(count, time.perf_counter() - start)
+    finally:
+        for env in envs:
+            env.close()
+
+
+@dataclass
+class ActorRun:
+    """One timed actor loop: agent steps per second and where the time went (seconds per agent step)."""
+
+    steps_per_s: float
+    env: float
+    inference: float
+    bookkeeping: float
+    send: float
+    blocked: float  # waiting for the sink at the high-water mark (replay's backpressure, not actor work)
+
+
+def actor_loop(env_id: str, num_envs: int, seconds: float, seed: int, ctx: zmq.Context, endpoint: str,
+               mode: str = "inprocess") -> ActorRun:
+    """The real acting loop (ActorCore + TransitionSender) for ``seconds``."""
+    spec = env_spec(env_id)
+    torch.manual_seed(seed)
+    net = build_q_network(spec.obs_shape, spec.n_actions)
+    net.eval()
+    vec = make_vector_env(env_id, num_envs, seed, mode=mode)  # type: ignore[arg-type]
+    core = ActorCore(vec, net, n_step=3, gamma=0.99, seed=seed)
+    core.epsilon = 0.4  # Ape-X actor 0
+    sender = TransitionSender(ctx, endpoint, "bench", hwm=64, on_full="block", batch_rows=num_envs)
+    try:
+        for _ in range(2 * len(core.groups)):  # fill the n-step window edge and the pipeline
+            sender.add(core.step(), 1, lambda: True)
+        steps0, times0, send0, blocked0 = core.env_steps, dict(vars(core.times)), sender.send_s, sender.blocked_s
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            sender.add(core.step(), 1, lambda: True)
+        elapsed = time.perf_counter() - start
+        steps = core.env_steps - steps0
+        per = {k: (v - times0[k]) / max(steps, 1) for k, v in vars(core.times).items()}
+        send = (sender.send_s - send0) / max(steps, 1)
+        blocked = (sender.blocked_s - blocked0) / max(steps, 1)
+        return ActorRun(rate(steps, elapsed), per["env"], per["inference"], per["other"], send, blocked)
+    finally:
+        sender.close()
+        core.close()
+
+
+def _median_run(runs: list[ActorRun]) -> ActorRun:
+    return ActorRun(*(median([getattr(r, f) for r in runs]) for f in ("steps_per_s", "env", "inference",
+                                                                          "bookkeeping", "send", "blocked")))
+
+
+def run(ctx: BenchContext) -> SuiteResult:
+    seconds = float(ctx.option("seconds", "2" if ctx.quick else "8"))
+    pixel_envs = int(ctx.option("pixel_envs", "8"))
+    cpu = ctx.option("cpu", "")
+    with_subprocess = ctx.option("subprocess", "0" if ctx.quick else "1") == "1"
+    runs = 1 if ctx.quick else ctx.runs
+    keep_freed_frames()  # as the actor service does at start; the bare loops get it too
+    result = SuiteResult(suite="actor", title="Actor: environment steps per second on one core")
+    extra: dict[str, Any] = {}
+    zctx = zmq.Context()
+    sink = Sink(int(cpu) if cpu else None)
+    try:
+        with one_core(int(cpu) if cpu else None):
+            for env_id in PIXEL_IDS:
+                short = "Mario 1-1" if env_id.startswith("Super") else "Pong"
+                ctx.progress(f"{short}: raw emulator frames/s")
+                raw = [raw_emulator(env_id, seconds) for _ in range(runs)]
+                result.rows.append(Row(f"{short} raw emulator (no preprocessing)", "emulator frames/s",
+                                       "frames/s", median(raw), flywheel_runs=raw, goal="the ceiling"))
+                bare, actor = [], []
+                for i in range(ctx.warmup + runs):
+                    ctx.progress(f"{short} x{pixel_envs}: bare loop / actor loop, run {i + 1}/{ctx.warmup + runs}")
+                    b = bare_loop(env_id, pixel_envs, seconds, ctx.seed)
+                    a = actor_loop(env_id, pixel_envs, seconds, ctx.seed, zctx, sink.endpoint)
+                    if i >= ctx.warmup:
+                        bare.append(b)
+                        actor.append(a)
+                m = _median_run(actor)
+                bare_s = 1.0 / median(bare)
+                result.rows.append(Row(
+                    f"{short} x{pixel_envs}: actor loop vs bare random loop", "agent steps/s", "steps/s",
+                    m.steps_per_s, median(bare), "bare random-action loop",
+                    flywheel_runs=[r.steps_per_s for r in actor], peer_runs=bare,
+                    goal="actor >= 0.91x bare (<= 10% overhead)"))
+                framework = (m.bookkeeping + m.send) / bare_s * 100
+                result.rows.append(Row(f"{short} x{pixel_envs}: overhead besides the forward pass",
+                                       "share of a bare step", "%", framework, higher_is_better=False, goal="<= 10%"))
+                result.rows.append(Row(f"{short} x{pixel_envs}: Nature CNN forward pass", "share of a bare step",
+                                       "%", m.inference / bare_s * 100, higher_is_better=False))
+                extra[short] = {"bare_steps_per_s": bare, "actor": [vars(r) for r in actor],
+                                "seconds_per_step_bare": bare_s}
+            for env_id, label in (("CartPole-v1", "CartPole x64"), ("Snake-v0", "Snake 10x10 x64")):
+                bare, actor = [], []
+                for i in range(ctx.warmup + runs):
+                    ctx.progress(f"{label}: bare loop / actor loop, run {i + 1}/{ctx.warmup + runs}")
+                    b = bare_loop(env_id, 64, seconds, ctx.seed)
+                    a = actor_loop(env_id, 64, seconds, ctx.seed, zctx, sink.endpoint)
+                    if i >= ctx.warmup:
+                        bare.append(b)
+                        actor.append(a)
+                m = _median_run(actor)
+                goal = ">= 20,000 steps/s on one core" if env_id == "CartPole-v1" else "natively vectorised"
+                result.rows.append(Row(f"{label}: full actor loop, inference included", "agent steps/s", "steps/s",
+                                       m.steps_per_s, median(bare), "bare random loop (one env at a time)",
+                                       flywheel_runs=[r.steps_per_s for r in actor], peer_runs=bare, goal=goal))
+                extra[label] = {"bare_steps_per_s": bare, "actor": [vars(r) for r in actor]}
+        if with_subprocess:
+            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            torch.set_num_threads(1)
+            inproc, subproc = [], []
+            for i in range(ctx.warmup + runs):
+                ctx.progress(f"Mario x{pixel_envs}: in-process vs subprocess ({workers} workers), run {i + 1}")
+                a = actor_loop(PIXEL_IDS[0], pixel_envs, seconds, ctx.seed, zctx, sink.endpoint)
+                b = actor_loop(PIXEL_IDS[0], pixel_envs, seconds, ctx.seed, zctx, sink.endpoint, mode="subprocess")
+                if i >= ctx.warmup:
+                    inproc.append(a.steps_per_s)
+                    subproc.append(b.steps_per_s)
+            result.rows.append(Row(
+                f"Mario 1-1 x{pixel_envs}: double-buffered subprocess vector, {workers} cores", "agent steps/s",
+                "steps/s", median(subproc), median(inproc), "in-process vector (same cores)",
+                flywheel_runs=subproc, peer_runs=inproc, goal="scales with cores"))
+    finally:
+        sink.close()
+        zctx.term()
+    result.extra = extra
+    result.notes += [
+        "One core (sched_setaffinity) and one torch thread for the actor (ZeroMQ's I/O thread included); the sink "
+        "that receives and discards the messages, standing in for replay, is a separate process on the other core.",
+        "The actor loop is ActorCore + TransitionSender: Nature CNN forward for the whole vector under "
+        "torch.inference_mode, epsilon 0.4, 3-step returns and priorities, msgpack+raw-frame encoding, ZeroMQ PUSH "
+        "over TCP loopback. The bare loop steps the same number of envs with random actions and nothing else.",
+        "'Overhead besides the forward pass' is (n-step + priorities + epsilon-greedy + copies + encode/send time) per "
+        "agent step over the bare loop's time per agent step; the forward pass is a separate row, because a bare "
+        "random loop has no network at all.",
+    ]
+    _plot(result, ctx)
+    return result
+
+
+def _plot(result: SuiteResult, ctx: BenchContext) -> None:
+    """A bar chart of actor vs bare steps/s per case (skipped if matplotlib is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [r for r in result.rows if r.peer is not None]
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(9, 4))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r.peer for r in rows], 0.4, label="peer (bare loop / in-process)")
+    ax.bar(x + 0.2, [r.flywheel for r in rows], 0.4, label="Flywheel actor")
+    ax.set_xticks(x, [r.case.split(":")[0] for r in rows], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("agent steps/s")
+    ax.legend()
+    fig.tight_layout()
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    path = ctx.out_dir / "actor.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    result.plots.append(path.name)
