@@ -131,7 +131,7 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
         response = await call_next(request)
         if 400 <= response.status_code < 500:
             route = getattr(request.scope.get("route"), "path", "unmatched")
-            gw.count_http_reject(route, response.status_code)
+            gw.count_http_reject(route, response.status_code, request.client.host if request.client else "?")
         return response
 
     @app.get("/", response_class=HTMLResponse, summary="Live page: the numbers that matter and a learning curve")

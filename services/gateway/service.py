@@ -219,8 +219,12 @@ class GatewayService:
             for msg in self.control.to_repeat():
                 await self.publish(msg)
 
-    def count_http_reject(self, path: str, status: int) -> None:
-        key = (path, status)
+    def count_http_reject(self, route: str, status: int, client: str = "?") -> None:
+        """Count a 4xx answer by route template and status; the first of each kind is logged."""
+        key = (route, status)
         if key not in self.http_rejected and len(self.http_rejected) >= 256:
-            key = ("other", status)  # paths come from clients: keep the label set bounded
+            key = ("other", status)  # keep the label set bounded
+        if key not in self.http_rejected:
+            log.warning("HTTP %d on %s from %s; further ones are only counted (flywheel_gateway_http_rejected_total)",
+                        status, route, client)
         self.http_rejected[key] = self.http_rejected.get(key, 0) + 1
