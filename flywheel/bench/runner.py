@@ -97,6 +97,8 @@ class Row:
         """Flywheel over peer for rates, peer over Flywheel for times: above 1 means Flywheel is better."""
         if self.peer is None or self.peer == 0 or self.flywheel == 0:
             return None
+        if not (math.isfinite(self.peer) and math.isfinite(self.flywheel)):
+            return None
         return self.flywheel / self.peer if self.higher_is_better else self.peer / self.flywheel
 
 

@@ -19,7 +19,8 @@ from .snapshot import Snapshotter
 from .storage import SchemaMismatch
 
 log = logging.getLogger("flywheel.replay")
-INSERT_BURST = 32  # transition batches taken per loop turn before sample requests get a look
+INSERT_BURST = 32  # transition batches taken per loop turn before sample requests get a look ...
+INSERT_BURST_S = 0.02  # ... or fewer, once this long was spent on them
 
 
 class ControlArgError(ValueError):
@@ -126,7 +127,10 @@ class ReplayServer:
             self._next_checkpoint = now + self.checkpoint_interval_s
 
     def _take_transitions(self) -> None:
+        deadline = time.monotonic() + INSERT_BURST_S
         for _ in range(INSERT_BURST):
+            if time.monotonic() > deadline:
+                return
             try:
                 frames = self.pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:

@@ -1,0 +1,211 @@
+"""Flywheel's side of the replay benchmark: `flywheel replay` as a child process, senders and sampling clients."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import zmq
+
+from flywheel import proto
+from flywheel.bench.runner import BenchError
+
+from .replay_data import sender_main
+
+SPAWN = mp.get_context("spawn")
+
+
+def cpu_split() -> tuple[list[int], list[int]]:
+    """(the core the replay gets, the cores everything else gets); the same core twice on a 1-core machine."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    return [cpus[-1]], cpus[:-1] or cpus
+
+
+class ReplayService:
+    """``flywheel replay`` in a child process, its telemetry read here, control commands sent from here."""
+
+    def __init__(self, workdir: Path, name: str, capacity: int, cpus: list[int] | None = None,
+                 **settings: str) -> None:
+        self.workdir = workdir
+        sock = f"/tmp/fw-bench-{os.getpid()}-{name}"
+        self.transitions_ipc, self.sample_ipc = f"ipc://{sock}-tr", f"ipc://{sock}-sa"
+        self.transitions_tcp = f"tcp://127.0.0.1:{_free_port()}"
+        self.sample_tcp = f"tcp://127.0.0.1:{_free_port()}"
+        self.ctx = zmq.Context()
+        self.telemetry = self.ctx.socket(zmq.PULL)
+        telemetry = f"ipc://{sock}-te"
+        self.telemetry.bind(telemetry)
+        self.control = self.ctx.socket(zmq.PUB)
+        control = f"ipc://{sock}-co"
+        self.control.bind(control)
+        self.counters: dict[str, float] = {}
+        self.gauges: dict[str, float] = {}
+        self.sent_at, self.seq = 0.0, -1
+        self._seq = 0
+        args = {"capacity": str(capacity), "min_size_to_sample": "1000", "transitions_hwm": "8",
+                "transitions_bind": f"{self.transitions_ipc},{self.transitions_tcp}",
+                "sample_bind": self.sample_tcp, "telemetry_endpoint": telemetry, "control_endpoint": control,
+                "telemetry_interval_s": "0.25", "log_level": "INFO", "max_message_mb": "1024"} | settings
+        flags = [item for key, value in args.items() for item in (f"--{key.replace('_', '-')}", value)]
+        self.log_path = workdir / f"replay-{name}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "flywheel", "replay", *flags], env=env, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        self.process = psutil.Process(self.proc.pid)
+        self.wait(lambda: "size_transitions" in self.gauges, 120, "the replay to start")
+
+    def poll(self) -> None:
+        """Read every telemetry message that arrived."""
+        while self.telemetry.poll(0):
+            msg = proto.decode(self.telemetry.recv_multipart(), expect=proto.Telemetry)
+            assert isinstance(msg, proto.Telemetry)
+            self.counters, self.gauges, self.sent_at, self.seq = msg.counters, msg.gauges, msg.time, msg.seq
+
+    def wait(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.telemetry.poll(250)
+            self.poll()
+            if condition():
+                return
+            if self.proc.poll() is not None:
+                raise BenchError(f"replay exited while waiting for {what} (see {self.log_path})")
+            if time.monotonic() > deadline:
+                raise BenchError(f"timed out after {timeout_s:.0f} s waiting for {what} (see {self.log_path})")
+
+    def received(self) -> tuple[float, float]:
+        """(the replay's clock, transitions it had received) from the next telemetry message."""
+        seq = self.seq
+        self.wait(lambda: self.seq != seq, 30, "telemetry")
+        return self.sent_at, self.counters.get("transitions_received_total", 0.0)
+
+    def command(self, command: str, **args: Any) -> None:
+        self._seq += 1
+        self.control.send_multipart(proto.encode(proto.Control(seq=self._seq, command=command, target="replay",
+                                                               args=args)))
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the replay process, all its threads."""
+        times = self.process.cpu_times()
+        return float(times.user + times.system)
+
+    def rss(self) -> int:
+        return int(self.process.memory_info().rss)
+
+    def close(self, kill: bool = False) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=600)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for child in psutil.Process().children(recursive=True):  # a checkpoint writer left behind by a kill
+            if child.pid != os.getpid() and "flywheel" in " ".join(child.cmdline()):
+                child.kill()
+        self.telemetry.close(0)
+        self.control.close(0)
+        self.ctx.term()
+
+
+class Sender:
+    """A process pushing pre-built batches to the replay (see ``replay_data.sender_main``)."""
+
+    def __init__(self, endpoint: str, kind: str, frames_file: Path, rows: int, total: int, seconds: float,
+                 cpus: list[int], seed: int = 0, distinct: int = 24) -> None:
+        self.result = SPAWN.Value("q", 0)
+        self.proc = SPAWN.Process(target=sender_main, daemon=True, args=(
+            endpoint, kind, str(frames_file), rows, distinct, total, seconds, cpus, seed, self.result))
+        self.proc.start()
+
+    def stop(self) -> int:
+        if self.proc.is_alive():
+            self.proc.terminate()
+        self.proc.join(30)
+        return int(self.result.value)
+
+    def join(self, timeout_s: float) -> int:
+        self.proc.join(timeout_s)
+        return self.stop()
+
+
+def insert_rate(service: ReplayService, sender_args: dict[str, Any], warm_rows: int, seconds: float,
+                ) -> tuple[float, float]:
+    """(rows per second, rows per CPU-second of the replay process), measured on the replay's own counter
+    after ``warm_rows`` (its ring has wrapped: steady state)."""
+    service.poll()
+    start_count = service.counters.get("transitions_received_total", 0.0)
+    sender = Sender(**sender_args, total=10**12, seconds=3600)
+    try:
+        service.wait(lambda: service.counters.get("transitions_received_total", 0.0) >= start_count + warm_rows,
+                     300, "the warm-up inserts")
+        t0, c0 = service.received()
+        cpu0 = service.cpu_seconds()
+        time.sleep(seconds)
+        t1, c1 = service.received()
+        cpu1 = service.cpu_seconds()
+    finally:
+        sender.stop()
+    return (c1 - c0) / (t1 - t0), (c1 - c0) / max(cpu1 - cpu0, 1e-9)
+
+
+def _client_main(endpoint: str, transport: str, batch: int, seconds: float, cpus: list[int], result: Any,
+                 stop: Any = None) -> None:
+    from flywheel.services.replay.client import ReplayClient
+
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+    rng = np.random.default_rng(0)
+    arrivals: list[float] = []
+    with ReplayClient(endpoint, batch, inflight=4, transport=transport) as client:
+        for _ in range(3):  # warm up: the first replies carry the shared-memory offer
+            got = client.poll(timeout_ms=60_000)
+            if got is None:
+                raise SystemExit("no batch within 60 s")
+            client.release(got)
+        start = time.monotonic()
+        while time.monotonic() - start < seconds and not (stop is not None and stop.is_set()):
+            got = client.poll(timeout_ms=1000)
+            if got is None:
+                continue
+            arrivals.append(time.monotonic())
+            assert got.obs.shape[0] == batch
+            client.update_priorities(got.index, rng.uniform(0.1, 2, batch).astype(np.float32))
+            client.release(got)
+        result.put({"rate": len(arrivals) / (time.monotonic() - start), "arrivals": arrivals,
+                    "shm": client.counters["shm_batches"], "tcp": client.counters["tcp_batches"], "start": start})
+
+
+def sample_run(endpoint: str, transport: str, batch: int, seconds: float, cpus: list[int],
+               stop: Any = None) -> dict[str, Any]:
+    """Run a sampling client in its own process (until ``seconds`` or ``stop`` is set); returns its batches/s,
+    arrival times and path counters."""
+    queue = SPAWN.Queue()
+    proc = SPAWN.Process(target=_client_main, args=(endpoint, transport, batch, seconds, cpus, queue, stop),
+                         daemon=True)
+    proc.start()
+    try:
+        return queue.get(timeout=seconds + 180)
+    except Exception as exc:  # queue.Empty or a dead client
+        raise BenchError(f"sampling client ({transport}) gave no result: {exc}") from None
+    finally:
+        proc.join(30)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,311 @@
+"""What the suites share: ``flywheel run`` as a child process, its counters and CPU, weights, greedy evaluation."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from flywheel.bench.runner import BenchError
+from flywheel.run import fetch_status
+
+SERVICES = ("actor", "replay", "learner", "gateway")
+
+
+def free_port_block(count: int) -> int:
+    """First of ``count`` consecutive free TCP ports on 127.0.0.1."""
+    for _ in range(200):
+        base = random.randint(20_000, 60_000 - count)
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise BenchError("no block of free TCP ports on 127.0.0.1")
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without FLYWHEEL_* variables, so only the command line shapes a run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def tail(path: Path, lines: int = 8) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+@dataclass
+class Snapshot:
+    """Counters of a running system at one moment: per-service sums over every instance, and CPU seconds."""
+
+    t: float
+    counters: dict[str, dict[str, float]]
+    gauges: dict[str, list[dict[str, float]]]
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def total(self, service: str, name: str) -> float:
+        return self.counters.get(service, {}).get(name, 0.0)
+
+
+class FlywheelRun:
+    """One ``flywheel run`` on free loopback ports, as a user starts it; stopped with SIGINT like Ctrl-C."""
+
+    def __init__(self, env_id: str, workdir: Path, *, actors: int, envs_per_actor: int | None = None,
+                 sets: Sequence[str] = (), args: Sequence[str] = (), progress_interval: float = 5.0) -> None:
+        self.env_id, self.workdir, self.actors = env_id, workdir, actors
+        self.base = free_port_block(7)
+        self.url = f"http://127.0.0.1:{self.base + 6}"
+        self.weights_endpoint = f"tcp://127.0.0.1:{self.base + 2}"
+        self.log = workdir / "run.log"
+        self.command = [sys.executable, "-m", "flywheel", "run", "--env", env_id, "--actors", str(actors),
+                        "--base-port", str(self.base), "--http-port", str(self.base + 6),
+                        "--checkpoint-dir", str(workdir / "checkpoints"),
+                        "--progress-interval", str(progress_interval)]
+        if envs_per_actor is not None:
+            self.command += ["--envs-per-actor", str(envs_per_actor)]
+        for item in sets:
+            self.command += ["--set", item]
+        self.command += list(args)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self._procs: dict[str, psutil.Process] = {}
+
+    def start(self) -> FlywheelRun:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(self.command, env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        return self
+
+    def __enter__(self) -> FlywheelRun:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            raise BenchError(f"flywheel run exited early (code {self.proc.returncode if self.proc else None}); "
+                             f"log {self.log}:\n{tail(self.log)}")
+
+    def wait_for(self, check: Callable[[], Any], timeout: float, what: str) -> Any:
+        """Poll ``check`` twice a second until it is truthy; a dead run or the timeout is a BenchError."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            value = check()
+            if value:
+                return value
+            time.sleep(0.5)
+        raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}; log {self.log}:\n{tail(self.log)}")
+
+    def status(self) -> dict[str, Any] | None:
+        return fetch_status(self.url, timeout=5.0)
+
+    def snapshot(self) -> Snapshot | None:
+        """Counters summed over every instance the gateway knows (live or not) and each child's CPU seconds."""
+        status = self.status()
+        now = time.monotonic()
+        if status is None:
+            return None
+        counters: dict[str, dict[str, float]] = {}
+        gauges: dict[str, list[dict[str, float]]] = {}
+        for service, entry in status.get("services", {}).items():
+            sums: dict[str, float] = {}
+            for inst in entry.get("instances", []):
+                for key, value in inst.get("counters", {}).items():
+                    sums[key] = sums.get(key, 0.0) + float(value)
+                gauges.setdefault(service, []).append({"instance": inst.get("instance"), **inst.get("gauges", {})})
+            counters[service] = sums
+        return Snapshot(now, counters, gauges, self.cpu_seconds())
+
+    def children(self) -> dict[str, psutil.Process]:
+        """The service processes by instance name (actor-0, learner-0, ...), found once they exist."""
+        if self.proc is None:
+            return {}
+        try:
+            found = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            found = []
+        for child in found:
+            if any(p.pid == child.pid for p in self._procs.values()):
+                continue
+            try:
+                env = child.environ()
+            except psutil.Error:
+                continue
+            for service in SERVICES:
+                name = env.get(f"FLYWHEEL_{service.upper()}_INSTANCE")
+                if name:
+                    self._procs[name] = child
+        return dict(self._procs)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU seconds of each service process so far."""
+        out: dict[str, float] = {}
+        for name, proc in self.children().items():
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            out[name] = times.user + times.system
+        return out
+
+    def stop(self, timeout: float = 240.0) -> int | None:
+        """SIGINT (Ctrl-C): flywheel run stops its children in order; SIGKILL if it takes longer than ``timeout``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+class WeightsWatcher:
+    """Subscribes to a learner's weights PUB and keeps a local network at the newest version.
+
+    The network is built from the first message's name (e.g. ``mlp-4-2-dueling-h64``), so a run with another
+    width or head needs no extra settings here.
+    """
+
+    def __init__(self, endpoint: str, obs_shape: tuple[int, ...], n_actions: int) -> None:
+        import torch
+        import zmq
+
+        torch.set_num_threads(1)
+        self.obs_shape, self.n_actions = obs_shape, n_actions
+        self.net: Any = None
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 2)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.connect(endpoint)
+        self.version = 0
+        self.rejected = 0
+
+    def _build(self, name: str) -> Any:
+        from flywheel.nets import build_q_network
+
+        hidden = re.search(r"-h(\d+)$", name)
+        return build_q_network(self.obs_shape, self.n_actions, dueling="-dueling" in name,
+                               hidden=int(hidden.group(1)) if hidden else 256).eval()
+
+    def poll(self, timeout_ms: int = 0) -> bool:
+        """Wait up to ``timeout_ms`` for weights, drain the socket, load the newest; True when the net changed."""
+        import zmq
+
+        from flywheel import proto
+        from flywheel.nets import WeightsMismatch, load_weights
+
+        newest = None
+        if self.sock.poll(timeout_ms):
+            while True:
+                try:
+                    frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                try:
+                    msg = proto.decode(frames, proto.Weights)
+                except proto.DecodeError:
+                    self.rejected += 1
+                    continue
+                if newest is None or msg.version > newest.version:
+                    newest = msg
+        if newest is None or newest.version <= self.version:
+            return False
+        try:
+            if self.net is None or self.net.name != newest.network:
+                self.net = self._build(newest.network)
+            load_weights(self.net, newest, self.net.name)
+        except (WeightsMismatch, ValueError):
+            self.rejected += 1
+            return False
+        self.version = newest.version
+        return True
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            return self.net(torch.from_numpy(np.asarray(obs))).float().numpy()
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def greedy_returns(q_values: Callable[[np.ndarray], np.ndarray], env_id: str, episodes: int,
+                   seed: int) -> np.ndarray:
+    """Returns of ``episodes`` greedy episodes (argmax Q, no exploration) on fresh envs seeded seed, seed+1, ...
+
+    The episodes run side by side as one batch per step; both sides of a comparison are evaluated by this function.
+    """
+    import gymnasium
+
+    envs = [gymnasium.make(env_id) for _ in range(episodes)]
+    obs = np.stack([np.asarray(env.reset(seed=seed + i)[0], dtype=np.float32) for i, env in enumerate(envs)])
+    returns = np.zeros(episodes)
+    done = np.zeros(episodes, dtype=bool)
+    while not done.all():
+        actions = q_values(obs).argmax(axis=1)
+        for i, env in enumerate(envs):
+            if done[i]:
+                continue
+            next_obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
+            returns[i] += float(reward)
+            obs[i] = next_obs
+            done[i] = terminated or truncated
+    for env in envs:
+        env.close()
+    return returns
+
+
+def save_figure(fig: Any, path: Path) -> str:
+    """Write a matplotlib figure as PNG and return the file name (results and their plots share a folder)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path.name
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; a BenchError naming the ``bench`` extra when it is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BenchError("plots need matplotlib: pip install 'flywheel-rl[bench]'") from None
+    return plt

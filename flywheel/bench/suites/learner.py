@@ -1,0 +1,399 @@
+"""Learner updates/s: a bare PyTorch loop vs the real learner fed by a real replay process, side by side; GPU goal.
+
+Per case, three loops run alternately, run after run, in this process with the same torch threads:
+a bare PyTorch loop (the same QNetwork, batch, fused Adam, clipping and double-DQN Huber loss on pre-made
+tensors in memory), the learner core on in-memory batches (no sockets), and the real learner service
+(LearnerService: sample requests in flight over TCP, priorities back, weights published) fed by a real
+replay process (``flywheel replay``) filled with transitions of the same shapes. The goal is the learner's
+updates/s at >= 95% of the bare loop's. With a GPU (``--opt device=cuda``) the Nature CNN at batch 512,
+double + dueling, bf16 and torch.compile is measured too, against the 300 updates/s goal and the GPU's peak.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+from torch.nn import functional as F
+
+from flywheel import proto
+from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
+from flywheel.nets import build_q_network, forward_macs
+from flywheel.services.learner.core import AMP_DTYPES, CoreConfig, LearnerCore
+from flywheel.services.learner.settings import LearnerSettings
+from flywheel.services.learner.transport import LearnerService
+
+DESCRIPTION = "learner fed by a real replay vs a bare PyTorch loop (updates/s, data wait); GPU Nature CNN b512 goal"
+OPTIONS = {
+    "device": "cpu, cuda or auto (default auto: cuda when torch sees a GPU)",
+    "threads": "torch CPU threads for every loop (default: usable cores - 1, leaving one for the replay process)",
+    "cases": "comma-separated subset of mlp128, mlp512, nature32, nature512 (default: all but nature512 on CPU)",
+    "updates": "updates per measured run (default: per case)",
+    "precision": "GPU autocast dtype: bf16, fp16 or fp32 (default bf16)",
+    "compile": "torch.compile the learner's loss on the GPU (1/0, default 1)",
+    "compile_mode": "torch.compile mode (default 'default'; 'reduce-overhead' adds CUDA graphs)",
+    "peak_tflops": "the GPU's dense bf16 peak in TFLOPS for the share-of-peak row (default: from its name)",
+}
+GPU_GOAL = 300.0
+GPU_UPDATES = 300
+ROUNDS = 5  # chunks per run, alternating between the loops
+RATIO_GOAL = 0.95
+BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0,
+                    "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0}
+
+
+@dataclass
+class Case:
+    key: str
+    label: str
+    obs_shape: tuple[int, ...]
+    n_actions: int
+    batch: int
+    updates: int  # per measured run on CPU (GPU runs use GPU_UPDATES)
+    fill: int  # transitions put into the replay before measuring
+
+
+CASES = [
+    Case("mlp128", "CartPole MLP, batch 128", (4,), 2, 128, 300, 20_000),
+    Case("mlp512", "CartPole MLP, batch 512", (4,), 2, 512, 150, 20_000),
+    Case("nature32", "Nature CNN 4x84x84, batch 32", (4, 84, 84), 7, 32, 20, 2_000),
+    Case("nature512", "Nature CNN 4x84x84, batch 512", (4, 84, 84), 7, 512, 4, 2_000),
+]
+LR, ADAM_EPS, CLIP, GAMMA_N = 1e-4, 1.5e-4, 10.0, 0.99**3
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _random_batch(case: Case, rng: np.random.Generator, size: int) -> dict[str, np.ndarray]:
+    if len(case.obs_shape) == 3:
+        obs = rng.integers(0, 256, (size, *case.obs_shape), dtype=np.uint8)
+        next_obs = rng.integers(0, 256, (size, *case.obs_shape), dtype=np.uint8)
+    else:
+        obs = rng.standard_normal((size, *case.obs_shape)).astype(np.float32)
+        next_obs = rng.standard_normal((size, *case.obs_shape)).astype(np.float32)
+    return {"obs": obs, "next_obs": next_obs, "action": rng.integers(0, case.n_actions, size, dtype=np.int64),
+            "reward": rng.standard_normal(size).astype(np.float32),
+            "discount": np.full(size, GAMMA_N, dtype=np.float32)}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+class BareLoop:
+    """What one writes by hand: online/target QNetwork, fused Adam, double-DQN weighted Huber, |td| kept."""
+
+    def __init__(self, case: Case, device: torch.device, amp: torch.dtype | None, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.device, self.amp = device, amp
+        self.online = build_q_network(case.obs_shape, case.n_actions).to(device)
+        self.target = build_q_network(case.obs_shape, case.n_actions).to(device)
+        self.target.load_state_dict(self.online.state_dict())
+        self.opt = torch.optim.Adam(self.online.parameters(), lr=LR, eps=ADAM_EPS, fused=True)
+        data = _random_batch(case, np.random.default_rng(seed), case.batch)
+        self.t = {k: torch.from_numpy(v).to(device) for k, v in data.items()}
+        self.t["weight"] = torch.rand(case.batch, device=device)
+
+    def step(self) -> torch.Tensor:
+        t = self.t
+        with torch.autocast(self.device.type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None):
+            q = self.online(t["obs"])
+            with torch.no_grad():
+                best = self.online(t["next_obs"]).argmax(1, keepdim=True)
+                q_next = self.target(t["next_obs"]).float().gather(1, best).squeeze(1)
+        q_sa = q.float().gather(1, t["action"].unsqueeze(1)).squeeze(1)
+        y = t["reward"] + t["discount"] * q_next
+        loss = (t["weight"] * F.huber_loss(q_sa, y, reduction="none")).mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.online.parameters(), CLIP)
+        self.opt.step()
+        return (y - q_sa).detach().abs()  # the priorities a PER loop needs
+
+    def seconds(self, n: int) -> float:
+        """Wall time of ``n`` steps."""
+        _sync(self.device)
+        start = time.perf_counter()
+        for _ in range(n):
+            td = self.step()
+            if self.device.type == "cpu":
+                td.numpy()
+        _sync(self.device)
+        return time.perf_counter() - start
+
+
+class ReplayProcess:
+    """``flywheel replay`` as a child process on free loopback ports, filled with random transitions."""
+
+    def __init__(self, case: Case, workdir: Path) -> None:
+        self.sample_endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        self.transitions_endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        self.log = open(workdir / f"replay-{case.key}.log", "wb")  # closed in close()
+        args = ["--capacity", str(2 * case.fill), "--min-size-to-sample", str(case.fill),
+                "--transitions-bind", self.transitions_endpoint, "--sample-bind", self.sample_endpoint,
+                "--telemetry-endpoint", f"tcp://127.0.0.1:{_free_port()}",
+                "--control-endpoint", f"tcp://127.0.0.1:{_free_port()}", "--log-level", "WARNING"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+        self.proc = subprocess.Popen([sys.executable, "-m", "flywheel", "replay", *args], env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def fill(self, ctx: zmq.Context, case: Case, timeout_s: float = 180.0) -> None:
+        """Push ``case.fill`` transitions, then wait until the replay answers a sample request."""
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(self.transitions_endpoint)
+        rng = np.random.default_rng(1)
+        chunk = 100 if len(case.obs_shape) == 3 else 1000
+        for seq in range(0, case.fill, chunk):
+            data = _random_batch(case, rng, min(chunk, case.fill - seq))
+            msg = proto.TransitionBatch(actor="bench", weight_version=0, seq=seq, **data)
+            if not push.poll(int(timeout_s * 1000), zmq.POLLOUT):
+                raise BenchError(f"replay took no transitions in {timeout_s:.0f} s (see {self.log.name})")
+            push.send_multipart(proto.encode(msg), copy=False)
+        probe = ctx.socket(zmq.DEALER)
+        probe.setsockopt(zmq.LINGER, 0)
+        probe.connect(self.sample_endpoint)
+        probe.send_multipart(proto.encode(proto.SampleRequest(request_id=1, batch_size=1, beta=0.4)))
+        ready = probe.poll(int(timeout_s * 1000))
+        push.close()
+        probe.close()
+        if not ready or self.proc.poll() is not None:
+            raise BenchError(f"replay did not become ready to sample in {timeout_s:.0f} s (see {self.log.name})")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def _learner(case: Case, config: CoreConfig, device: torch.device, replay: ReplayProcess, ctx: zmq.Context,
+             threads: int, seed: int) -> LearnerService:
+    settings = LearnerSettings(
+        instance="bench-learner", env_id="bench", batch_size=case.batch, lr=LR, adam_eps=ADAM_EPS,
+        grad_clip_norm=CLIP, sample_endpoint=replay.sample_endpoint,
+        weights_bind=f"tcp://127.0.0.1:{_free_port()}", telemetry_endpoint=f"tcp://127.0.0.1:{_free_port()}",
+        control_endpoint=f"tcp://127.0.0.1:{_free_port()}", torch_threads=threads, device=device.type,
+        requests_in_flight=4)
+    torch.manual_seed(seed)
+    core = LearnerCore(case.obs_shape, case.n_actions, config, device)
+    service = LearnerService(settings, core, ctx)
+    service.start()
+    return service
+
+
+def _service_seconds(service: LearnerService, n: int) -> tuple[float, float]:
+    """(wall time, time spent waiting for data) of ``n`` updates of the running service."""
+    core = service.core
+    goal = core.steps + n
+    waited = service.counters["data_wait_seconds_total"]
+    start = time.perf_counter()
+    while core.steps < goal:
+        service.step(100)
+    _sync(core.device)
+    return time.perf_counter() - start, service.counters["data_wait_seconds_total"] - waited
+
+
+def _core_seconds(core: LearnerCore, batch: object, n: int) -> float:
+    _sync(core.device)
+    start = time.perf_counter()
+    for _ in range(n):
+        result = core.update(batch)  # type: ignore[arg-type]
+        if core.device.type == "cpu":
+            result.priorities()
+    _sync(core.device)
+    return time.perf_counter() - start
+
+
+def _interleaved(loops: dict[str, Callable[[int], float]], n: int, rounds: int) -> dict[str, float]:
+    """Updates/s of each loop over ``n`` updates, run in ``rounds`` alternating chunks so load swings hit all."""
+    chunk = max(1, n // rounds)
+    spent = dict.fromkeys(loops, 0.0)
+    for _ in range(rounds):
+        for name, seconds in loops.items():
+            spent[name] += seconds(chunk)
+    return {name: chunk * rounds / total for name, total in spent.items()}
+
+
+def _sample_batch(case: Case, seed: int) -> proto.SampleBatch:
+    rng = np.random.default_rng(seed)
+    return proto.SampleBatch(request_id=0, replay_size=case.fill, index=np.arange(case.batch, dtype=np.int64),
+                             weight=rng.uniform(0.1, 1.0, case.batch).astype(np.float32),
+                             **_random_batch(case, rng, case.batch))
+
+
+def _peak_tflops(ctx: BenchContext) -> tuple[float | None, str]:
+    name = torch.cuda.get_device_name(0)
+    override = ctx.option_float("peak_tflops", 0.0)
+    if override > 0:
+        return override, name
+    for key, value in BF16_PEAK_TFLOPS.items():
+        if key in name:
+            return value, name
+    return None, name
+
+
+def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreConfig, threads: int,
+              workdir: Path, zctx: zmq.Context) -> tuple[list[Row], list[str]]:
+    gpu = device.type == "cuda"
+    n = ctx.option_int("updates", GPU_UPDATES if gpu else case.updates)
+    if ctx.quick:
+        n = max(2, n // 6)
+    label = case.label + (f", {torch.cuda.get_device_name(0)} {config.precision}"
+                          f"{' compiled' if config.compile else ''}" if gpu else f", CPU {threads} thread(s)")
+    ctx.progress(f"{label}: starting a replay with {case.fill} transitions")
+    replay = ReplayProcess(case, workdir)
+    service = None
+    try:
+        replay.fill(zctx, case)
+        bare = BareLoop(case, device, AMP_DTYPES.get(config.precision), ctx.seed)
+        service = _learner(case, config, device, replay, zctx, threads, ctx.seed)
+        torch.manual_seed(ctx.seed)
+        core = LearnerCore(case.obs_shape, case.n_actions, config, device)
+        host_batch = _sample_batch(case, ctx.seed)
+        device_batch = core.stager.stage(host_batch)
+        bare_runs, learner_runs, wait_runs, core_runs, resident_runs = [], [], [], [], []
+        waits: list[tuple[float, float]] = []  # (elapsed, waiting for data) of each learner chunk
+
+        def service_chunk(k: int) -> float:
+            waits.append(_service_seconds(service, k))
+            return waits[-1][0]
+
+        loops: dict[str, Callable[[int], float]] = {
+            "bare": bare.seconds, "learner": service_chunk, "core": lambda k: _core_seconds(core, host_batch, k)}
+        if gpu:
+            loops["resident"] = lambda k: _core_seconds(core, device_batch, k)
+        for i in range(ctx.warmup + ctx.runs):
+            kept = i >= ctx.warmup
+            waits.clear()
+            rates = _interleaved(loops, n, ROUNDS)
+            b, u, c = rates["bare"], rates["learner"], rates["core"]
+            r = rates.get("resident", c)
+            w = sum(x[1] for x in waits) / sum(x[0] for x in waits)
+            ctx.progress(f"{label}: run {i + 1}/{ctx.warmup + ctx.runs}{'' if kept else ' (warm-up)'}: bare "
+                         f"{b:.1f}, learner+replay {u:.1f} (data wait {100 * w:.0f}%), core {c:.1f} updates/s")
+            if kept:
+                bare_runs.append(b)
+                learner_runs.append(u)
+                wait_runs.append(100 * w)
+                core_runs.append(c)
+                resident_runs.append(r)
+    finally:
+        if service is not None:
+            service.close()
+        replay.close()
+    peer = {"peer": median(bare_runs), "peer_name": "bare PyTorch loop", "peer_runs": bare_runs}
+    ratio = median(learner_runs) / median(bare_runs)
+    rows = [
+        Row(label, "updates/s, learner + replay over TCP", "1/s", median(learner_runs), **peer,
+            goal=f">= {RATIO_GOAL:.2f}x bare loop", flywheel_runs=learner_runs, met=ratio >= RATIO_GOAL),
+        Row(label, "updates/s, learner core on in-memory batches", "1/s", median(core_runs), **peer,
+            flywheel_runs=core_runs),
+        Row(label, "time waiting for data", "%", median(wait_runs), higher_is_better=False, flywheel_runs=wait_runs),
+    ]
+    notes = []
+    if gpu:
+        resident = median(resident_runs)
+        rows.append(Row(label, "updates/s, device-resident batch", "1/s", resident, **peer,
+                        goal=f">= {GPU_GOAL:.0f} updates/s" if case.key == "nature512" else "",
+                        flywheel_runs=resident_runs, met=resident >= GPU_GOAL if case.key == "nature512" else None))
+        passes = 3 + 1 + (1 if config.double else 0)  # forward+backward on obs, target and online on next_obs
+        flops = 2 * forward_macs(core.online) * case.batch * passes
+        peak, name = _peak_tflops(ctx)
+        achieved = flops * resident / 1e12
+        rows.append(Row(label, "achieved TFLOPS (device-resident)", "TFLOPS", achieved, peer=peak,
+                        peer_name=f"{name} dense bf16 peak" if peak else ""))
+        notes.append(f"{label}: {flops / 1e9:.1f} GFLOP per update ({passes} network passes of "
+                     f"{2 * forward_macs(core.online) / 1e6:.1f} MFLOP per sample); {achieved:.1f} TFLOPS"
+                     + (f" = {100 * achieved / peak:.1f}% of the {peak:.0f} TFLOPS bf16 peak" if peak else ""))
+    return rows, notes
+
+
+def _plot(ctx: BenchContext, rows: list[Row]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    main = [r for r in rows if r.metric.startswith("updates/s, learner + replay")]
+    if not main:
+        return []
+    fig, ax = plt.subplots(figsize=(8, 0.8 + 0.6 * len(main)))
+    y = np.arange(len(main))
+    ax.barh(y - 0.2, [r.peer or 0 for r in main], 0.4, label="bare PyTorch loop")
+    ax.barh(y + 0.2, [r.flywheel for r in main], 0.4, label="learner + replay (TCP)")
+    ax.set_yticks(y, [r.case for r in main])
+    ax.set_xscale("log")
+    ax.set_xlabel("updates per second (log)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path = ctx.plot_path("updates")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [str(path)]
+
+
+def run(ctx: BenchContext) -> SuiteResult:
+    choice = ctx.option("device", "auto")
+    if choice not in ("auto", "cpu", "cuda"):
+        raise BenchError(f"--opt device={choice!r}: expected cpu, cuda or auto")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--opt device=cuda but torch sees no GPU on this machine")
+    device = torch.device("cuda" if choice != "cpu" and torch.cuda.is_available() else "cpu")
+    gpu = device.type == "cuda"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = ctx.option_int("threads", max(1, cores - 1))
+    default_cases = "mlp128,mlp512,nature32,nature512" if gpu else "mlp128,mlp512,nature32"
+    keys = [k.strip() for k in ctx.option("cases", default_cases).split(",") if k.strip()]
+    unknown = sorted(set(keys) - {c.key for c in CASES})
+    if unknown:
+        raise BenchError(f"--opt cases: unknown {', '.join(unknown)}; choose from {', '.join(c.key for c in CASES)}")
+    if ctx.quick and "cases" not in ctx.options:
+        keys = ["mlp128", "nature32"] if not gpu else ["mlp128", "nature512"]
+    precision = ctx.option("precision", "bf16") if gpu else "fp32"
+    if precision not in ("bf16", "fp16", "fp32"):
+        raise BenchError(f"--opt precision={precision!r}: expected bf16, fp16 or fp32")
+    config = CoreConfig(lr=LR, adam_eps=ADAM_EPS, grad_clip_norm=CLIP, precision=precision,
+                        compile=gpu and ctx.option("compile", "1") == "1",
+                        compile_mode=ctx.option("compile_mode", "default"))
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    rows: list[Row] = []
+    notes = [f"Device: {torch.cuda.get_device_name(0) if gpu else 'CPU'}; torch threads {threads} of {cores} "
+             "usable cores for every loop (the replay process runs beside them)."]
+    zctx = zmq.Context()
+    try:
+        logs = ctx.out_dir / "learner-logs"  # the replay processes' output, kept for when something fails
+        logs.mkdir(parents=True, exist_ok=True)
+        for case in (c for c in CASES if c.key in keys):
+            case_rows, case_notes = _run_case(ctx, case, device, config, threads, logs, zctx)
+            rows += case_rows
+            notes += case_notes
+    finally:
+        zctx.term()
+        torch.set_num_threads(previous_threads)
+    if not gpu:
+        notes.append("No GPU was present: the GPU goal (>= 300 updates/s, Nature CNN, batch 512, double + "
+                     "dueling, bf16, torch.compile) was not measured; on a machine with one run "
+                     "`flywheel bench learner --opt device=cuda`.")
+    return SuiteResult(suite="learner", title="Learner: updates/s against a bare PyTorch loop", rows=rows,
+                       notes=notes, plots=_plot(ctx, rows))
