@@ -102,10 +102,12 @@ class QNetwork(nn.Module):
         """The head's own output: (B, A) Q-values, or (B, A, N) quantiles for the quantile head."""
         x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
         h = self.fc(self.torso(x))
-        n = self.num_quantiles
-        adv = self.advantage(h).view(-1, self.n_actions, n)
-        out = adv if self.value is None else self.value(h).view(-1, 1, n) + adv - adv.mean(dim=1, keepdim=True)
-        return out.squeeze(2) if self.head == "q" else out
+        adv = self.advantage(h)
+        if self.head == "quantile":
+            n = self.num_quantiles
+            adv = adv.view(-1, self.n_actions, n)
+            return adv if self.value is None else self.value(h).view(-1, 1, n) + adv - adv.mean(dim=1, keepdim=True)
+        return adv if self.value is None else self.value(h) + adv - adv.mean(dim=1, keepdim=True)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values for a (B, *obs_shape) batch; uint8 input is scaled by 1/255 on the tensor's device."""

@@ -164,7 +164,6 @@ def load_checkpoint(directory: str | os.PathLike[str], core: LearnerCore) -> Che
     skipped = meta.get("skipped", 0) if isinstance(meta.get("skipped", 0), int) else 0
     steps = meta.get("steps")
     core.steps = steps if isinstance(steps, int) and steps >= 0 else int(meta["updates"]) + skipped
-    core.skipped = skipped
     _restore_rng(path, tensors)
     if core.scaler is not None and scaler_state:
         core.scaler.load_state_dict(scaler_state)

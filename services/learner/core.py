@@ -7,6 +7,7 @@ N updates, and priorities leave through ``staging.HostCopy``. No sockets here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from .staging import Batch, BatchStager, DeviceBatch
 log = logging.getLogger("flywheel.learner")
 Compiler = Callable[[Callable[..., Any]], Callable[..., Any]]
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+MAX_PENDING_METRICS = 256  # per-batch metric tensors kept before they are folded into the device sums
 
 
 class BadBatch(ValueError):
@@ -59,7 +61,7 @@ class UpdateResult:
 
     td_abs: torch.Tensor
     loss: torch.Tensor
-    q_mean: torch.Tensor
+    q_taken: torch.Tensor
     stepped: bool  # this batch completed an optimizer step (every grad_accum_steps batches)
     batch_size: int
     found_inf: torch.Tensor | None = None  # 1.0 when that step was skipped for a non-finite gradient
@@ -71,11 +73,16 @@ class UpdateResult:
 
     def priorities(self) -> np.ndarray:
         """|TD error| per sample as float32 (the replay applies its own exponent and epsilon); NaN/inf -> 0."""
-        return self.td_abs.detach().float().cpu().numpy()
+        return finite_priorities(self.td_abs.detach().float().cpu().numpy())
 
     def stats(self) -> dict[str, float]:
-        return {"loss": float(self.loss), "q_mean": float(self.q_mean),
+        return {"loss": float(self.loss), "q_mean": float(self.q_taken.float().mean()),
                 "td_error_mean": float(self.td_abs.float().mean())}
+
+
+def finite_priorities(td_abs: np.ndarray) -> np.ndarray:
+    """Priorities the replay can use: NaN and infinities (from a skipped, non-finite update) become 0."""
+    return np.nan_to_num(td_abs, nan=0.0, posinf=0.0, neginf=0.0).astype(np.float32, copy=False)
 
 
 @dataclass
@@ -149,10 +156,14 @@ class LearnerCore:
         self.stager = BatchStager(self.device)
         self.steps = 0  # optimizer steps taken, skipped ones included; persisted in checkpoints
         self._micro = 0  # batches accumulated towards the next step
-        self._skipped = torch.zeros((), device=self.device)
-        self._sums = torch.zeros(4, device=self.device)  # loss, td, q, batches since the last read
-        self._one = torch.ones((), device=self.device)
-        self._loss_bad = torch.zeros((), device=self.device)  # 1 when a loss since the last step was not finite
+        # per-batch (loss, |td|, Q of taken actions) kept on the device until drain_metrics: no ops per update
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._sums = torch.zeros(4, device=self.device)  # loss, td, q, batches folded from _pending
+        self._step_losses: list[torch.Tensor] = []  # losses since the last optimizer step
+        self._amp = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None
+                     else contextlib.nullcontext())
+        self.online.train()
+        self.target.train()
         self._loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = self._losses
         self.compile_state = "off"  # off | pending (first call not yet done) | on | failed
         if config.compile:
@@ -180,12 +191,15 @@ class LearnerCore:
 
     @property
     def skipped(self) -> int:
-        """Steps skipped for a non-finite gradient (reads the device)."""
-        return int(self._skipped.item())
+        """Steps skipped for a non-finite loss or gradient (reads the device).
 
-    @skipped.setter
-    def skipped(self, value: int) -> None:
-        self._skipped.fill_(float(value))
+        Fused Adam takes back its step count when it skips, so its count is the number of applied steps.
+        """
+        return self.steps - self._applied_steps()
+
+    def _applied_steps(self) -> int:
+        state = self.optimizer.state.get(self.params[0], {})
+        return int(state["step"].item()) if "step" in state else 0
 
     @property
     def updates(self) -> int:
@@ -213,23 +227,21 @@ class LearnerCore:
 
     def _losses(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
                 next_obs: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """IS-weighted mean loss, |TD| per sample (NaN -> 0) and mean Q of the taken actions."""
-        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
-                            enabled=self.amp_dtype is not None):
+        """IS-weighted mean loss, |TD| per sample and Q of the taken actions."""
+        with self._amp:
             out = self.online.outputs(obs)
             with torch.no_grad():
                 next_target = self.target.outputs(next_obs)
                 next_online = self.online.outputs(next_obs) if self.config.double else None
         terms = self._terms(out, action, reward, discount, next_target, next_online)
         loss = (weight * terms.per_sample).mean()
-        td_abs = torch.nan_to_num(terms.td_abs, nan=0.0, posinf=0.0, neginf=0.0)
-        return loss, td_abs, terms.q_taken.mean()
+        return loss, terms.td_abs, terms.q_taken
 
     def _forward_backward(self, b: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        loss, td_abs, q_mean = self._loss_fn(b.obs, b.action, b.reward, b.discount, b.next_obs, b.weight)
+        loss, td_abs, q_taken = self._loss_fn(b.obs, b.action, b.reward, b.discount, b.next_obs, b.weight)
         scaled = loss / self.config.grad_accum_steps if self.config.grad_accum_steps > 1 else loss
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-        return loss.detach(), td_abs.detach(), q_mean.detach()
+        return loss.detach(), td_abs.detach(), q_taken.detach()
 
     def _compile_failed(self, exc: BaseException) -> None:
         cause = getattr(exc, "inner_exception", None) or exc.__cause__ or exc  # dynamo wraps the backend's error
@@ -240,46 +252,48 @@ class LearnerCore:
         self.compile_state = "failed"
         self.optimizer.zero_grad(set_to_none=True)  # drop whatever a half-finished backward left
         self._micro = 0
+        self._step_losses.clear()
 
     def update(self, batch: Batch | DeviceBatch) -> UpdateResult:
         """Forward/backward on one batch; every ``grad_accum_steps`` batches, clip and take one Adam step."""
         b = batch if isinstance(batch, DeviceBatch) else self.stager.stage(batch)
-        self.online.train()
         if self.compile_state in ("pending", "on"):
             try:
-                loss, td_abs, q_mean = self._forward_backward(b)
+                loss, td_abs, q_taken = self._forward_backward(b)
                 self.compile_state = "on"
             except Exception as exc:  # any compiler failure; a real (non-compile) error recurs eagerly below
                 self._compile_failed(exc)
-                loss, td_abs, q_mean = self._forward_backward(b)
+                loss, td_abs, q_taken = self._forward_backward(b)
         else:
-            loss, td_abs, q_mean = self._forward_backward(b)
-        self._sums += torch.stack((loss.float(), td_abs.float().mean(), q_mean.float(), self._one))
-        self._loss_bad = torch.maximum(self._loss_bad, (~torch.isfinite(loss)).float())
+            loss, td_abs, q_taken = self._forward_backward(b)
+        self._pending.append((loss, td_abs, q_taken))
+        if len(self._pending) >= MAX_PENDING_METRICS:
+            self._fold_metrics()
+        self._step_losses.append(loss)
         self._micro += 1
         found_inf = None
         if self._micro >= self.config.grad_accum_steps:
             found_inf = self._step()
-        return UpdateResult(td_abs=td_abs, loss=loss, q_mean=q_mean, stepped=found_inf is not None,
+        return UpdateResult(td_abs=td_abs, loss=loss, q_taken=q_taken, stepped=found_inf is not None,
                             batch_size=b.size, found_inf=found_inf)
 
     def _step(self) -> torch.Tensor:
+        # a non-finite loss can come with finite (Huber-clipped) gradients: it counts as non-finite too
+        loss = self._step_losses[0] if len(self._step_losses) == 1 else torch.stack(self._step_losses).sum()
+        self._step_losses.clear()
         if self.scaler is not None:
-            # a non-finite loss can still give finite (Huber-clipped) gradients: make the scaler see it
-            poison = torch.where(self._loss_bad > 0, torch.nan, 0.0)
+            poison = torch.where(torch.isfinite(loss), 0.0, torch.nan)  # make the scaler see a bad loss
             torch._foreach_add_([p.grad for p in self.params if p.grad is not None], poison)
             self.scaler.unscale_(self.optimizer)
         clip = self.config.grad_clip_norm if self.config.grad_clip_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True)
-        found_inf = torch.maximum((~torch.isfinite(norm)).float(), self._loss_bad)
-        self._loss_bad = torch.zeros_like(self._loss_bad)
+        found_inf = torch.isfinite(norm + loss).logical_not_().float()
         if self.scaler is not None:  # the scaler hands the fused step its own found_inf (also sync-free)
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]  # fused Adam skips when 1
             self.optimizer.step()
-        self._skipped += found_inf
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         self._micro = 0
@@ -299,11 +313,31 @@ class LearnerCore:
             torch._foreach_copy_(list(self.target.parameters()), self.params)
 
     # ---- reading results -----------------------------------------------------------------------------------------
+    def _fold_metrics(self) -> None:
+        """Reduce the kept per-batch tensors into the device sums (a few ops for many batches)."""
+        if not self._pending:
+            return
+        losses, tds, qs = zip(*self._pending, strict=True)
+        size = tds[0].shape[0]
+        if all(t.shape[0] == size for t in tds):  # the usual case: one reduction per kind
+            td_sum = torch.stack(tds).float().mean(dim=1).sum()
+            q_sum = torch.stack(qs).float().mean(dim=1).sum()
+        else:
+            td_sum = torch.stack([t.float().mean() for t in tds]).sum()
+            q_sum = torch.stack([q.float().mean() for q in qs]).sum()
+        count = torch.full((), float(len(tds)), device=self.device)  # a fill kernel, not a host copy
+        self._sums += torch.stack((torch.stack(losses).float().sum(), td_sum, q_sum, count))
+        self._pending.clear()
+
     def drain_metrics(self) -> MetricSums:
         """Loss/TD/Q sums since the last call and the skipped-step total, in one device read."""
-        loss, td, q, batches, skipped = torch.cat((self._sums, self._skipped.view(1))).tolist()
+        self._fold_metrics()
+        state = self.optimizer.state.get(self.params[0], {})
+        applied = state["step"].reshape(1).to(self._sums) if "step" in state else torch.zeros(1, device=self.device)
+        loss, td, q, batches, applied_steps = torch.cat((self._sums, applied)).tolist()
         self._sums.zero_()
-        return MetricSums(loss=loss, td_error=td, q=q, batches=int(batches), skipped_total=int(skipped))
+        return MetricSums(loss=loss, td_error=td, q=q, batches=int(batches),
+                          skipped_total=self.steps - int(applied_steps))
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Online Q-values for a batch (float32, on the host); for evaluation and tests."""

@@ -51,9 +51,12 @@ class SampleClient:
     def outstanding(self) -> int:
         return len(self._outstanding)
 
-    def top_up(self, beta: float) -> None:
-        """Send requests until ``in_flight`` are outstanding (stops quietly when the send queue is full)."""
-        while len(self._outstanding) < self.in_flight:
+    def top_up(self, beta: float, held: int = 0) -> None:
+        """Send requests until ``in_flight`` are outstanding or held as received batches not yet trained on.
+
+        Stops quietly when the send queue is full.
+        """
+        while len(self._outstanding) + held < self.in_flight:
             rid = self._next_id
             self._next_id += 1
             msg = proto.SampleRequest(request_id=rid, batch_size=self.batch_size, beta=beta)
@@ -92,7 +95,7 @@ class SampleClient:
             return False
         return True
 
-    def resend_stale(self, now: float, beta: float) -> int:
+    def resend_stale(self, now: float, beta: float, held: int = 0) -> int:
         """Forget and re-send outstanding requests when no batch came for ``request_timeout_s``."""
         if not self._outstanding:
             return 0
@@ -104,7 +107,7 @@ class SampleClient:
         self.counters["requests_resent_total"] += count
         self._outstanding.clear()
         self._last_progress = now
-        self.top_up(beta)
+        self.top_up(beta, held)
         return count
 
     def idle_since_now(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -9,7 +10,14 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from flywheel.nets import as_tensor
+
+def _silence_read_only_warning() -> None:
+    """torch warns once per process about read-only arrays (decoded batches are); take that once, silently."""
+    array = np.zeros(1, np.float32)
+    array.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        torch.from_numpy(array)
 
 STAGING_SLOTS = 3  # batches whose host->device copies may be in flight at once
 
@@ -59,11 +67,14 @@ class BatchStager:
         self._events: list[torch.cuda.Event | None] = [None] * slots
         self._next = 0
         self.staged = 0
+        _silence_read_only_warning()
 
     def stage(self, batch: Batch) -> DeviceBatch:
         self.staged += 1
-        if not self.cuda:
-            return DeviceBatch(**{name: as_tensor(getattr(batch, name)) for name in FIELDS})
+        if not self.cuda:  # zero-copy views; the update never writes to its inputs
+            return DeviceBatch(obs=torch.from_numpy(batch.obs), action=torch.from_numpy(batch.action),
+                               reward=torch.from_numpy(batch.reward), discount=torch.from_numpy(batch.discount),
+                               next_obs=torch.from_numpy(batch.next_obs), weight=torch.from_numpy(batch.weight))
         slot = self._next
         self._next = (slot + 1) % len(self._slots)
         event = self._events[slot]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections import deque
 from pathlib import Path
@@ -15,7 +16,8 @@ from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporte
 
 from .checkpoint import save_checkpoint
 from .control import ControlArgError, parse_publish_interval, parse_set, parse_set_lr
-from .core import BadBatch, LearnerCore, beta_at
+from .core import LearnerCore, beta_at
+from .feeder import Feeder, ReadyBatch
 from .metrics import GpuProbe, MetricsWindow
 from .publishing import WeightsSnapshots
 from .sampling import SampleClient
@@ -25,7 +27,6 @@ from .staging import HostCopy
 log = logging.getLogger("flywheel.learner")
 SERVICE = "learner"
 MAX_POLL_MS = 100
-MAX_PRIORITY_COPIES = 64  # priority copies waiting for the GPU before the loop waits for the oldest
 
 
 class LearnerService:
@@ -48,16 +49,15 @@ class LearnerService:
         self.telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, SERVICE, settings.instance,
                                            settings.telemetry_interval_s)
         self.control = ControlSubscriber(ctx, settings.control_endpoint, SERVICE, settings.instance, self.faults)
-        self.poller = zmq.Poller()
-        self.poller.register(self.sampler.sock, zmq.POLLIN)
-        self.poller.register(self.control.sock, zmq.POLLIN)
+        self.feeder = Feeder(ctx, self.sampler, self.control, self.faults, check=core.check_batch,
+                             stage=core.stager.stage, beta=self.beta)
 
         self.snapshots = WeightsSnapshots(core.online, core.name, start_version=start_version,
                                           every_updates=settings.publish_interval_updates,
                                           every_seconds=settings.publish_interval_s)
         self.paused = False
         self._stop = False
-        self._priority_copies: deque[tuple[np.ndarray, HostCopy]] = deque()
+        self._held: deque[ReadyBatch] = deque()  # batches that arrived while paused
         self._weights_frames: list | None = None
         self._last_send = 0.0
         self._metrics_step = core.steps
@@ -91,6 +91,11 @@ class LearnerService:
         s = self.settings
         return beta_at(self.core.steps, s.beta_start, s.beta_end, s.beta_anneal_updates)
 
+    @property
+    def waiting_batches(self) -> int:
+        """Batches received and checked but not yet trained on."""
+        return self.feeder.delivered - self.feeder.taken
+
     def run(self) -> int:
         """Loop until stopped or max_updates; then leave a checkpoint (if configured) and return 0."""
         self.start()
@@ -103,63 +108,59 @@ class LearnerService:
         return 0
 
     def start(self) -> None:
-        """Publish the starting weights (so actors get some early) and put the first requests in flight."""
+        """Publish the starting weights (so actors get some early) and start the sampling thread."""
         self.snapshots.begin(self.core.steps)
         self._publish_ready(wait=True)
-        self.sampler.top_up(self.beta)
+        self.feeder.start()
 
     def finish(self) -> None:
         """Send the last priorities and telemetry and leave a checkpoint when a directory is set."""
-        self._send_priorities(wait=True)
+        self.feeder.stop()
         self.send_telemetry()
         if self.settings.checkpoint_dir:
             self.checkpoint("stop")
 
     def step(self, timeout_ms: int) -> None:
-        """One turn: wait for a batch or a command (finishing device->host copies while idle), train, timers."""
-        start = time.monotonic()
-        events = dict(self.poller.poll(0))
-        if not events:
-            if self._priority_copies or self.snapshots.pending:  # idle anyway: let the copies land and send them
-                self._send_priorities(wait=True)
-                self._publish_ready(wait=True)
-            events = dict(self.poller.poll(timeout_ms))
-        if not self.paused:
-            waited = time.monotonic() - start
-            self.window.wait_s += waited
-            self.counters["data_wait_seconds_total"] += waited
-        if self.control.sock in events:
-            for command in self.control.drain():
-                self.handle_control(command)
-        if not self.paused and self.sampler.sock in events:
-            batch = self.sampler.receive()
-            self.sampler.top_up(self.beta)  # ask for the next batch before training on this one
-            if batch is not None:
-                self.train(batch)
-        self._send_priorities(wait=False)
+        """One turn: take a ready batch or command (waiting up to ``timeout_ms`` for one), train, timers."""
+        if self.feeder.error is not None:
+            raise RuntimeError(f"learner sampling thread failed: {self.feeder.error}") from self.feeder.error
+        item: ReadyBatch | proto.Control | None = None
+        if not self.paused and self._held:
+            item = self._held.popleft()
+        else:
+            start = time.monotonic()
+            try:
+                item = self.feeder.events.get(timeout=timeout_ms / 1000)
+            except queue.Empty:
+                pass
+            if not self.paused:
+                waited = time.monotonic() - start
+                self.window.wait_s += waited
+                self.counters["data_wait_seconds_total"] += waited
+        if isinstance(item, proto.Control):
+            self.handle_control(item)
+        elif isinstance(item, ReadyBatch):
+            if self.paused:
+                self._held.append(item)
+            else:
+                self.train(item)
         self._publish_ready(wait=False)
         self._timers()
 
     def close(self) -> None:
+        self.feeder.stop()
         self.sampler.close()
         self.pub.close(0)
         self.telemetry.close()
         self.control.close()
 
     # ---- data path -------------------------------------------------------------------------------------------
-    def train(self, batch: proto.SampleBatch) -> None:
-        """Update on one batch; queue its priorities (sent once on the host); publish weights when due."""
-        try:
-            self.core.check_batch(batch)
-        except BadBatch as exc:
-            self._reject("sample", exc)
-            return
-        result = self.core.update(batch)
-        self._priority_copies.append((batch.index, HostCopy({"p": result.td_abs}, copy=False)))
-        if len(self._priority_copies) > MAX_PRIORITY_COPIES:
-            index, copy = self._priority_copies.popleft()
-            copy.wait()
-            self.sampler.send_priorities(index, copy.numpy()["p"])
+    def train(self, ready: ReadyBatch) -> None:
+        """Update on one batch; hand its priorities to the sampling thread; publish weights when due."""
+        batch = ready.msg
+        self.feeder.beta = self.beta
+        result = self.core.update(ready.tensors)
+        self.feeder.done(batch.index, HostCopy({"p": result.td_abs}, copy=False))
         self.replay_size = float(batch.replay_size)
         self.counters["samples_total"] += result.batch_size
         self.window.samples += result.batch_size
@@ -178,12 +179,6 @@ class LearnerService:
         self.window.add_sums(sums)
         self._skipped_total = sums.skipped_total
         self._metrics_step = self.core.steps
-
-    def _send_priorities(self, *, wait: bool) -> None:
-        while self._priority_copies and (wait or self._priority_copies[0][1].ready()):
-            index, copy = self._priority_copies.popleft()
-            copy.wait()
-            self.sampler.send_priorities(index, copy.numpy()["p"])
 
     def _publish_ready(self, *, wait: bool) -> None:
         msg = self.snapshots.take(time.monotonic(), wait=wait)
@@ -217,8 +212,6 @@ class LearnerService:
             self._send_weights()  # same version again, for subscribers that joined late
         if self.settings.checkpoint_dir and now >= self._next_checkpoint:
             self.checkpoint("periodic")
-        if not self.paused:
-            self.sampler.resend_stale(now, self.beta)
 
     def send_telemetry(self) -> None:
         self._read_metrics()
@@ -231,6 +224,7 @@ class LearnerService:
             **self.window.gauges(now, self.paused),
             "weight_version": float(self.version), "beta": self.beta, "lr": self.core.lr,
             "paused": float(self.paused), "requests_in_flight": float(self.sampler.outstanding),
+            "batches_waiting": float(self.waiting_batches),
             "update_step": float(self.core.steps), "replay_size": self.replay_size,
             "publish_interval_updates": float(self.snapshots.every_updates),
             "publish_interval_seconds": float(self.snapshots.every_seconds),
@@ -264,13 +258,11 @@ class LearnerService:
         name = command.command
         try:
             if name == "pause" and not self.paused:
-                self.paused = True
-                self.poller.unregister(self.sampler.sock)
+                self.paused = self.feeder.paused = True
                 log.info("learner: paused by control command %d", command.seq)
             elif name == "resume" and self.paused:
-                self.paused = False
-                self.poller.register(self.sampler.sock, zmq.POLLIN)
                 self.sampler.idle_since_now()
+                self.paused = self.feeder.paused = False
                 log.info("learner: resumed by control command %d", command.seq)
             elif name == "checkpoint":
                 self.checkpoint(f"control command {command.seq}")
