@@ -6,10 +6,12 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -53,6 +55,9 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-port", type=int, default=5555, help="first of six ZeroMQ ports on 127.0.0.1")
     parser.add_argument("--http-port", type=int, default=8080, help="gateway HTTP port on 127.0.0.1")
     parser.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    parser.add_argument("--local-transport", choices=("ipc", "tcp"), default="ipc",
+                        help="how the local actors and learner reach the replay: Unix sockets (default; the "
+                             "replay also listens on TCP for actors from other hosts) or TCP loopback only")
     parser.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE",
                         help="override one service setting, e.g. --set learner.lr=0.0005 (repeatable)")
 
@@ -76,6 +81,7 @@ class Plan:
     gateway_url: str
     log_dir: Path
     actor_extra: list[dict[str, str]] = field(default_factory=list)
+    socket_dir: Path | None = None  # holds the Unix sockets of the local fast path; removed at the end
 
 
 def _die_with_parent() -> None:
@@ -119,18 +125,28 @@ def make_plan(args: argparse.Namespace) -> Plan:
         _check_port(port, what, "--http-port" if what == "http" else "--base-port")
     local = "tcp://127.0.0.1:{}".format
     common = {"TELEMETRY_ENDPOINT": local(ports["telemetry"]), "CONTROL_ENDPOINT": local(ports["control"])}
+    transitions_bind, sample_bind = local(ports["transitions"]), local(ports["sample"])
+    transitions_connect, sample_connect = transitions_bind, sample_bind
+    socket_dir = None
+    if getattr(args, "local_transport", "tcp") == "ipc":
+        # Same-host fast path: Unix sockets hold far less data in flight than TCP loopback buffers (which let
+        # actors run tens of thousands of small transitions ahead of the replay's rate limiter), and cost less.
+        socket_dir = Path(tempfile.gettempdir()) / f"flywheel-run-{os.getpid()}-{base}"  # made by run()
+        transitions_connect, sample_connect = f"ipc://{socket_dir}/transitions", f"ipc://{socket_dir}/sample"
+        transitions_bind = f"{transitions_connect},{transitions_bind}"
+        sample_bind = f"{sample_connect},{sample_bind}"
     ckpt = args.checkpoint_dir.resolve()
     preset = PIXEL_PRESET if spec.obs_dtype == "uint8" else VECTOR_PRESET
     env: dict[str, dict[str, str]] = {
         "gateway": {"TELEMETRY_ENDPOINT": local(ports["telemetry"]), "CONTROL_ENDPOINT": local(ports["control"]),
                     "LEASE_ENDPOINT": local(ports["lease"]), "HTTP_HOST": "127.0.0.1",
                     "HTTP_PORT": str(ports["http"])},
-        "replay": {**common, "TRANSITIONS_BIND": local(ports["transitions"]), "SAMPLE_BIND": local(ports["sample"]),
+        "replay": {**common, "TRANSITIONS_BIND": transitions_bind, "SAMPLE_BIND": sample_bind,
                    "CHECKPOINT_DIR": str(ckpt / "replay"), "RESTORE": str(args.resume).lower()},
-        "learner": {**common, "ENV_ID": args.env, "SAMPLE_ENDPOINT": local(ports["sample"]),
+        "learner": {**common, "ENV_ID": args.env, "SAMPLE_ENDPOINT": sample_connect,
                     "WEIGHTS_BIND": local(ports["weights"]), "CHECKPOINT_DIR": str(ckpt / "learner"),
                     "RESUME": str(args.resume and (ckpt / "learner" / "learner.safetensors").exists()).lower()},
-        "actor": {**common, "ENV_ID": args.env, "TRANSITIONS_ENDPOINT": local(ports["transitions"]),
+        "actor": {**common, "ENV_ID": args.env, "TRANSITIONS_ENDPOINT": transitions_connect,
                   "WEIGHTS_ENDPOINT": local(ports["weights"]), "LEASE_ENDPOINT": local(ports["lease"])},
     }
     for service, values in preset.items():
@@ -153,7 +169,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         env[service][key.upper()] = value
     _validate(env)
     extra = [{"EVAL_ENVS": "1"} if i == 0 else {} for i in range(args.actors)]
-    return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra)
+    return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,
+                socket_dir)
 
 
 def _validate(env: dict[str, dict[str, str]]) -> None:
@@ -263,6 +280,8 @@ def _tail(path: Path, lines: int = 3) -> str:
 def run(args: argparse.Namespace) -> int:
     plan = make_plan(args)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
+    if plan.socket_dir is not None:
+        plan.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     stop_reason: list[str] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -319,5 +338,7 @@ def run(args: argparse.Namespace) -> int:
             code = 1
             for c in failed:
                 print(f"error: {c.name} exited with code {c.proc.returncode}: {_tail(c.log)}", file=sys.stderr)
+    if plan.socket_dir is not None:
+        shutil.rmtree(plan.socket_dir, ignore_errors=True)
     print(f"flywheel: stopped; checkpoints in {args.checkpoint_dir.resolve()}", flush=True)
     return code

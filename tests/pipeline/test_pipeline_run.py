@@ -5,10 +5,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode (the importnb plugin's too)
 from pipeline_helpers import clean_env, free_port_block, get_json, wait_until
 
 
@@ -32,6 +35,8 @@ def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None
             return len(children) >= 5 and learner.get("updates_total", 0) > 0
         wait_until(running, 120, "flywheel run to train", [log])
         wait_until(lambda: "updates" in log.read_text(), 30, "a progress line", [log])
+        sockets = Path(tempfile.gettempdir()) / f"flywheel-run-{proc.pid}-{base}"
+        assert (sockets / "transitions").is_socket() and (sockets / "sample").is_socket()  # the local fast path
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0, log.read_text()
     finally:
@@ -43,6 +48,7 @@ def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None
         time.sleep(0.2)
     alive = [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert not alive, f"orphans left: {alive}"
+    assert not sockets.exists(), "the Unix sockets' folder is removed on exit"
     text = log.read_text()
     assert "gateway http://127.0.0.1:" in text and "env steps" in text and "stopped; checkpoints in" in text
     assert (tmp_path / "ckpt" / "learner" / "learner.safetensors").exists()
