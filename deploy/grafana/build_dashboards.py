@@ -112,13 +112,20 @@ HARDWARE: list[Panel] = [
     ("CPU per instance", "short", [
         ("sum by (service, instance) (rate({__name__=~\"flywheel_.+_process_cpu_seconds_total\"}[1m]))",
          "{{service}} {{instance}}"),
-    ], "CPU cores used by each process (user + system), from every service's telemetry."),
+        ("sum by (service, instance) (rate({__name__=~\"flywheel_.+_process_children_cpu_seconds_total\"}[1m]))",
+         "{{service}} {{instance}} child processes"),
+    ], "CPU cores used by each process (user + system) and by its child processes (env workers, checkpoint "
+       "writers), from every service's telemetry."),
     ("CPU per service", "short", [
-        ("sum by (service) (rate({__name__=~\"flywheel_.+_process_cpu_seconds_total\"}[1m]))", "{{service}}"),
-    ], "CPU cores used by all instances of each service."),
+        ("sum by (service) (rate({__name__=~\"flywheel_.+_process_cpu_seconds_total\"}[1m]))"
+         " + sum by (service) (rate({__name__=~\"flywheel_.+_process_children_cpu_seconds_total\"}[1m]))",
+         "{{service}}"),
+    ], "CPU cores used by all instances of each service, child processes included."),
     ("Resident memory per instance", "bytes", [
         ("{__name__=~\"flywheel_.+_process_resident_memory_bytes\"}", "{{service}} {{instance}}"),
-    ], "Resident set size of each process."),
+        ("{__name__=~\"flywheel_.+_process_children_resident_memory_bytes\"}",
+         "{{service}} {{instance}} child processes"),
+    ], "Resident set size of each process, and of its child processes (pages shared with the parent count twice)."),
     ("Replay storage", "bytes", [
         ("flywheel_replay_memory_bytes", "{{instance}}"),
     ], "Bytes of replay's preallocated storage."),

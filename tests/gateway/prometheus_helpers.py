@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -91,8 +92,11 @@ class Prometheus:
         url = f"{self.url}/api/v1/{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            body = json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:  # a query Prometheus refuses: say which and why
+            raise AssertionError(f"prometheus {path} {params}: {exc.code} {exc.read().decode()[:500]}") from None
         assert body["status"] == "success", body
         return body["data"]
 

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,12 @@ def _post(url: str, command: str, body: dict[str, Any] | None = None, target: st
     query = f"?target={target}" if target else ""
     req = urllib.request.Request(f"{url}/control/{command}{query}", data=json.dumps(body or {}).encode(),
                                  headers={**AUTH, "Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        assert resp.status == 202
-        return json.loads(resp.read())
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 202
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"{command} {body} -> {exc.code}: {exc.read().decode()}") from None
 
 
 @pytest.fixture
