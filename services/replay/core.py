@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,7 @@ class ReplayConfig:
     frame_ratio: float = 1.1
     frame_capacity: int | None = None
     demo_ratio: float = 0.0
+    gather_threads: int = 2
 
 
 @dataclass
@@ -79,6 +81,8 @@ class ReplayCore:
             config.min_size_to_sample, config.samples_per_insert, config.error_buffer, config.block_inserts,
         )
         self.rng = np.random.default_rng(config.seed)
+        # One helper thread copies half of each big batch while the loop thread copies the other half.
+        self.helper = ThreadPoolExecutor(1, "replay-gather") if config.gather_threads > 1 else None
         self.priority_updates = 0
         self.demo_samples = 0
 
@@ -162,7 +166,7 @@ class ReplayCore:
         demo_count = self.demo_rows(batch_size)
         main_count = batch_size - demo_count
         slots, probs = self.main.sample(main_count, self.rng)
-        small = self.main.storage.gather(slots, obs_out[:main_count], next_out[:main_count])
+        small = self.main.storage.gather(slots, obs_out[:main_count], next_out[:main_count], self.helper)
         index = self.main.storage.positions_of(slots)
         total_size = self.size
         if demo_count:

@@ -144,11 +144,6 @@ class FrameStore:
                 bad.append(differ + lo)
         return np.concatenate(bad) if bad else np.zeros(0, np.int64)
 
-    def gather(self, refs: np.ndarray, out: np.ndarray) -> None:
-        """Copy frames ``refs`` (global ids, any shape) into ``out`` of shape (*refs.shape, *frame_shape)."""
-        flat = out.reshape(-1, *self.frame_shape)
-        np.take(self.frames, (refs % self.capacity).reshape(-1), axis=0, out=flat, mode="wrap")
-
     def rebuild_index(self) -> None:
         """Re-index the newest ``window`` frames (after a restore), so new inserts reuse them."""
         self.table_key[:] = 0

@@ -25,6 +25,8 @@ class ReplaySettings(CommonSettings):
     dedup_frames: bool = Field(True, description="store each pixel frame once and rebuild stacks when sampling")
     frame_ratio: float = Field(1.1, ge=0.05, le=16, description="frame ring size per transition of capacity "
                                "(pixels; about 1 + 1/episode length is used)")
+    gather_threads: int = Field(2, ge=1, le=2, description="threads copying a sampled batch (NumPy releases "
+                                "the GIL; 2 uses a second core when one is free)")
     transitions_bind: str = Field("tcp://*:5555", description="PULL endpoint(s) actors push transitions to "
                                   "(comma-separated, e.g. ipc:///tmp/flywheel-replay.ipc,tcp://*:5555)")
     sample_bind: str = Field("tcp://*:5556", description="ROUTER endpoint(s) learners sample from")

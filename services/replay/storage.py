@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import Executor
 
 import numpy as np
 
@@ -11,6 +12,7 @@ from .frames import FrameStore
 SMALL_FIELDS = ("action", "reward", "discount")
 FRAME_FIELDS = ("obs_ref", "next_ref", "min_ref", "ins_head")
 _NO_FLOOR = np.iinfo(np.int64).max
+PARALLEL_GATHER_BYTES = 4 << 20  # a helper thread pays off above a few MB of observations
 
 
 class SchemaMismatch(ValueError):
@@ -202,14 +204,27 @@ class TransitionStorage:
         """Uniformly drawn live slots."""
         return rng.integers(self.oldest, self.next_position, size=count) % self.capacity
 
-    def gather(self, slots: np.ndarray, obs_out: np.ndarray, next_out: np.ndarray) -> dict[str, np.ndarray]:
-        """Write the observations of ``slots`` into the two outputs; return the small per-row arrays."""
+    def gather(self, slots: np.ndarray, obs_out: np.ndarray, next_out: np.ndarray,
+               helper: Executor | None = None) -> dict[str, np.ndarray]:
+        """Write the observations of ``slots`` into the two outputs; return the small per-row arrays.
+
+        With a ``helper`` thread, obs are copied there while this thread copies next_obs (NumPy's take
+        releases the GIL), for batches big enough to be worth it.
+        """
         if self.frames is None:
-            np.take(self.arrays["obs"], slots, axis=0, out=obs_out, mode="wrap")
-            np.take(self.arrays["next_obs"], slots, axis=0, out=next_out, mode="wrap")
+            jobs = [(self.arrays["obs"], slots, obs_out), (self.arrays["next_obs"], slots, next_out)]
         else:
-            self.frames.gather(self.arrays["obs_ref"][slots], obs_out)
-            self.frames.gather(self.arrays["next_ref"][slots], next_out)
+            cap, shape = self.frames.capacity, self.frames.frame_shape
+            jobs = [(self.frames.frames, (self.arrays[name][slots] % cap).reshape(-1), out.reshape(-1, *shape))
+                    for name, out in (("obs_ref", obs_out), ("next_ref", next_out))]
+        pending = None
+        if helper is not None and obs_out.nbytes >= PARALLEL_GATHER_BYTES:
+            source, index, out = jobs.pop(0)
+            pending = helper.submit(np.take, source, index, 0, out, "wrap")
+        for source, index, out in jobs:
+            np.take(source, index, axis=0, out=out, mode="wrap")
+        if pending is not None:
+            pending.result()
         return {name: self.arrays[name][slots] for name in SMALL_FIELDS}
 
     def state_dict(self) -> dict[str, np.ndarray | list[np.ndarray]]:

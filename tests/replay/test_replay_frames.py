@@ -154,3 +154,15 @@ def test_sample_batch_shapes_for_single_frames() -> None:
     batch = core.sample(8, 0.4)
     assert isinstance(batch, proto.SampleBatch) and batch.obs.shape == (8, 8, 8) and batch.obs.dtype == np.uint8
     assert_stored_as_sent(core, streams.sent)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_big_batches_gathered_in_two_threads_are_exact(threads: int) -> None:
+    streams = ActorStreams(envs=4, depth=4, n_step=3, frame=(84, 84), episode=(10, 60), seed=13)
+    core = make_core(400, gather_threads=threads)
+    core.insert(streams.batch(300))
+    assert (core.helper is not None) == (threads == 2)
+    batch = core.sample(256, 0.4)  # 7 MB of observations: above the two-thread threshold
+    for i, position in enumerate(batch.index):
+        obs, next_obs = streams.sent[int(position)]
+        assert np.array_equal(batch.obs[i], obs) and np.array_equal(batch.next_obs[i], next_obs)
