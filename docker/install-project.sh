@@ -1,15 +1,32 @@
 #!/bin/sh
-# Install flywheel-rl from /src into /opt/venv without dependencies (install-venv.sh put them there), then check
-# that every requirement is met and that each service imports.
+# Install the flywheel-rl wheel into /opt/venv (runtime stage of docker/Dockerfile, as root), then check the
+# flavor: services must pass `pip check` and import every service; actor (trimmed by slim-venv.sh, so
+# `pip check` would list what was removed on purpose) must import the actor and the environments it runs.
+#
+#   install-project.sh FLAVOR WHEEL_DIR
 set -eu
+flavor=$1
+wheels=$2
 venv=/opt/venv
 python="$venv/bin/python"
 
-"$python" -m pip install --no-deps --no-index --no-build-isolation .
-rm -rf build ./*.egg-info
-cd /  # check the installed package, not the sources in /src
-"$python" -m pip check
-"$python" -c 'import flywheel.services.actor.main, flywheel.services.replay.main, flywheel.services.learner.main'
-"$python" -c 'import flywheel.services.gateway.app'
-"$venv/bin/flywheel" --help >/dev/null
-echo "install-project: flywheel-rl installed in $venv"
+"$python" -m pip install --no-deps --no-index "$wheels"/flywheel_rl-*.whl
+rm -rf "$wheels"
+cd /
+case "$flavor" in
+    services)
+        "$python" -m pip check
+        "$python" -c 'import flywheel.services.actor.main, flywheel.services.replay.main, flywheel.services.learner.main'
+        "$python" -c 'import flywheel.services.gateway.app'
+        "$venv/bin/flywheel" --help >/dev/null
+        ;;
+    actor)
+        "$python" -c 'import flywheel.services.actor.main, cv2, nes_py, gym_super_mario_bros, ale_py'
+        "$venv/bin/flywheel" actor --help >/dev/null
+        ;;
+    *)
+        echo "install-project: unknown FLAVOR '$flavor' (services or actor)" >&2
+        exit 2
+        ;;
+esac
+echo "install-project: flywheel-rl ($flavor) installed in $venv"

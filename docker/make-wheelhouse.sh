@@ -22,10 +22,9 @@ if [ "$have" != "$want" ]; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$python" docker/requirements.py services > "$tmp/services.txt"
-"$python" docker/requirements.py actor > "$tmp/actor.txt"
+"$python" docker/requirements.py > "$tmp/requirements.txt"
 mkdir -p "$out"
 "$python" -m pip wheel --wheel-dir "$out" --constraint docker/constraints.txt \
     ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
-    --requirement "$tmp/services.txt" --requirement "$tmp/actor.txt"
+    --requirement "$tmp/requirements.txt"
 echo "make-wheelhouse: $(find "$out" -maxdepth 1 -name '*.whl' | wc -l) wheels in $out"
