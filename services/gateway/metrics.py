@@ -123,6 +123,7 @@ class Registry:
         self.received = 0
         self.bad_keys = 0
         self.invalid_keys: dict[tuple[str, str], str] = {}  # (service, key) -> why it is not exported (bounded)
+        self._names: dict[tuple[str, str, str], tuple[str, str, tuple[tuple[str, str], ...]] | None] = {}
         self.forgotten = 0
         self.went_down = 0
         self.events: deque[tuple[str, InstanceState, str]] = deque(maxlen=10_000)
@@ -157,11 +158,42 @@ class Registry:
             self.events.append(("back", state, f"after {now - state.received:.1f} s of silence"))
         state.seq, state.sent_time, state.received, state.received_wall = msg.seq, msg.time, now, time.time()
         state.counters, state.gauges, state.info = dict(msg.counters), dict(msg.gauges), dict(msg.info)
+        for values, kind in ((state.counters, "counter"), (state.gauges, "gauge")):
+            for k in values:
+                self.metric(msg.service, kind, k)  # refused keys are known (and logged) from the first report
         state.window.append((now, state.counters))
         while len(state.window) > 2 and now - state.window[1][0] >= self.rate_window_s:
             state.window.popleft()
         self.received += 1
         return state
+
+    def metric(self, service: str, kind: str, key: str) -> tuple[str, str, tuple[tuple[str, str], ...]] | None:
+        """(name, suffix, extra labels) of a telemetry key, or None when it cannot be exported.
+
+        Refused keys are recorded in ``invalid_keys`` with the reason; answers are cached (bounded).
+        """
+        cache_key = (service, kind, key)
+        if cache_key in self._names:
+            return self._names[cache_key]
+        resolved: tuple[str, str, tuple[tuple[str, str], ...]] | None = None
+        parsed = parse_key(key)
+        if parsed is None:
+            why = "not a metric name (optionally with {label=value,...}), or it uses a reserved label"
+        else:
+            suffix, extra = parsed
+            name = f"flywheel_{service}_{suffix}"
+            if kind == "counter" and not name.endswith("_total"):
+                name += "_total"
+            problem = name_problem(name, kind)
+            why = f"{kind} {name}: {problem}" if problem else ""
+            if not problem:
+                resolved = (name, suffix, extra)
+        if resolved is None and len(self.invalid_keys) < 1000:
+            self.invalid_keys.setdefault((service, key[:100]), why)
+        if len(self._names) >= 100_000:  # a peer inventing keys: start the cache again
+            self._names.clear()
+        self._names[cache_key] = resolved
+        return resolved
 
     def sweep(self, now: float | None = None) -> None:
         """Mark silent instances down (one event each) and drop the ones silent for ``forget_after_s``."""
@@ -230,17 +262,10 @@ def render_instances(registry: Registry, writer: MetricsWriter, now: float) -> N
     """Every instance's counters and gauges as ``flywheel_<service>_<key>``, labelled service and instance.
 
     Keys that are not valid metric names, or that Prometheus's lint would refuse (a gauge ending in _total, a
-    _count suffix, ...), are skipped and recorded in ``registry.invalid_keys`` with the reason, so /metrics stays
-    clean under ``promtool check metrics``.
+    _count suffix, ...), are skipped (``registry.invalid_keys`` says why), so /metrics stays clean under
+    ``promtool check metrics``.
     """
     bad = 0
-
-    def refuse(service: str, key: str, why: str) -> None:
-        nonlocal bad
-        bad += 1
-        if len(registry.invalid_keys) < 1000:
-            registry.invalid_keys.setdefault((service, key[:100]), why)
-
     for service, states in registry.by_service().items():
         for s in states:
             base = {"service": service, "instance": s.instance}
@@ -250,19 +275,11 @@ def render_instances(registry: Registry, writer: MetricsWriter, now: float) -> N
                        base, s.age(now))
             for values, kind in ((s.counters, "counter"), (s.gauges, "gauge")):
                 for key, value in sorted(values.items()):
-                    parsed = parse_key(key)
-                    if parsed is None:
-                        refuse(service, key, "not a metric name (optionally with {label=value,...}), or it uses "
-                                             "a reserved label")
+                    resolved = registry.metric(service, kind, key)
+                    if resolved is None:
+                        bad += 1
                         continue
-                    suffix, extra = parsed
-                    name = f"flywheel_{service}_{suffix}"
-                    if kind == "counter" and not name.endswith("_total"):
-                        name += "_total"
-                    problem = name_problem(name, kind)
-                    if problem is not None:
-                        refuse(service, key, f"{kind} {name}: {problem}")
-                        continue
+                    name, suffix, extra = resolved
                     writer.add(name, kind, f"{suffix} reported by {service} instances",
                                (("service", service), ("instance", s.instance), *extra), value)
             if s.info:

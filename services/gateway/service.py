@@ -127,6 +127,7 @@ class GatewayService:
             self.faults.record("telemetry", exc)
             return False
         self.log_events()
+        self.log_invalid_keys()
         return True
 
     async def _telemetry_loop(self) -> None:
@@ -154,6 +155,8 @@ class GatewayService:
 
     def log_invalid_keys(self) -> None:
         """One warning per telemetry key that /metrics leaves out, saying why (the service should rename it)."""
+        if len(self._logged_invalid) == len(self.registry.invalid_keys):
+            return
         for key, why in self.registry.invalid_keys.items():
             if key not in self._logged_invalid:
                 self._logged_invalid.add(key)

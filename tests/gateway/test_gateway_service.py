@@ -65,6 +65,21 @@ def test_telemetry_shows_in_metrics_and_status(gateway, zctx) -> None:
         r.close()
 
 
+def test_keys_left_out_of_metrics_are_named_in_status_and_logged_once(gateway, zctx, caplog) -> None:
+    client, service = gateway
+    caplog.set_level(logging.WARNING, logger="flywheel.gateway")
+    reporter = TelemetryReporter(zctx, service.endpoints["telemetry"], "actor", "a-lint")
+    wait_for(lambda: reporter.send({}, {"lease_count": 3, "lease_index": 1}) or service.registry.received >= 3)
+    invalid = client.get("/status").json()["gateway"]["invalid_metric_keys"]  # known before any scrape
+    assert list(invalid) == ["actor:lease_count"] and "_count is reserved" in invalid["actor:lease_count"]
+    text = client.get("/metrics").text
+    assert "lease_count" not in text and 'flywheel_actor_lease_index{service="actor",instance="a-lint"} 1' in text
+    assert 'flywheel_gateway_invalid_metric_keys{service="gateway",instance="gw-test"} 1' in text
+    warnings = [r.getMessage() for r in caplog.records if "lease_count" in r.getMessage()]
+    assert len(warnings) == 1 and "rename it in the actor service" in warnings[0]
+    reporter.close()
+
+
 def test_nan_gauges_do_not_break_status_json(gateway, zctx) -> None:
     client, service = gateway
     reporter = TelemetryReporter(zctx, service.endpoints["telemetry"], "actor", "a-nan")
