@@ -257,6 +257,7 @@ class LearnerCore:
     def update(self, batch: Batch | DeviceBatch) -> UpdateResult:
         """Forward/backward on one batch; every ``grad_accum_steps`` batches, clip and take one Adam step."""
         b = batch if isinstance(batch, DeviceBatch) else self.stager.stage(batch)
+        b.use_on_current_stream()
         if self.compile_state in ("pending", "on"):
             try:
                 loss, td_abs, q_taken = self._forward_backward(b)

@@ -41,9 +41,10 @@ class ReadyBatch:
 class Feeder:
     """Owns the sampling client and the control subscriber in one thread; ``events`` yields what arrived.
 
-    ``events`` holds ``ReadyBatch`` and ``proto.Control`` items. The number of batches received but not yet
-    ``taken`` counts against the requests in flight, so at most ``in_flight`` batches are ever outstanding or
-    waiting. ``beta`` and ``paused`` are set by the update loop; plain attribute writes are safe across threads.
+    ``events`` holds ``ReadyBatch`` and ``proto.Control`` items. Up to ``in_flight`` requests are outstanding,
+    and requested plus received-but-not-yet-``taken`` batches never exceed ``2 * in_flight``: the update loop
+    always has a batch ready while the next ones travel. ``beta`` and ``paused`` are set by the update loop;
+    plain attribute writes are safe across threads.
     """
 
     def __init__(self, ctx: zmq.Context, client: SampleClient, control: ControlSubscriber, faults: FaultCounter,
@@ -74,10 +75,17 @@ class Feeder:
         self._thread.start()
 
     def done(self, index: np.ndarray, copy: HostCopy) -> None:
-        """The update loop trained on one delivered batch: send its |TD| priorities once the copy has landed."""
+        """The update loop trained on one delivered batch: send its |TD| priorities once the copy has landed.
+
+        The thread is woken only when no reply is on its way (one would wake it anyway) and half the buffered
+        batches are used up, so it then sends ``in_flight`` requests at once: waking a thread costs a context switch,
+        which on a busy machine can cost the update loop its time slice. ``taken`` is counted before
+        ``outstanding`` is read, so a wake-up is never lost.
+        """
         self._priorities.append((index, copy))
         self.taken += 1
-        self.ring()
+        if self.client.outstanding == 0 and self.delivered - self.taken <= self.client.in_flight:
+            self.ring()
 
     def ring(self) -> None:
         """Wake the thread (it then tops up requests and sends priorities); a full bell is already ringing."""
@@ -116,10 +124,10 @@ class Feeder:
         poller.register(self.control.sock, zmq.POLLIN)
         poller.register(self._bell_rx, zmq.POLLIN)
         while not self._stop.is_set():
-            held = self.delivered - self.taken
             if not self.paused:
-                self.client.top_up(self.beta, held)
-            timeout = PRIORITY_POLL_MS if self._priorities else IDLE_POLL_MS
+                self.client.top_up(self.beta, self._request_limit())
+            waiting_copy = bool(self._priorities) and not self._priorities[0][1].ready()  # GPU copy in flight
+            timeout = PRIORITY_POLL_MS if waiting_copy else IDLE_POLL_MS
             events = dict(poller.poll(timeout))
             if self._bell_rx in events:
                 self._drain_bell()
@@ -130,7 +138,11 @@ class Feeder:
                 self._take_batches()
             self._flush_priorities(wait=False)
             if not self.paused:
-                self.client.resend_stale(time.monotonic(), self.beta, self.delivered - self.taken)
+                self.client.resend_stale(time.monotonic(), self.beta, self._request_limit())
+
+    def _request_limit(self) -> int:
+        """How many requests may be outstanding now: 2 * in_flight minus the batches waiting to be trained on."""
+        return 2 * self.client.in_flight - (self.delivered - self.taken)
 
     def _drain_bell(self) -> None:
         while True:

@@ -51,12 +51,10 @@ class SampleClient:
     def outstanding(self) -> int:
         return len(self._outstanding)
 
-    def top_up(self, beta: float, held: int = 0) -> None:
-        """Send requests until ``in_flight`` are outstanding or held as received batches not yet trained on.
-
-        Stops quietly when the send queue is full.
-        """
-        while len(self._outstanding) + held < self.in_flight:
+    def top_up(self, beta: float, limit: int | None = None) -> None:
+        """Send requests until ``in_flight`` (or the smaller ``limit``) are outstanding; stops if the queue is full."""
+        target = self.in_flight if limit is None else min(limit, self.in_flight)
+        while len(self._outstanding) < target:
             rid = self._next_id
             self._next_id += 1
             msg = proto.SampleRequest(request_id=rid, batch_size=self.batch_size, beta=beta)
@@ -95,7 +93,7 @@ class SampleClient:
             return False
         return True
 
-    def resend_stale(self, now: float, beta: float, held: int = 0) -> int:
+    def resend_stale(self, now: float, beta: float, limit: int | None = None) -> int:
         """Forget and re-send outstanding requests when no batch came for ``request_timeout_s``."""
         if not self._outstanding:
             return 0
@@ -107,7 +105,7 @@ class SampleClient:
         self.counters["requests_resent_total"] += count
         self._outstanding.clear()
         self._last_progress = now
-        self.top_up(beta, held)
+        self.top_up(beta, limit)
         return count
 
     def idle_since_now(self) -> None:
