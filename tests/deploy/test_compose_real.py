@@ -36,7 +36,7 @@ from dockerhost import (
 
 ACTORS = 8
 PROJECT = "flywheel-compose-test"
-IMAGES = {"FLYWHEEL_IMAGE": "flywheel-test:cpu", "FLYWHEEL_ACTOR_IMAGE": "flywheel-test-actor:cpu"}
+IMAGES = {"FLYWHEEL_IMAGE": "flywheel-test:cpu", "FLYWHEEL_IMAGE_ACTOR": "flywheel-test-actor:cpu"}
 # Light settings: a 2-core machine runs 11 containers. Everything else is the compose file's default.
 LIGHT = {
     "FLYWHEEL_ENV_ID": "CartPole-v1",

@@ -1,0 +1,99 @@
+"""Loaders and checks shared by the static deploy tests: compose files, k8s manifests, settings variables."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic_settings import BaseSettings
+
+from flywheel.services.actor.settings import ActorSettings
+from flywheel.services.gateway.settings import GatewaySettings
+from flywheel.services.learner.settings import LearnerSettings
+from flywheel.services.replay.settings import ReplaySettings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+COMPOSE_GPU = ROOT / "docker-compose.gpu.yml"
+DOCKER = ROOT / "docker"
+DOCKERFILE = DOCKER / "Dockerfile"
+K8S = ROOT / "k8s"
+PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+GRAFANA = ROOT / "deploy" / "grafana"
+
+SETTINGS: dict[str, type[BaseSettings]] = {
+    "actor": ActorSettings, "replay": ReplaySettings, "learner": LearnerSettings, "gateway": GatewaySettings,
+}
+FLYWHEEL_SERVICES = ("gateway", "replay", "learner", "actor")
+NAMESPACE = "flywheel"
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass"}
+DEFAULT_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def compose() -> dict[str, Any]:
+    return load_yaml(COMPOSE)
+
+
+def k8s_docs() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in sorted(K8S.glob("*.y*ml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((path.name, doc))
+    return docs
+
+
+def k8s_objects(kind: str) -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for _, doc in k8s_docs() if doc["kind"] == kind}
+
+
+def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    for _, doc in k8s_docs():
+        if doc["kind"] in WORKLOAD_KINDS:
+            yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+
+
+def compose_default(value: Any) -> str:
+    """What compose substitutes when no variable is set: ``${X:-d}`` -> ``d``, ``${X}`` -> ``""``."""
+    return DEFAULT_RE.sub(lambda m: m.group(2) or "", str(value))
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # the ["KEY=value", ...] form
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+
+
+def split_var(name: str) -> tuple[str, str]:
+    """``FLYWHEEL_REPLAY_MIN_SIZE_TO_SAMPLE`` -> (``replay``, ``min_size_to_sample``); service "" if none."""
+    for service in SETTINGS:
+        prefix = f"FLYWHEEL_{service.upper()}_"
+        if name.startswith(prefix):
+            return service, name.removeprefix(prefix).lower()
+    return "", name
+
+
+def check_settings(variables: dict[str, str], where: str) -> None:
+    """Every FLYWHEEL_* variable names a field of its service, and the values build valid settings."""
+    by_service: dict[str, dict[str, str]] = {}
+    for name, value in variables.items():
+        if not name.startswith("FLYWHEEL_"):
+            continue
+        service, field = split_var(name)
+        assert service, f"{where}: {name} does not start with FLYWHEEL_<SERVICE>_ ({', '.join(SETTINGS)})"
+        assert field in SETTINGS[service].model_fields, (
+            f"{where}: {name} is not a setting of {service} (fields: {', '.join(SETTINGS[service].model_fields)})")
+        by_service.setdefault(service, {})[field] = value
+    for service, values in by_service.items():
+        SETTINGS[service](**values)  # raises on a bad value ("tru", "1e5" for an int, ...)
