@@ -112,6 +112,7 @@ class SuiteResult:
     notes: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    sections: list[str] = field(default_factory=list)  # more Markdown (e.g. a model's table), after the notes
 
 
 def median(values: list[float]) -> float:
@@ -216,6 +217,8 @@ def render_markdown(result: SuiteResult, ctx: BenchContext, command: str, machin
     ]
     if result.notes:
         parts += ["", *[f"- {note}" for note in result.notes]]
+    for section in result.sections:
+        parts += ["", section.rstrip()]
     for plot in result.plots:
         parts += ["", f"![{Path(plot).stem}]({plot})"]
     return "\n".join(parts) + "\n"
@@ -239,6 +242,7 @@ def write_results(result: SuiteResult, ctx: BenchContext, command: str) -> tuple
         "rows": [asdict(row) | {"ratio": row.ratio} for row in result.rows],
         "notes": result.notes,
         "plots": result.plots,
+        "sections": result.sections,
         "extra": result.extra,
     }
     json_path = ctx.out_dir / f"{result.suite}.json"
