@@ -1,0 +1,194 @@
+"""The origin reports' comparisons, reproduced: their single-process DQN loop against ``flywheel run``, same machine.
+
+For each environment both sides do the same work per env step: the same network, batch size and replay ratio
+(Flywheel's preset: CartPole 8 samples per insert at batch 128, Mario 4 at batch 32; the loop learns every
+batch/ratio steps). Each run warms up (fills the replay to the preset's minimum, learning under way), then
+measures ``seconds`` of steady state. The figures are the reports' own: experience rate (env steps/s), training
+throughput (updates/s, samples/s), time spent waiting, drops and time per epoch (an epoch here is 4,096 env steps
+with their training). Runs alternate between the two sides; medians of ``--runs``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
+from flywheel.bench.suites._harness import FlywheelRun, clean_env, pyplot, save_figure, tail
+
+DESCRIPTION = "Origins: the reports' single-process act-learn DQN loop vs flywheel run (CartPole, Mario)"
+OPTIONS = {
+    "envs": "comma-separated env ids (default CartPole-v1,SuperMarioBros-1-1-v0)",
+    "seconds": "measured seconds per run after warm-up (default 60; --quick 15)",
+    "warmup_s": "seconds of learning before Flywheel's window opens (default 20; --quick 5)",
+    "actors": "flywheel actors (default 2)",
+}
+EPOCH_STEPS = 4096
+# Report 000 (Mario, optimised vs original): experience rate +80%, training throughput +150%, lock wait -90%,
+# epoch time -60%. Report 001 (Snake, one process, 2 cores): 4.7x steps/s. These are the gains to beat.
+GOALS = {"experience": 1.8, "training": 2.5, "epoch": 1 / 0.4}
+
+
+def _preset(env_id: str) -> dict[str, Any]:
+    from flywheel.envs import env_spec
+    from flywheel.run import PIXEL_PRESET, VECTOR_PRESET
+
+    pixel = env_spec(env_id).obs_dtype == "uint8"
+    preset = PIXEL_PRESET if pixel else VECTOR_PRESET
+    batch, spi = int(preset["learner"]["batch_size"]), float(preset["replay"]["samples_per_insert"])
+    return {"pixel": pixel, "batch": batch, "spi": spi, "learn_every": max(1, round(batch / spi)),
+            "min_size": int(preset["replay"]["min_size_to_sample"]), "lr": float(preset["learner"]["lr"]),
+            "hidden": int(preset["learner"].get("hidden", preset["actor"].get("hidden", 256))),
+            "target_update_interval": int(preset["learner"]["target_update_interval"]),
+            "capacity": 10_000 if pixel else int(preset["replay"]["capacity"])}  # 000's original buffer for pixels
+
+
+def _loop_run(ctx: BenchContext, env_id: str, seconds: float, seed: int, min_size: int | None) -> dict[str, Any]:
+    p = _preset(env_id)
+    config = {"env": env_id, "batch": p["batch"], "learn_every": p["learn_every"], "capacity": p["capacity"],
+              "min_size": min_size or p["min_size"], "lr": p["lr"], "hidden": p["hidden"], "seconds": seconds,
+              "target_update_interval": p["target_update_interval"], "epoch_steps": EPOCH_STEPS, "seed": seed}
+    proc = subprocess.run([sys.executable, "-m", "flywheel.bench.suites._origin_loop", json.dumps(config)],
+                          env=clean_env(), capture_output=True, text=True, timeout=seconds + 900)
+    if proc.returncode != 0:
+        raise BenchError(f"the origin loop failed on {env_id}: {proc.stderr.strip().splitlines()[-1:]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    s = r["seconds"]
+    out = {"env_steps_per_s": r["env_steps"] / s, "updates_per_s": r["updates"] / s, "samples_per_s": r["samples"] / s,
+           "learner_wait": 1 - r["learn_s"] / s, "acting_wait": r["learn_s"] / s, "lock_wait_ms_per_s":
+           1e3 * r["lock_wait_s"] / s, "sync_share": r["sync_s"] / s, "drops": r["drops"],
+           "epoch_s": median(r["epoch_times"]) if r["epoch_times"] else EPOCH_STEPS / (r["env_steps"] / s)}
+    ctx.progress(f"origin loop {env_id}: {out['env_steps_per_s']:,.0f} env steps/s, {out['updates_per_s']:.1f} "
+                 f"updates/s, env idle while learning {100 * out['acting_wait']:.0f}%")
+    return out
+
+
+def _flywheel_run(ctx: BenchContext, env_id: str, seconds: float, warmup_s: float, actors: int,
+                  min_size: int | None, workdir: Path) -> dict[str, Any]:
+    sets = [f"replay.min_size_to_sample={min_size}"] if min_size else []
+    run = FlywheelRun(env_id, workdir, actors=actors, sets=sets, progress_interval=30.0)
+    with run:
+        def learning() -> bool:
+            snap = run.snapshot()
+            return snap is not None and snap.total("learner", "updates_total") > 0
+
+        run.wait_for(learning, 900, f"flywheel run on {env_id} to start learning")
+        time.sleep(warmup_s)
+        first = run.snapshot()
+        time.sleep(seconds)
+        last = run.snapshot()
+        if first is None or last is None:
+            raise BenchError(f"the gateway did not answer; log {run.log}:\n{tail(run.log)}")
+    dt = last.t - first.t
+
+    def rate(service: str, name: str) -> float:
+        return (last.total(service, name) - first.total(service, name)) / dt
+
+    steps = rate("actor", "env_steps_total")
+    drops = sum(last.total(s, n) - first.total(s, n) for s, n in (
+        ("actor", "transitions_dropped_total"), ("replay", "transitions_rejected_total"),
+        ("replay", "sample_requests_dropped_total"), ("learner", "priority_updates_dropped_total")))
+    out = {"env_steps_per_s": steps, "updates_per_s": rate("learner", "updates_total"),
+           "samples_per_s": rate("learner", "samples_total"),
+           "learner_wait": rate("learner", "data_wait_seconds_total"),
+           "acting_wait": rate("actor", "send_blocked_seconds_total") / actors, "lock_wait_ms_per_s": 0.0,
+           "drops": drops, "epoch_s": EPOCH_STEPS / steps if steps > 0 else float("inf")}
+    ctx.progress(f"flywheel {env_id}: {out['env_steps_per_s']:,.0f} env steps/s, {out['updates_per_s']:.1f} "
+                 f"updates/s, learner waiting {100 * out['learner_wait']:.0f}%")
+    return out
+
+
+def run(ctx: BenchContext) -> SuiteResult:
+    envs = [e for e in ctx.option("envs", "CartPole-v1,SuperMarioBros-1-1-v0").split(",") if e]
+    seconds = ctx.option_float("seconds", 15.0 if ctx.quick else 60.0)
+    warmup_s = ctx.option_float("warmup_s", 5.0 if ctx.quick else 20.0)
+    actors = ctx.option_int("actors", 2)
+    result = SuiteResult(suite="origins", title="The origin reports' single-process DQN loop vs Flywheel")
+    measured: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with tempfile.TemporaryDirectory(prefix="flywheel-bench-origins-") as tmp:
+        for env_id in envs:
+            min_size = 1000 if ctx.quick and _preset(env_id)["pixel"] else None
+            sides: dict[str, list[dict[str, Any]]] = {"loop": [], "flywheel": []}
+            for k in range(ctx.warmup + ctx.runs):
+                order = ["loop", "flywheel"] if k % 2 == 0 else ["flywheel", "loop"]
+                for side in order:
+                    ctx.progress(f"{env_id} run {k + 1}/{ctx.warmup + ctx.runs}{' (warm-up)' * (k < ctx.warmup)}: "
+                                 f"{side}")
+                    if side == "loop":
+                        r = _loop_run(ctx, env_id, seconds, ctx.seed + k, min_size)
+                    else:
+                        r = _flywheel_run(ctx, env_id, seconds, warmup_s, actors, min_size, Path(tmp) / f"{env_id}-{k}")
+                    if k >= ctx.warmup:
+                        sides[side].append(r)
+            measured[env_id] = sides
+            _rows(result, env_id, sides)
+    p = {e: _preset(e) for e in envs}
+    result.notes += [
+        "The loop (`flywheel/bench/suites/_origin_loop.py`): one env, one action at a time; tuples in a deque behind "
+        "a lock taken for every add and sample; batches built by list comprehension; learns every batch/ratio env "
+        "steps in the same loop, so the env waits while it trains; an acting copy of the network refreshed by "
+        "cloning the state dict every 3 epochs, with the weight comparison report 003 found on every sync; plain "
+        "DQN with a target network, uniform sampling, 1 torch thread.",
+        "Flywheel: `flywheel run --env ENV --actors " + str(actors) + "` (its preset: double + dueling n-step DQN, "
+        "prioritized replay, rate limiter), measured from the gateway's counters after a warm-up of "
+        f"{warmup_s:g} s of learning. Same network, batch and replay ratio as the loop: "
+        + "; ".join(f"{e}: batch {v['batch']}, {v['spi']:g} samples per insert (loop learns every {v['learn_every']} "
+                    f"steps)" for e, v in p.items()) + ".",
+        "Waiting: for the loop, the share of wall time the env sits idle while the network trains, and the lock's "
+        "wait; for Flywheel, the share of time the learner waited for data and the actors were held back by the "
+        "replay's rate limiter (which is how Flywheel keeps the ratio). Flywheel has no locks.",
+        "Targets from the reports: 000 (Mario) +80% experience rate, +150% training throughput, -60% epoch time; "
+        "001 (Snake, 2 cores) 4.7x steps/s.",
+    ]
+    result.extra["measured"] = measured
+    result.plots.append(_plot(ctx, measured))
+    return result
+
+
+def _rows(result: SuiteResult, env_id: str, sides: dict[str, list[dict[str, Any]]]) -> None:
+    short = "Mario 1-1" if env_id.startswith("SuperMario") else env_id
+    peer = "origin loop (1 process)"
+
+    def add(metric: str, unit: str, key: str, higher: bool, goal: float | None = None, scale: float = 1.0) -> None:
+        fw = [scale * r[key] for r in sides["flywheel"]]
+        lp = [scale * r[key] for r in sides["loop"]]
+        row = Row(case=short, metric=metric, unit=unit, flywheel=median(fw), peer=median(lp), peer_name=peer,
+                  higher_is_better=higher, flywheel_runs=fw, peer_runs=lp)
+        if goal is not None:
+            row.goal = f">= {goal:.2g}x (report 000)"
+            row.met = row.ratio is not None and row.ratio >= goal
+        result.rows.append(row)
+
+    add("experience rate", "env steps/s", "env_steps_per_s", True, GOALS["experience"])
+    add("training throughput", "updates/s", "updates_per_s", True, GOALS["training"])
+    add("training throughput", "samples/s", "samples_per_s", True)
+    add("time per epoch (4,096 env steps + training)", "s", "epoch_s", False, GOALS["epoch"])
+    add("learner waiting for data", "% of time", "learner_wait", False, scale=100)
+    add("acting held back (loop: env idle while learning)", "% of time", "acting_wait", False, scale=100)
+    add("lock wait", "ms per s", "lock_wait_ms_per_s", False)
+    add("drops", "transitions", "drops", False)
+
+
+def _plot(ctx: BenchContext, measured: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    plt = pyplot()
+    envs = list(measured)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "env_steps_per_s", "env steps/s"), (axes[1], "samples_per_s", "samples/s")):
+        for i, env_id in enumerate(envs):
+            for j, side in enumerate(("loop", "flywheel")):
+                values = [r[key] for r in measured[env_id][side]]
+                ax.bar(i + 0.38 * j, median(values) if values else 0, width=0.36,
+                       color="tab:orange" if side == "loop" else "tab:blue",
+                       label=("origin loop" if side == "loop" else "Flywheel") if i == 0 else None)
+        ax.set_xticks([i + 0.19 for i in range(len(envs))],
+                      ["Mario 1-1" if e.startswith("SuperMario") else e for e in envs])
+        ax.set_yscale("log")
+        ax.set_ylabel(label + " (log scale)")
+        ax.set_title({"env_steps_per_s": "experience rate", "samples_per_s": "training throughput"}[key])
+        ax.legend()
+    return save_figure(fig, ctx.plot_path("throughput"))
