@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +27,7 @@ from typing import Any
 
 import pytest
 from dockerhost import (
+    REGISTRY_BASE,
     Engine,
     EngineUnavailable,
     base_image,
@@ -35,6 +38,8 @@ from dockerhost import (
 )
 
 ACTORS = 8
+# everything but Grafana (no registry here for its image; its provisioning is checked statically)
+SERVICES = ("control-token", "gateway", "replay", "learner", "actor", "prometheus")
 PROJECT = "flywheel-compose-test"
 IMAGES = {"FLYWHEEL_IMAGE": "flywheel-test:cpu", "FLYWHEEL_IMAGE_ACTOR": "flywheel-test-actor:cpu"}
 # Light settings: a 2-core machine runs 11 containers. Everything else is the compose file's default.
@@ -122,9 +127,10 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
     log(f"base image {base}; wheelhouse {wheels or 'none (package index)'} ({time.monotonic() - t0:.0f} s)")
     stage = stage_build_context(tmp_path / "context", wheels)
     compose_file = stage / "docker-compose.yml"
-    port = free_port()
-    engine.env.update(LIGHT, **IMAGES, COMPOSE_PROJECT_NAME=PROJECT, FLYWHEEL_BASE_IMAGE=base,
-                      FLYWHEEL_HTTP_PORT=str(port))
+    port, prometheus_port = free_port(), free_port()
+    engine.env.update(LIGHT, **IMAGES, COMPOSE_PROJECT_NAME=PROJECT, COMPOSE_PROFILES="monitoring",
+                      FLYWHEEL_BASE_IMAGE=base, FLYWHEEL_HTTP_PORT=str(port),
+                      FLYWHEEL_PROMETHEUS_PORT=str(prometheus_port))
     engine.compose(compose_file, "down", "-v", "--remove-orphans", "-t", "5", timeout=120, check=False)
     try:
         t1 = time.monotonic()
@@ -135,8 +141,11 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
         sizes = engine.docker_cmd("image", "ls", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}",
                                   "--filter", "reference=flywheel-test*").stdout
         log("image sizes: " + " | ".join(sizes.split("\n")))
-        engine.compose(compose_file, "up", "-d", "--no-build", "--scale", f"actor={ACTORS}", timeout=600)
+        if base != REGISTRY_BASE:  # no registry for prom/prometheus: Debian's prometheus on the same base
+            engine.env["FLYWHEEL_PROMETHEUS_IMAGE"] = local_prometheus_image(engine, base, tmp_path / "prometheus")
+        engine.compose(compose_file, "up", "-d", "--no-build", "--scale", f"actor={ACTORS}", *SERVICES, timeout=600)
         check_the_running_system(engine, compose_file, port)
+        check_prometheus_scrapes_the_gateway(prometheus_port)
     except BaseException:
         logs = engine.compose(compose_file, "logs", "--no-color", "--tail", "40", timeout=120, check=False)
         log("compose logs:\n" + (logs.stdout or "")[-12000:])
@@ -149,6 +158,8 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
             assert not engine.docker_cmd("ps", "-aq").stdout.strip(), "the private engine still has containers"
         volumes = engine.docker_cmd("volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}")
         assert not volumes.stdout.strip(), f"volumes left after down -v: {volumes.stdout.split()}"
+        # images replaced by this build (untagged) go; tagged images and their layers stay as the build cache
+        engine.docker_cmd("image", "prune", "--force", timeout=300, check=False)
 
 
 def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> None:
@@ -192,3 +203,37 @@ def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> N
     assert post(f"{url}/control/set_lr", None, {"lr": 0.0005}) == 401
     assert post(f"{url}/control/set_lr", "x" * len(token), {"lr": 0.0005}) == 401
     assert post(f"{url}/control/set_lr", token, {"lr": 0.0005}) == 202
+
+
+def local_prometheus_image(engine: Engine, base: str, folder: Path) -> str:
+    """prom/prometheus stand-in where no registry is reachable: the Prometheus server of Debian's prometheus
+    package (the promtool tests need it anyway) on the same Debian base, run as nobody like the official image."""
+    binary = Path(shutil.which("prometheus") or "/usr/bin/prometheus")
+    if not binary.exists():
+        pytest.fail("no prometheus binary for the monitoring profile: apt-get install prometheus (make system-deps)")
+    folder.mkdir(parents=True)
+    shutil.copy2(binary, folder / "prometheus")
+    (folder / "Dockerfile").write_text(
+        f"FROM {base}\nCOPY prometheus /bin/prometheus\n"
+        "RUN mkdir -p /prometheus && chown 65534:65534 /prometheus\n"
+        'USER 65534:65534\nWORKDIR /prometheus\nENTRYPOINT ["/bin/prometheus"]\n')
+    tag = "flywheel-test-prometheus:debian"
+    engine.docker_cmd("build", "--quiet", "-t", tag, str(folder), timeout=300)
+    return tag
+
+
+def check_prometheus_scrapes_the_gateway(port: int) -> None:
+    """Prometheus, with the config mounted from deploy/prometheus, scrapes the gateway and keeps each actor's
+    own instance label (honor_labels)."""
+    def query(expr: str) -> float | None:
+        q = urllib.parse.urlencode({"query": expr})
+        body = get_json(f"http://127.0.0.1:{port}/api/v1/query?{q}")
+        if not body or body.get("status") != "success" or not body["data"]["result"]:
+            return None
+        return float(body["data"]["result"][0]["value"][1])
+
+    wait_for("Prometheus to scrape the gateway", lambda: query('up{job="flywheel"}') == 1.0, timeout=120)
+    actors = wait_for(f"{ACTORS} actor instances in Prometheus",
+                      lambda: query('count(count by (instance) ({service="actor"}))') == ACTORS, timeout=120)
+    assert actors
+    log("Prometheus scrapes the gateway: up == 1, 8 actor instances with their own labels")
