@@ -97,3 +97,47 @@ def check_settings(variables: dict[str, str], where: str) -> None:
         by_service.setdefault(service, {})[field] = value
     for service, values in by_service.items():
         SETTINGS[service](**values)  # raises on a bad value ("tru", "1e5" for an int, ...)
+
+
+# ---- the Kubernetes copy of deploy/prometheus ------------------------------------------------------------------
+
+PROMETHEUS_K8S = K8S / "prometheus.yaml"
+COMPOSE_GATEWAY_TARGET = '"gateway:8080"'
+K8S_GATEWAY_TARGET = '"gateway.flywheel.svc:8080"'
+
+
+def prometheus_config_files() -> dict[str, str]:
+    """deploy/prometheus's prometheus.yml and the rule files it names, as the k8s ConfigMap must hold them."""
+    folder = PROMETHEUS.parent
+    config = PROMETHEUS.read_text()
+    files = {PROMETHEUS.name: config.replace(COMPOSE_GATEWAY_TARGET, K8S_GATEWAY_TARGET)}
+    for name in yaml.safe_load(config).get("rule_files") or []:
+        files[name] = (folder / name).read_text()
+    return files
+
+
+def prometheus_configmap_text() -> str:
+    """The ConfigMap document of k8s/prometheus.yaml, generated from deploy/prometheus."""
+    lines = ["apiVersion: v1", "kind: ConfigMap", "metadata:", "  name: prometheus-config", "  namespace: flywheel",
+             "  labels:", "    app.kubernetes.io/name: prometheus", "    app.kubernetes.io/part-of: flywheel", "data:"]
+    for name, text in prometheus_config_files().items():
+        lines.append(f"  {name}: |")
+        lines += [f"    {line}".rstrip() for line in text.rstrip("\n").splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def write_k8s_prometheus_configmap() -> None:
+    """Replace the ConfigMap document (the first one) of k8s/prometheus.yaml, keeping the header and the rest."""
+    text = PROMETHEUS_K8S.read_text()
+    start = text.index("apiVersion: v1\nkind: ConfigMap")
+    end = text.index("\n---\n", start)
+    PROMETHEUS_K8S.write_text(text[:start] + prometheus_configmap_text() + text[end + 1:])
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write-k8s-prometheus"]:
+        raise SystemExit("usage: python tests/deploy/deploy_helpers.py --write-k8s-prometheus")
+    write_k8s_prometheus_configmap()
+    print(f"wrote the prometheus-config ConfigMap in {PROMETHEUS_K8S} from {PROMETHEUS.parent}")

@@ -33,6 +33,7 @@ from deploy_helpers import (
     k8s_objects,
     load_yaml,
     pod_specs,
+    prometheus_config_files,
     split_var,
 )
 
@@ -327,6 +328,16 @@ def test_prometheus_scrapes_the_gateway_with_honor_labels() -> None:
         for job in jobs:
             assert job.get("honor_labels") is True, f"{where}: {job['job_name']} needs honor_labels: true"
             assert job.get("metrics_path", "/metrics") == "/metrics"
+
+
+def test_k8s_prometheus_config_is_deploy_prometheus() -> None:
+    """The ConfigMap holds deploy/prometheus's config (with the in-cluster gateway) and every rule file it names."""
+    data = k8s_objects("ConfigMap")["prometheus-config"]["data"]
+    expected = prometheus_config_files()
+    fix = "run: python tests/deploy/deploy_helpers.py --write-k8s-prometheus"
+    assert set(data) == set(expected), f"k8s prometheus-config has {sorted(data)}, wants {sorted(expected)}; {fix}"
+    for name, text in expected.items():
+        assert yaml.safe_load(data[name]) == yaml.safe_load(text), f"k8s prometheus-config {name} differs; {fix}"
 
 
 def test_grafana_provisioning_is_mounted_where_it_points() -> None:
