@@ -112,6 +112,8 @@ class TransitionStorage:
         ring; without it (rows that need not be consecutive env steps) stacks are stored whole.
         """
         self.check(obs)
+        if len(action) == 0:  # e.g. an empty demonstrations episode: nothing to store, nothing to evict
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
         if self.obs_shape is None:
             self.allocate(tuple(obs.shape[1:]), obs.dtype, frames=streamed)
         skip = max(0, len(action) - self.capacity)
