@@ -32,6 +32,7 @@ class ScaleModel:
     batch: float
     frame_skip: int = 1
     bare_env_steps_per_s: float | None = None
+    cores_used: float = 0.0  # CPU seconds per second of every Flywheel process: the share of the machine it got
 
     @classmethod
     def from_points(cls, points: list[dict[str, Any]], *, actors: int, frame_skip: int = 1,
@@ -70,7 +71,8 @@ class ScaleModel:
             samples_per_s=samples / dt, transitions_per_s=transitions / dt,
             actor_cpu_per_step=cpu("actor-") / steps, learner_cpu_per_sample=cpu("learner-") / samples,
             replay_cpu_per_item=cpu("replay-") / max(1.0, transitions + samples),
-            batch=samples / max(1.0, updates), frame_skip=frame_skip, bare_env_steps_per_s=bare_env_steps_per_s)
+            batch=samples / max(1.0, updates), frame_skip=frame_skip, bare_env_steps_per_s=bare_env_steps_per_s,
+            cores_used=cpu("") / dt)
 
     @property
     def spi(self) -> float:
