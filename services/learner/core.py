@@ -7,7 +7,6 @@ N updates, and priorities leave through ``staging.HostCopy``. No sockets here.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -160,12 +159,11 @@ class LearnerCore:
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._sums = torch.zeros(4, device=self.device)  # loss, td, q, batches folded from _pending
         self._step_losses: list[torch.Tensor] = []  # losses since the last optimizer step
-        self._amp = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None
-                     else contextlib.nullcontext())
         self.online.train()
         self.target.train()
         self._loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = self._losses
         self.compile_state = "off"  # off | pending (first call not yet done) | on | failed
+        self._cuda_graphs = config.compile and self.cuda and config.compile_mode == "reduce-overhead"
         if config.compile:
             self._loss_fn = (compiler or _default_compiler(config.compile_mode))(self._losses)
             self.compile_state = "pending"
@@ -225,20 +223,32 @@ class LearnerCore:
         loss = quantile_td_loss if self.config.head == "quantile" else q_td_loss
         return loss(out, action, reward, discount, next_target, next_online, self.config.huber_kappa)
 
+    def _nets(self, obs: torch.Tensor, next_obs: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        out = self.online.outputs(obs)
+        with torch.no_grad():
+            next_target = self.target.outputs(next_obs)
+            next_online = self.online.outputs(next_obs) if self.config.double else None
+        return out, next_target, next_online
+
     def _losses(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
                 next_obs: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """IS-weighted mean loss, |TD| per sample and Q of the taken actions."""
-        with self._amp:
-            out = self.online.outputs(obs)
-            with torch.no_grad():
-                next_target = self.target.outputs(next_obs)
-                next_online = self.online.outputs(next_obs) if self.config.double else None
+        """IS-weighted mean loss, |TD| per sample and Q of the taken actions (the networks under autocast)."""
+        if self.amp_dtype is not None:
+            with torch.autocast(self.device.type, dtype=self.amp_dtype):
+                out, next_target, next_online = self._nets(obs, next_obs)
+        else:  # no autocast context at all: entering a disabled one costs as much as a small op
+            out, next_target, next_online = self._nets(obs, next_obs)
         terms = self._terms(out, action, reward, discount, next_target, next_online)
         loss = (weight * terms.per_sample).mean()
         return loss, terms.td_abs, terms.q_taken
 
     def _forward_backward(self, b: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self._cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         loss, td_abs, q_taken = self._loss_fn(b.obs, b.action, b.reward, b.discount, b.next_obs, b.weight)
+        if self._cuda_graphs:  # graph outputs are overwritten by the next replay; these outlive it
+            td_abs, q_taken = td_abs.clone(), q_taken.clone()
         scaled = loss / self.config.grad_accum_steps if self.config.grad_accum_steps > 1 else loss
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss.detach(), td_abs.detach(), q_taken.detach()
@@ -250,6 +260,7 @@ class LearnerCore:
                     first[:300])
         self._loss_fn = self._losses
         self.compile_state = "failed"
+        self._cuda_graphs = False
         self.optimizer.zero_grad(set_to_none=True)  # drop whatever a half-finished backward left
         self._micro = 0
         self._step_losses.clear()

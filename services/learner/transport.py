@@ -97,15 +97,23 @@ class LearnerService:
         return self.feeder.delivered - self.feeder.taken
 
     def run(self) -> int:
-        """Loop until stopped or max_updates; then leave a checkpoint (if configured) and return 0."""
+        """Loop until stopped or max_updates; then leave a checkpoint (if configured) and return 0.
+
+        If the sampling thread dies, the learner stops with one error line, still leaving its checkpoint (1).
+        """
         self.start()
+        code = 0
         while not self._stop:
             if self.settings.max_updates and self.core.steps >= self.settings.max_updates:
                 log.info("learner: reached max_updates=%d, stopping", self.settings.max_updates)
                 break
+            if self.feeder.error is not None:
+                log.error("learner: stopping, the sampling thread failed: %s", self.feeder.error)
+                code = 1
+                break
             self.step(MAX_POLL_MS)
         self.finish()
-        return 0
+        return code
 
     def start(self) -> None:
         """Publish the starting weights (so actors get some early) and start the sampling thread."""
@@ -122,8 +130,6 @@ class LearnerService:
 
     def step(self, timeout_ms: int) -> None:
         """One turn: take a ready batch or command (waiting up to ``timeout_ms`` for one), train, timers."""
-        if self.feeder.error is not None:
-            raise RuntimeError(f"learner sampling thread failed: {self.feeder.error}") from self.feeder.error
         item: ReadyBatch | proto.Control | None = None
         if not self.paused and self._held:
             item = self._held.popleft()

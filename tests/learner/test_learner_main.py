@@ -97,3 +97,22 @@ def test_env_spec_is_used_when_no_spec_given(tmp_path: Path, caplog) -> None:
     assert time.monotonic() - start < 25
     assert any("no learner checkpoint" in r.getMessage() for r in caplog.records)
     assert main(LearnerSettings(env_id="NoSuchEnv-v9", device="cpu")) == 2
+
+
+def test_build_core_uses_every_core_on_cpu_and_resolves_auto_settings() -> None:
+    import torch
+
+    from flywheel.services.learner.main import build_core, usable_cores
+
+    settings = LearnerSettings(device="cpu", torch_threads=0, seed=3, head="quantile", num_quantiles=5,
+                               grad_accum_steps=2)
+    assert settings.compile == "auto" and settings.precision == "auto"
+    core = build_core(settings, (4,), 2, torch.device("cpu"))
+    assert torch.get_num_threads() == usable_cores()
+    config = core.config
+    assert (config.precision, config.compile, config.head, config.num_quantiles, config.grad_accum_steps) == (
+        "fp32", False, "quantile", 5, 2)
+    twin = build_core(settings.model_copy(update={"torch_threads": 1}), (4,), 2, torch.device("cpu"))
+    assert torch.get_num_threads() == 1
+    assert all(torch.equal(a, b) for a, b in zip(core.params, twin.params, strict=True))  # the seed
+    assert LearnerSettings(compile="true").compile == "on" and LearnerSettings(compile=False).compile == "off"

@@ -21,7 +21,7 @@ def test_publishes_by_time_only_while_training(harness) -> None:
     assert _distinct(h.versions)[:3] == [1, 2, 3]
     assert h.core.steps < 1_000_000
     h.replay.answer = False  # no more batches: the last trained weights go out once, then only repeats
-    h.drive(lambda: len(h.replay.pending) == 3, timeout=10)
+    h.drive(lambda: len(h.replay.pending) == 3 and h.service.waiting_batches == 0, timeout=10)
     trained = h.core.steps
     h.drive(lambda: h.service.snapshots.steps_at_last == trained, timeout=5)
     latest = h.service.version
@@ -99,3 +99,29 @@ def test_priorities_reach_the_replay_for_every_batch(harness) -> None:
     h.replay.answer = False
     h.drive(lambda: len(h.replay.priorities) >= h.core.steps)
     assert all(isinstance(u, proto.PriorityUpdate) and u.priority.shape == (32,) for u in h.replay.priorities)
+
+
+def test_a_failed_sampling_thread_stops_the_learner_with_a_checkpoint(harness, tmp_path, caplog) -> None:
+    import threading
+
+    from flywheel.services.learner.checkpoint import CHECKPOINT_FILE
+
+    h = harness()
+
+    def broken_check(batch: proto.SampleBatch) -> None:
+        raise MemoryError("simulated failure while checking a batch")
+
+    h.service.feeder.check = broken_check
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(h.service.run()))
+    with caplog.at_level(logging.ERROR, logger="flywheel.learner"):
+        thread.start()
+        deadline = time.monotonic() + 20
+        while thread.is_alive() and time.monotonic() < deadline:
+            h.replay.pump()
+            time.sleep(0.005)
+        thread.join(timeout=5)
+    assert codes == [1]
+    assert any("sampling thread failed" in r.getMessage() and "simulated" in r.getMessage()
+               for r in caplog.records)
+    assert (tmp_path / CHECKPOINT_FILE).exists()

@@ -300,10 +300,12 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
             service.close()
         replay.close()
     peer = {"peer": median(bare_runs), "peer_name": "bare PyTorch loop", "peer_runs": bare_runs}
-    ratio = median(learner_runs) / median(bare_runs)
+    paired = [u / b for u, b in zip(learner_runs, bare_runs, strict=True)]  # same run, same machine load
     rows = [
         Row(label, "updates/s, learner + replay over TCP", "1/s", median(learner_runs), **peer,
-            goal=f">= {RATIO_GOAL:.2f}x bare loop", flywheel_runs=learner_runs, met=ratio >= RATIO_GOAL),
+            flywheel_runs=learner_runs),
+        Row(label, "learner + replay ÷ bare loop, median of paired runs", "x", median(paired),
+            goal=f">= {RATIO_GOAL:.2f}", flywheel_runs=paired, met=median(paired) >= RATIO_GOAL),
         Row(label, "updates/s, learner core on in-memory batches", "1/s", median(core_runs), **peer,
             flywheel_runs=core_runs),
         Row(label, "time waiting for data", "%", median(wait_runs), higher_is_better=False, flywheel_runs=wait_runs),
