@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -19,7 +20,7 @@ from .core import ActorCore, build_core
 from .malloc import keep_freed_frames
 from .nstep import ControlArgError, apex_epsilon, apply_exploration_command
 from .settings import ActorSettings
-from .transport import LeaseClient, TransitionSender, WeightsReceiver
+from .transport import LeaseClient, TransitionSender, WeightsReceiver, auto_batch_rows
 
 log = logging.getLogger("flywheel.actor")
 
@@ -96,8 +97,10 @@ def main(settings: ActorSettings) -> int:
     telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, "actor", settings.instance,
                                   settings.telemetry_interval_s)
     control = ControlSubscriber(ctx, settings.control_endpoint, "actor", settings.instance, faults)
+    row_bytes = 2 * math.prod(spec.obs_shape) * np.dtype(spec.obs_dtype).itemsize  # obs and next_obs
+    batch_rows = settings.send_batch or auto_batch_rows(settings.num_envs, row_bytes)
     sender = TransitionSender(ctx, settings.transitions_endpoint, settings.instance, hwm=settings.send_hwm,
-                              on_full=settings.on_full, batch_rows=settings.send_batch or settings.num_envs)
+                              on_full=settings.on_full, batch_rows=batch_rows)
     weights = WeightsReceiver(ctx, settings.weights_endpoint, net, faults, interval_s=settings.weights_interval_s)
     lease = LeaseClient(ctx, settings.lease_endpoint, settings.instance, faults)
     state: dict[str, Any] = {"running": True, "paused": False, "epsilon_override": settings.epsilon,
@@ -118,9 +121,9 @@ def main(settings: ActorSettings) -> int:
     if settings.epsilon is None and not lease.wait_first(3.0):
         log.warning("no lease from %s yet: acting as actor 0 of 1 until one arrives", settings.lease_endpoint)
     set_epsilon()
-    log.info("actor %s: %d x %s (%s, %d actions, %s, %d slot group(s)), epsilon %.4f, sending to %s",
-             settings.instance, settings.num_envs, settings.env_id, net.name, spec.n_actions, settings.vector_mode,
-             len(core.groups), core.epsilon, settings.transitions_endpoint)
+    log.info("actor %s: %d x %s (%s, %d actions, %s, %d slot group(s)), epsilon %.4f, sending %d rows a message "
+             "to %s", settings.instance, settings.num_envs, settings.env_id, net.name, spec.n_actions,
+             settings.vector_mode, len(core.groups), core.epsilon, batch_rows, settings.transitions_endpoint)
     rate = {"since": time.monotonic(), "steps": 0.0, "per_s": 0.0}
 
     def report() -> None:

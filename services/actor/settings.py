@@ -30,7 +30,8 @@ class ActorSettings(CommonSettings):
     epsilon_base: float = Field(0.4, gt=0, lt=1, description="Ape-X base: eps_i = base^(1 + alpha*i/(N-1))")
     epsilon_alpha: float = Field(7.0, ge=0, description="Ape-X alpha")
     eval_envs: int = Field(0, ge=0, le=1, description="one extra greedy env whose returns are reported, not sent")
-    send_batch: int = Field(0, ge=0, le=65536, description="transitions per message (0: one vector step's worth)")
+    send_batch: int = Field(0, ge=0, le=65536,
+                            description="transitions per message (0: whole vector steps up to 256 rows or 1 MiB)")
     on_full: Literal["block", "drop"] = Field("block", description="at the replay high-water mark: block or drop")
     send_hwm: int = Field(16, ge=1, description="send high-water mark, in messages")
     transitions_endpoint: str = Field("tcp://127.0.0.1:5555", description="replay PULL endpoint")

@@ -15,7 +15,7 @@ import zmq
 from flywheel import proto
 from flywheel.nets import QNetwork, build_q_network, weights_message
 from flywheel.services.actor.nstep import Emitted
-from flywheel.services.actor.transport import LeaseClient, TransitionSender, WeightsReceiver
+from flywheel.services.actor.transport import LeaseClient, TransitionSender, WeightsReceiver, auto_batch_rows
 from flywheel.transport import FaultCounter
 
 DEADLINE_S = 10.0
@@ -270,3 +270,11 @@ def test_lease_client_gets_and_follows_its_slot(ctx: zmq.Context) -> None:
     assert proto.decode(router.recv_multipart()[1:], expect=proto.LeaseRequest).release
     client.close()
     router.close()
+
+
+def test_auto_batch_rows_whole_steps_up_to_rows_or_bytes() -> None:
+    assert auto_batch_rows(64, 32) == 256  # CartPole: four vector steps
+    assert auto_batch_rows(16, 32) == 256
+    assert auto_batch_rows(1000, 32) == 1000  # never less than one step
+    assert auto_batch_rows(8, 2 * 4 * 84 * 84) == 24  # Pong stacks: three steps pass 1 MiB
+    assert auto_batch_rows(3, 1 << 21) == 3

@@ -26,7 +26,7 @@ from flywheel.envs import env_spec, make_env, make_vector_env
 from flywheel.nets import build_q_network
 from flywheel.services.actor.core import ActorCore
 from flywheel.services.actor.malloc import keep_freed_frames
-from flywheel.services.actor.transport import TransitionSender
+from flywheel.services.actor.transport import TransitionSender, auto_batch_rows
 
 DESCRIPTION = "actor loop vs bare env loop (Mario, Pong) on one core, raw emulator speed, CartPole/Snake x64"
 OPTIONS = {
@@ -187,7 +187,9 @@ def actor_loop(env_id: str, num_envs: int, seconds: float, seed: int, ctx: zmq.C
     vec = make_vector_env(env_id, num_envs, seed, mode=mode)  # type: ignore[arg-type]
     core = ActorCore(vec, net, n_step=3, gamma=0.99, seed=seed)
     core.epsilon = 0.4  # Ape-X actor 0
-    sender = TransitionSender(ctx, endpoint, "bench", hwm=64, on_full="block", batch_rows=num_envs)
+    row_bytes = 2 * int(np.prod(spec.obs_shape)) * np.dtype(spec.obs_dtype).itemsize
+    sender = TransitionSender(ctx, endpoint, "bench", hwm=64, on_full="block",
+                              batch_rows=auto_batch_rows(num_envs, row_bytes))  # as the actor service does
     try:
         for _ in range(2 * len(core.groups)):  # fill the n-step window edge and the pipeline
             sender.add(core.step(), 1, lambda: True)
