@@ -33,7 +33,8 @@ class LearnerSettings(CommonSettings):
     grad_accum_steps: int = Field(1, ge=1, le=1024,
                                   description="sampled batches whose gradients are summed per optimizer step")
     hidden: int = Field(256, ge=8, le=8192, description="width of the MLP / small-CNN hidden layers")
-    requests_in_flight: int = Field(4, ge=1, le=64, description="sample requests kept outstanding at the replay")
+    requests_in_flight: int = Field(4, ge=1, le=64, description="sample requests kept outstanding at the replay "
+                                                                 "(up to twice as many batches are buffered)")
     request_timeout_s: float = Field(60.0, gt=0, le=3600,
                                      description="re-send sample requests when no batch arrived for this long")
     publish_interval_updates: int = Field(50, ge=1, le=1_000_000, description="publish weights every K updates")
