@@ -107,7 +107,10 @@ def run(ctx: BenchContext) -> SuiteResult:
                 _monitor(ctx, run_, watcher, minutes, poll_s, eval_every, eval_episodes, eval_eps, points, evals)
             finally:
                 watcher.close()
-    return _result(ctx, env_id, actors, minutes, random_d, bare_rate, points, evals, eval_eps)
+    result = summarize(env_id, actors, minutes, random_d, bare_rate, points, evals, eval_eps)
+    if points:
+        result.plots.append(_plot(ctx, env_id, points, evals, random_d))
+    return result
 
 
 def _spec(env_id: str) -> tuple[tuple[int, ...], int]:
@@ -150,8 +153,9 @@ def _monitor(ctx: BenchContext, run: FlywheelRun, watcher: WeightsWatcher, minut
                          f"{', '.join(f'{d:.0f}' for d in distances)}")
 
 
-def _result(ctx: BenchContext, env_id: str, actors: int, minutes: float, random_d: list[float], bare_rate: float,
-            points: list[dict[str, Any]], evals: list[dict[str, Any]], eval_eps: float) -> SuiteResult:
+def summarize(env_id: str, actors: int, minutes: float, random_d: list[float], bare_rate: float,
+              points: list[dict[str, Any]], evals: list[dict[str, Any]], eval_eps: float) -> SuiteResult:
+    """Rows, notes and the scale model's table from what the run recorded; no plotting."""
     result = SuiteResult(suite="mario", title=f"{env_id}: {minutes:g} minutes of flywheel run vs a random policy")
     late = [d for e in evals if e["t"] >= 0.75 * 60 * minutes for d in e["distances"]] or \
         [d for e in evals[-1:] for d in e["distances"]]
@@ -184,8 +188,6 @@ def _result(ctx: BenchContext, env_id: str, actors: int, minutes: float, random_
         result.notes.append(f"At the end: {last['env_steps']:,.0f} agent steps ({FRAME_SKIP * last['env_steps']:,.0f} "
                             f"frames), {last['updates']:,.0f} updates, replay {last['replay_size']:,.0f} transitions.")
     result.extra.update({"points": points, "evals": evals, "random_distances": random_d, "minutes": minutes})
-    if points:
-        result.plots.append(_plot(ctx, env_id, points, evals, random_d))
     return result
 
 

@@ -197,10 +197,13 @@ def run(ctx: BenchContext) -> SuiteResult:
             for side in sides:
                 ctx.progress(f"seed {seed}: {side.__name__.removeprefix('_run_')}")
                 results.append(side(ctx, seed, cap_s, opts, workdir))
-    return _result(ctx, results, cap_s, opts)
+    result = summarize(results, cap_s, opts)
+    result.plots.append(_plot(ctx, results, opts["target"]))
+    return result
 
 
-def _result(ctx: BenchContext, results: list[dict[str, Any]], cap_s: float, opts: dict[str, Any]) -> SuiteResult:
+def summarize(results: list[dict[str, Any]], cap_s: float, opts: dict[str, Any]) -> SuiteResult:
+    """Rows and notes from per-seed results (``side``, ``reached``, ``first_step_s``, ``curve``); no plotting."""
     fw = [r for r in results if r["side"] == "flywheel"]
     sb = [r for r in results if r["side"] == "sb3"]
     fw_s, sb_s = [_seconds(r, cap_s) for r in fw], [_seconds(r, cap_s) for r in sb]
@@ -246,7 +249,6 @@ def _result(ctx: BenchContext, results: list[dict[str, Any]], cap_s: float, opts
         f"Per seed (s): Flywheel {', '.join(f'{v:.1f}' for v in fw_s)}; SB3 {', '.join(f'{v:.1f}' for v in sb_s)}.",
     ]
     result.extra = {"runs": results, "cap_s": cap_s, "options": {k: v for k, v in opts.items()}}
-    result.plots.append(_plot(ctx, results, target))
     return result
 
 

@@ -1,0 +1,160 @@
+"""The sb3, origins, scaling and mario suites' parts that need no peer: summaries, the scale model, evaluation,
+the weights watcher over a real socket, and the origin loop itself (briefly)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from flywheel import proto
+from flywheel.bench.suites import mario, origins, sb3, scaling
+from flywheel.bench.suites._harness import WeightsWatcher, free_port_block, greedy_returns
+from flywheel.bench.suites._origin_loop import measure
+from flywheel.bench.suites._scale import ScaleModel, scale_table
+from flywheel.nets import build_q_network, weights_message
+
+
+def _point(t: float, steps: float, updates: float, transitions: float, cpu: dict[str, float]) -> dict:
+    return {"t": t, "env_steps": steps, "updates": updates, "samples": 32 * updates, "transitions": transitions,
+            "cpu": cpu}
+
+
+def test_scale_model_costs_limits_and_needs() -> None:
+    first = _point(10, 1000, 100, 1000, {"actor-0": 1.0, "actor-1": 1.0, "learner-0": 2.0, "replay-0": 0.5})
+    last = _point(20, 3000, 350, 3000, {"actor-0": 3.0, "actor-1": 3.0, "learner-0": 10.0, "replay-0": 1.5})
+    model = ScaleModel.between(first, last, actors=2, frame_skip=4)
+    assert model is not None
+    assert model.env_steps_per_s == 200 and model.updates_per_s == 25 and model.batch == 32
+    assert model.spi == pytest.approx(4.0)
+    assert model.actor_cpu_per_step == pytest.approx(4.0 / 2000)
+    assert model.learner_cpu_per_sample == pytest.approx(8.0 / 8000)
+    assert model.replay_cpu_per_item == pytest.approx(1.0 / 10000)
+    assert model.cores_used == pytest.approx(1.3)
+    # per env step: 2 ms actor + 4 x 1 ms learner + 5 x 0.1 ms replay = 6.5 ms of CPU
+    rate, limit = model.env_steps_on(1.0)
+    assert limit == "cores" and rate == pytest.approx(1 / 0.0065)
+    rate, limit = model.env_steps_on(64.0)
+    assert limit == "learner (one process)" and rate == pytest.approx(250.0)
+    needs = model.needs(frames=4 * 3600 * 100, hours=1)  # 100 env steps/s
+    assert needs["env_steps_per_s"] == pytest.approx(100)
+    assert needs["actor_cores"] == pytest.approx(0.2) and needs["learner_samples_per_s"] == pytest.approx(400)
+    assert needs["actors_at_measured_rate"] == pytest.approx(1.0)
+    table = scale_table(model, targets=((1.44e6, 1),))[0]
+    assert "| 1M frames in 1 h | 100 | 0.2 | 1 | 400 | 0.4 | 0.8 | 0.05 |" in table
+    assert ScaleModel.between(first, first, actors=2) is None
+    assert ScaleModel.from_points([first], actors=2) is None
+
+
+def test_sb3_summary_counts_censored_runs_at_the_cap() -> None:
+    opts = {"target": 475.0, "eval_episodes": 10, "eval_interval_s": 2.0, "actors": 2, "threads": 1, "sets": []}
+    runs = [
+        {"side": "sb3", "seed": 0, "reached": {"s": 40.0, "steps": 20000}, "first_step_s": 3.0, "curve": []},
+        {"side": "sb3", "seed": 1, "reached": None, "first_step_s": 3.5, "curve": []},
+        {"side": "sb3", "seed": 2, "reached": {"s": 60.0, "steps": 30000}, "first_step_s": 3.2, "curve": []},
+        {"side": "flywheel", "seed": 0, "reached": {"s": 20.0, "steps": 90000}, "first_step_s": 5.0, "curve": []},
+        {"side": "flywheel", "seed": 1, "reached": {"s": 25.0, "steps": 95000}, "first_step_s": 5.5, "curve": []},
+        {"side": "flywheel", "seed": 2, "reached": {"s": 35.0, "steps": 99000}, "first_step_s": 6.0, "curve": []},
+    ]
+    result = sb3.summarize(runs, 300.0, opts)
+    time_row = result.rows[0]
+    assert time_row.peer_runs == [40.0, 300.0, 60.0] and time_row.peer == 60.0
+    assert time_row.flywheel == 25.0 and time_row.ratio == pytest.approx(2.4) and time_row.met is True
+    assert result.rows[1].flywheel == 95000 and result.rows[1].peer == 25000
+    assert any("SB3 1 of 3" in note for note in result.notes)
+    runs[3]["reached"] = runs[4]["reached"] = None  # a median that is censored never meets the goal
+    assert sb3.summarize(runs, 300.0, opts).rows[0].met is False
+    only = sb3.summarize([r for r in runs if r["side"] == "flywheel"], 300.0, opts)
+    assert only.rows[0].peer is None and only.rows[0].met is None
+
+
+def test_origins_rows_compare_medians_against_the_reports_goals() -> None:
+    def side(steps: float, updates: float, epoch: float) -> dict:
+        return {"env_steps_per_s": steps, "updates_per_s": updates, "samples_per_s": 128 * updates,
+                "learner_wait": 0.1, "acting_wait": 0.5, "lock_wait_ms_per_s": 0.0, "drops": 0, "epoch_s": epoch}
+
+    result = origins.SuiteResult(suite="origins", title="t")
+    origins._rows(result, "CartPole-v1", {"loop": [side(500, 30, 8), side(520, 32, 7.9)],
+                                          "flywheel": [side(1000, 90, 4), side(1200, 100, 3.5)]})
+    rows = {(r.metric, r.unit): r for r in result.rows}
+    experience = rows[("experience rate", "env steps/s")]
+    assert experience.flywheel == 1100 and experience.peer == 510 and experience.met is True
+    training = rows[("training throughput", "updates/s")]
+    assert training.ratio == pytest.approx(95 / 31) and training.met is True
+    epoch = rows[("time per epoch (4,096 env steps + training)", "s")]
+    assert epoch.ratio == pytest.approx(7.95 / 3.75) and epoch.met is False
+    assert rows[("learner waiting for data", "% of time")].flywheel == pytest.approx(10.0)
+
+
+def test_scaling_model_section_names_the_limit() -> None:
+    first = _point(0, 0, 0, 0, {"actor-0": 0.0, "actor-1": 0.0, "learner-0": 0.0, "replay-0": 0.0})
+    last = _point(10, 20000, 500, 20000, {"actor-0": 5.0, "actor-1": 5.0, "learner-0": 8.0, "replay-0": 1.0})
+    model = ScaleModel.between(first, last, actors=2)
+    run = {"model": model, "env_steps_per_s": model.env_steps_per_s, "samples_per_s": model.samples_per_s}
+    measured = {"CartPole-v1": {"preset": {1: [run], 2: [run]}, "free": {1: [run], 2: [run]}}}
+    section = scaling._model_sections(measured, [1, 2])[0]
+    assert "| CartPole-v1 |" in section and "(learner)" in section
+    assert "2,000 (1.90 cores busy)" in section
+
+
+def test_mario_summary_against_random_and_scale_rows() -> None:
+    points = [
+        {**_point(60 * m, 1000 * m, 100 * m, 1000 * m, {"actor-0": 10.0 * m, "learner-0": 5.0 * m,
+                                                         "replay-0": 1.0 * m}),
+         "distance": {"actor-0": 300.0 + m}, "epsilon": {"actor-0": 0.4}, "replay_size": 1000.0 * m}
+        for m in range(1, 6)]
+    evals = [{"t": 240.0, "version": 9, "distances": [900.0, 1100.0]}]
+    result = mario.summarize("SuperMarioBros-1-1-v0", 1, 5, [400.0, 600.0, 500.0], 80.0, points, evals, 0.05)
+    row = result.rows[0]
+    assert row.flywheel == 1000.0 and row.peer == 500.0 and row.met is True
+    assert any(r.metric == "env steps/s per actor" and r.peer == 80.0 for r in result.rows)
+    assert result.sections and "200M frames in 24 h" in result.sections[0]
+
+
+def test_greedy_returns_are_seeded_and_batched() -> None:
+    always_left = lambda obs: np.tile([1.0, 0.0], (len(obs), 1))  # noqa: E731
+    a = greedy_returns(always_left, "CartPole-v1", 3, seed=7)
+    b = greedy_returns(always_left, "CartPole-v1", 3, seed=7)
+    assert a.shape == (3,) and (a == b).all() and (a >= 1).all() and (a < 30).all()
+
+
+def test_weights_watcher_loads_the_newest_version_over_a_real_socket() -> None:
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = free_port_block(1)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    watcher = WeightsWatcher(f"tcp://127.0.0.1:{port}", (4,), 2)
+    try:
+        source = build_q_network((4,), 2, hidden=64)
+        deadline = time.monotonic() + 20
+        while watcher.version < 3 and time.monotonic() < deadline:  # PUB/SUB joins late: resend until it lands
+            pub.send(b"not a message")
+            pub.send_multipart(proto.encode(weights_message(source, 3, source.name)))
+            watcher.poll(200)
+        assert watcher.version == 3 and watcher.net.name == "mlp-4-2-dueling-h64"
+        obs = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+        with torch.inference_mode():
+            expected = source(torch.from_numpy(obs)).numpy()
+        np.testing.assert_allclose(watcher.q_values(obs), expected, rtol=1e-6)
+        assert watcher.rejected >= 1
+        pub.send_multipart(proto.encode(weights_message(source, 2, source.name)))  # older: ignored
+        watcher.poll(200)
+        assert watcher.version == 3
+    finally:
+        watcher.close()
+        pub.close(0)
+        ctx.term()
+
+
+def test_origin_loop_measures_a_short_cartpole_run() -> None:
+    r = measure({"env": "CartPole-v1", "batch": 32, "learn_every": 4, "capacity": 5000, "min_size": 200,
+                 "seconds": 1.0, "hidden": 32, "epoch_steps": 64, "sync_epochs": 1})
+    assert r["env_steps"] > 64 and r["updates"] == r["env_steps"] // 4 and r["samples"] == 32 * r["updates"]
+    assert 0 < r["learn_s"] < r["seconds"] and 0 < r["act_s"] < r["seconds"] and r["sync_s"] > 0
+    assert len(r["epoch_times"]) == r["env_steps"] // 64 and all(t > 0 for t in r["epoch_times"])
+    assert r["lock_wait_s"] >= 0 and r["drops"] == 0 and not math.isnan(r["seconds"])
