@@ -61,6 +61,7 @@ class Snapshotter:
         if pid == 0:  # the child: write and leave without running any of the parent's cleanup
             code = 1
             try:
+                os.nice(10)  # the loop it was forked from keeps the CPU first
                 checkpoint.save(self.state(), self.directory, self.info())
                 code = 0
             except BaseException as exc:  # reported through the exit code and stderr

@@ -34,12 +34,16 @@ class SumTree:
             raise ValueError("priorities must be finite and non-negative")
         nodes = slots + self.leaves
         self.tree[nodes] = values
-        nodes = np.unique(nodes >> 1)
-        while nodes[0] >= 1:
+        nodes = np.unique(nodes >> 1)  # sorted: every level above stays sorted, so duplicates are neighbours
+        keep = np.empty(nodes.size, dtype=bool)
+        while nodes[0] >= 1:  # a one-leaf tree has no inner node
             self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
             if nodes[0] == 1:
                 break
-            nodes = np.unique(nodes >> 1)
+            nodes >>= 1
+            keep[0] = True
+            np.not_equal(nodes[1:], nodes[:-1], out=keep[1:nodes.size])
+            nodes = nodes[keep[:nodes.size]]
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """Leaf slots whose prefix-sum interval contains each target in [0, total)."""
