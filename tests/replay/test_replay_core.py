@@ -232,3 +232,51 @@ def test_set_ratio_validates_and_applies() -> None:
         with pytest.raises(ValueError):
             core.set_ratio(*bad)
     assert (core.limiter.samples_per_insert, core.limiter.error_buffer) == (2.0, 0.0)
+
+
+def test_prioritized_sampling_frequencies_follow_priorities_to_the_alpha() -> None:
+    core = make_core(50, alpha=0.5, priority_eps=0.0, seed=3)
+    priorities = np.random.default_rng(4).uniform(0.0, 9.0, 50)
+    priorities[7] = 0.0  # never sampled
+    core.insert(transitions(0, 50))
+    core.update_priorities(np.arange(50), priorities)
+    counts = np.zeros(50)
+    draws = 0
+    for _ in range(200):
+        batch = core.sample(500, beta=1.0)
+        np.add.at(counts, batch.index, 1)
+        draws += 500
+    expected = priorities ** 0.5 / (priorities ** 0.5).sum() * draws
+    assert counts[7] == 0
+    live = expected > 0
+    chi2 = float(((counts[live] - expected[live]) ** 2 / expected[live]).sum())
+    dof = int(live.sum()) - 1
+    assert chi2 < dof + 6 * np.sqrt(2 * dof) + 10  # far above the 99.9th percentile of chi2(dof)
+    # With beta = 1 the weighted sample is unbiased: mean of w * p over draws ~ uniform weighting.
+    batch = core.sample(5000, beta=1.0)
+    probs = priorities[batch.index] ** 0.5 / (priorities ** 0.5).sum()
+    np.testing.assert_allclose(batch.weight, (1 / (50 * probs)) / (1 / (50 * probs)).max(), rtol=1e-5)
+
+
+def test_demo_ratio_takes_a_fixed_share_and_weights_both_tables() -> None:
+    core = make_core(100, demo_ratio=0.25, alpha=1.0, priority_eps=0.0, seed=5)
+    core.insert(transitions(0, 100))
+    core.load_demos(20, (4,), np.float32, [transitions(1000, 12), transitions(1012, 8)])
+    assert core.demos.size == 20 and core.limiter.inserts == 100  # demonstrations are not actor inserts
+    batch = core.sample(64, beta=0.5)
+    assert int(batch.is_demo.sum()) == 16 and batch.is_demo.dtype == np.uint8
+    demo = batch.is_demo == 1
+    assert np.all(batch.action[demo] >= 1000) and np.all(batch.index[demo] == -1 - (batch.action[demo] - 1000))
+    # Every row of each table has priority 1: a main row has probability 0.75/100, a demo row 0.25/20.
+    p_main, p_demo = 0.75 / 100, 0.25 / 20
+    w_main, w_demo = (120 * p_main) ** -0.5, (120 * p_demo) ** -0.5
+    top = max(w_main, w_demo)
+    np.testing.assert_allclose(batch.weight[~demo], w_main / top, rtol=1e-5)
+    np.testing.assert_allclose(batch.weight[demo], w_demo / top, rtol=1e-5)
+    assert core.limiter.samples == 48  # only the main table's rows count against the ratio
+    # Demonstrations are never evicted, however much the actors send.
+    core.insert(transitions(100, 500))
+    assert core.demos.size == 20 and core.size == 100
+    assert core.update_priorities(np.array([-1, -20, -21, 5]), np.array([4.0, 4.0, 4.0, 4.0])) == 2
+    with pytest.raises(SchemaMismatch):
+        core.load_demos(4, (5,), np.float32, [transitions(0, 4, obs_shape=(5,))])
