@@ -114,14 +114,15 @@ class ActorCore:
                 final_max_q = np.zeros(len(res.truncated))
                 rows = np.flatnonzero(res.truncated)
                 final_max_q[rows] = self._q_values(np.ascontiguousarray(res.final_obs[rows])).max(axis=1)
+            next_obs, final_obs = res.obs, res.final_obs
+            if self.vec.reuses_buffers:  # shared memory is rewritten next step: keep copies (the n-step window does)
+                next_obs = np.array(res.obs)
+                final_obs = np.array(res.final_obs) if (res.terminated | res.truncated).any() else next_obs
             emitted = self.nstep[g].push(self.obs[g], self.actions[g], self.q_sa[g], res.reward, res.terminated,
-                                         res.truncated, res.final_obs, final_max_q)
+                                         res.truncated, final_obs, final_max_q)
             if emitted is not None:
                 ready.append(emitted)
-            if self.vec.reuses_buffers:
-                np.copyto(self.obs[g], res.obs)
-            else:
-                self.obs[g] = res.obs
+            self.obs[g] = next_obs  # a fresh array each step: the n-step window holds it by reference
             for episode in res.episodes:
                 self.stats.record(episode)
             self.env_steps += len(res.reward)

@@ -38,11 +38,17 @@ class NStepAccumulator:
             raise ValueError("n must be at least 1")
         self.num_envs, self.n, self.gamma = num_envs, n, gamma
         self.stream_base = stream_base
-        self.obs_w = np.zeros((n, num_envs, *obs_shape), dtype=obs_dtype)
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
+        # The last n observation batches, by reference: push takes ownership (no copy of frame stacks).
+        self.obs_w: list[np.ndarray | None] = [None] * n
         self.act_w = np.zeros((n, num_envs), dtype=np.int64)
         self.rew_w = np.zeros((n, num_envs), dtype=np.float64)
         self.qsa_w = np.zeros((n, num_envs), dtype=np.float64)
         self.filled = np.zeros(num_envs, dtype=np.int64)
+        self.all_full = False  # every env has n steps in its window: the steady state's fast path applies
+        self._envs = np.arange(num_envs)
+        self._streams = (self._envs + stream_base).astype(np.int64)
+        self._discount_n = np.full(num_envs, gamma**n, dtype=np.float32)
         self.t = 0
         self.pending: Emitted | None = None
         self.pending_env: np.ndarray = np.zeros(0, dtype=np.int64)
@@ -55,17 +61,22 @@ class NStepAccumulator:
 
         ``next_obs`` holds, for envs whose episode ended, the final observation (not the reset one).
         ``final_max_q`` holds max-Q of ``next_obs`` for truncated envs (needed to bootstrap them).
+        ``obs`` and ``next_obs`` are kept by reference and may be emitted as they are: the caller
+        must not modify them afterwards (give each step fresh arrays).
         """
         slot = self.t % self.n
         self.obs_w[slot] = obs
         self.act_w[slot] = action
         self.rew_w[slot] = reward
         self.qsa_w[slot] = q_sa
-        self.filled = np.minimum(self.filled + 1, self.n)
         done = terminated | truncated
+        if self.all_full and not done.any():
+            return self._push_steady(slot, next_obs)
+        self.filled = np.minimum(self.filled + 1, self.n)
         ages = np.arange(self.n)[:, None]
         emit = (ages < self.filled[None, :]) & (done[None, :] | (ages == self.n - 1) & (self.filled[None, :] == self.n))
         if not emit.any():
+            self.all_full = bool((self.filled == self.n).all())
             self.t += 1
             return None
         # Return of the entry of age j: G_j = r(age j) + gamma * G_{j-1}, G_0 = r(age 0).
@@ -79,17 +90,19 @@ class NStepAccumulator:
         age_idx = self.n - 1 - newer
         slots = slots_by_age[age_idx]
         discount = self.gamma ** (age_idx + 1) * (1.0 - terminated[env_idx])
+        every_env_once = len(env_idx) == self.num_envs and not done.any()  # the steady state: no copies
         rows = Emitted(
-            obs=self.obs_w[slots, env_idx],
+            obs=self.obs_w[int(slots[0])] if every_env_once else self._gather(slots, env_idx),  # type: ignore[arg-type]
             action=self.act_w[slots, env_idx],
             reward=returns[age_idx, env_idx].astype(np.float32),
             discount=discount.astype(np.float32),
-            next_obs=np.asarray(next_obs)[env_idx],
+            next_obs=np.asarray(next_obs) if every_env_once else np.asarray(next_obs)[env_idx],
             priority=np.zeros(len(env_idx), dtype=np.float32),
             stream=(env_idx + self.stream_base).astype(np.int64),
         )
         base = rows.reward - self.qsa_w[slots, env_idx]
         self.filled[done] = 0
+        self.all_full = bool((self.filled == self.n).all())
         self.t += 1
         # Terminated rows need no bootstrap; truncated rows bootstrap from their final observation.
         ready = done[env_idx]
@@ -106,6 +119,33 @@ class NStepAccumulator:
             self.pending_env = env_idx[waiting]
             self.pending_base = base[waiting]
         return _take(rows, ready) if ready.any() else None
+
+    def _push_steady(self, slot: int, next_obs: np.ndarray) -> None:
+        """No episode ended and every window is full: each env's oldest step matures; nothing is copied."""
+        oldest = (self.t + 1) % self.n
+        ret = self.rew_w[slot].copy()
+        for j in range(1, self.n):
+            ret = self.rew_w[(self.t - j) % self.n] + self.gamma * ret
+        obs = self.obs_w[oldest]
+        assert obs is not None
+        rows = Emitted(obs=obs, action=self.act_w[oldest].copy(), reward=ret.astype(np.float32),
+                       discount=self._discount_n, next_obs=np.asarray(next_obs),
+                       priority=np.zeros(self.num_envs, dtype=np.float32), stream=self._streams)
+        self.pending = rows
+        self.pending_env = self._envs
+        self.pending_base = rows.reward - self.qsa_w[oldest]
+        self.t += 1
+        return None
+
+    def _gather(self, slots: np.ndarray, env_idx: np.ndarray) -> np.ndarray:
+        """Observations of (slot, env) pairs, copied out of the referenced batches."""
+        out = np.empty((len(env_idx), *self.obs_shape), dtype=self.obs_dtype)
+        for slot in np.unique(slots):
+            rows = slots == slot
+            batch = self.obs_w[int(slot)]
+            assert batch is not None
+            out[rows] = batch[env_idx[rows]]
+        return out
 
     def finish(self, max_q: np.ndarray) -> Emitted | None:
         """Complete pending rows with max-Q of the observations each env is about to act on."""
