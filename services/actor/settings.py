@@ -31,7 +31,7 @@ class ActorSettings(CommonSettings):
     epsilon_alpha: float = Field(7.0, ge=0, description="Ape-X alpha")
     eval_envs: int = Field(0, ge=0, le=1, description="one extra greedy env whose returns are reported, not sent")
     send_batch: int = Field(0, ge=0, le=65536,
-                            description="transitions per message (0: whole vector steps up to 256 rows or 1 MiB)")
+                            description="transitions per message (0: whole vector steps up to 256 rows or 256 KiB)")
     on_full: Literal["block", "drop"] = Field("block", description="at the replay high-water mark: block or drop")
     send_hwm: int = Field(16, ge=1, description="send high-water mark, in messages")
     transitions_endpoint: str = Field("tcp://127.0.0.1:5555", description="replay PULL endpoint")

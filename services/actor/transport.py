@@ -24,11 +24,12 @@ class StaleWeights(ValueError):
     fault = "stale_version"
 
 
-def auto_batch_rows(num_envs: int, row_bytes: int, *, min_rows: int = 256, max_bytes: int = 1 << 20) -> int:
+def auto_batch_rows(num_envs: int, row_bytes: int, *, min_rows: int = 256, max_bytes: int = 256 << 10) -> int:
     """Rows per message when ``send_batch`` is 0: whole vector steps until ``min_rows`` rows or ``max_bytes``.
 
     Every message costs a fixed amount (encoding, a syscall, waking ZeroMQ's I/O thread), which
-    dominates for small rows (CartPole: 40 bytes); pixel rows reach the byte cap in a few steps.
+    dominates for small rows (CartPole: 40 bytes); pixel rows reach the byte cap in one or two steps,
+    so their messages need no concatenation.
     """
     steps = 1
     while steps * num_envs < min_rows and steps * num_envs * row_bytes < max_bytes:

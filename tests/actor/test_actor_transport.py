@@ -276,5 +276,6 @@ def test_auto_batch_rows_whole_steps_up_to_rows_or_bytes() -> None:
     assert auto_batch_rows(64, 32) == 256  # CartPole: four vector steps
     assert auto_batch_rows(16, 32) == 256
     assert auto_batch_rows(1000, 32) == 1000  # never less than one step
-    assert auto_batch_rows(8, 2 * 4 * 84 * 84) == 24  # Pong stacks: three steps pass 1 MiB
+    assert auto_batch_rows(8, 2 * 4 * 84 * 84) == 8  # Pong stacks: one step passes 256 KiB
+    assert auto_batch_rows(2, 2 * 4 * 84 * 84) == 6
     assert auto_batch_rows(3, 1 << 21) == 3
