@@ -61,6 +61,7 @@ class Snapshotter:
         if pid == 0:  # the child: write and leave without running any of the parent's cleanup
             code = 1
             try:
+                _die_with_parent()
                 os.nice(10)  # the loop it was forked from keeps the CPU first
                 checkpoint.save(self.state(), self.directory, self.info())
                 code = 0
@@ -108,3 +109,14 @@ class Snapshotter:
         self.last_duration_s = time.monotonic() - begin
         log.info("checkpoint (%s) of %d transitions written to %s in %.1f s", why, self.size(), self.directory,
                  self.last_duration_s)
+
+
+def _die_with_parent() -> None:
+    """Linux: the writer dies with the replay, so an orphan never renames an old snapshot over a newer one."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
