@@ -239,3 +239,24 @@ def test_bad_pixel_inserts_are_counted_and_storage_stays_intact(ctx: zmq.Context
         wait_for(lambda: core.size == streams.position, "a good batch after the bad ones")
         assert_stored_as_sent(core, streams.sent)
         push.close(0)
+
+
+def test_pause_holds_inserts_and_samples_until_resume(ctx: zmq.Context) -> None:
+    core = make_core(64, min_size_to_sample=1)
+    core.insert(transitions(0, 8))
+    with running_server(core) as rs:
+        rs.send_control("pause", seq=1)
+        wait_for(lambda: rs.server.paused, "pause")
+        push = ctx.socket(zmq.PUSH)
+        push.connect(rs.transitions)
+        push.send_multipart(proto.encode(transitions(8, 4)))
+        learner = ctx.socket(zmq.DEALER)
+        learner.connect(rs.sample)
+        learner.send_multipart(proto.encode(proto.SampleRequest(1, 4, 0.4)))
+        wait_for(lambda: len(rs.server.pending) == 1, "the request to wait")
+        assert learner.poll(300) == 0 and core.size == 8
+        rs.send_control("resume", seq=2)
+        assert receive(learner).request_id == 1
+        wait_for(lambda: core.size == 12, "the held insert")
+        push.close(0)
+        learner.close(0)
