@@ -70,6 +70,7 @@ class ZeroBasedActions(gymnasium.ActionWrapper[Any, np.int64, Any]):
 
 def make_gymnasium_env(env_id: str, **options: Any) -> gymnasium.Env[np.ndarray, Any]:
     """Build a registered Gymnasium env and adapt its spaces; options go to gymnasium.make."""
+    options.setdefault("disable_env_checker", True)  # the passive checker is one more wrapper call per step
     env = gymnasium.make(env_id, **options)
     action_space = env.action_space
     if not isinstance(action_space, spaces.Discrete):

@@ -145,8 +145,8 @@ class InProcessVector(SyncVectorEnv):
         self.obs_dtype = np.dtype(space.dtype)
         self.n_actions = int(self.envs[0].action_space.n)
         self._self_reporting = [bool(getattr(env.unwrapped, "reports_episodes", False)) for env in self.envs]
-        self._ret = np.zeros(self.num_envs)
-        self._len = np.zeros(self.num_envs, dtype=np.int64)
+        self._ret = [0.0] * self.num_envs
+        self._len = [0] * self.num_envs
         self._closed = False
 
     def reset(self) -> np.ndarray:
@@ -157,28 +157,30 @@ class InProcessVector(SyncVectorEnv):
             obs[i] = env.reset(seed=seed)[0]
             if seed is not None:
                 env.action_space.seed(seed)
-        self._ret[:] = 0.0
-        self._len[:] = 0
+        self._ret = [0.0] * self.num_envs
+        self._len = [0] * self.num_envs
         return obs
 
     def _step(self, actions: np.ndarray) -> VectorStep:
         n = self.num_envs
-        reward = np.zeros(n, dtype=np.float32)
-        terminated = np.zeros(n, dtype=bool)
-        truncated = np.zeros(n, dtype=bool)
+        rewards, terms, truncs = [0.0] * n, [False] * n, [False] * n
         episodes: list[EpisodeEnd] = []
         obs_out = np.empty((n, *self.obs_shape), dtype=self.obs_dtype)  # fresh: callers may keep it
         last: dict[int, np.ndarray] = {}
-        for i, env in enumerate(self.envs):
-            obs, r, term, trunc, info = env.step(int(actions[i]))
-            reward[i], terminated[i], truncated[i] = r, term, trunc
-            self._ret[i] += r
-            self._len[i] += 1
+        ret, length = self._ret, self._len
+        for i, (env, action) in enumerate(zip(self.envs, actions.tolist(), strict=True)):
+            obs, r, term, trunc, info = env.step(action)
+            rewards[i], terms[i], truncs[i] = r, term, trunc
+            ret[i] += r
+            length[i] += 1
             if term or trunc:
                 last[i] = obs
                 self._record(i, info, episodes)
                 obs, _ = env.reset()
             obs_out[i] = obs
+        reward = np.array(rewards, dtype=np.float32)
+        terminated = np.array(terms, dtype=bool)
+        truncated = np.array(truncs, dtype=bool)
         final = obs_out
         if last:
             final = obs_out.copy()
