@@ -114,3 +114,24 @@ def test_id_options_and_errors() -> None:
         assert env_id in ids
     with pytest.raises(ValueError, match="vector mode"):
         make_vector_env("CartPole-v1", 2, mode="threads")  # type: ignore[arg-type]
+
+
+def test_mario_episode_metrics_and_action_set_in_the_id() -> None:
+    from flywheel.envs import env_spec
+
+    assert env_spec("SuperMarioBros-1-1-v0?actions=complex").n_actions == 12
+    assert env_spec("SuperMarioBros-1-1-v0?actions=right_only").n_actions == 5
+    vec = make_vector_env("SuperMarioBros-2-3-v0?actions=right_only,max_episode_steps=25", 2, seed=0)
+    try:
+        vec.reset()
+        episodes = []
+        for _ in range(25):
+            res = vec.step(np.full(2, 3))  # right + B: run
+            episodes += res.episodes
+        assert res.truncated.all() and len(episodes) == 2
+        for ep in episodes:
+            assert ep.length == 25 and ep.metrics["world"] == 2 and ep.metrics["stage"] == 3
+            assert ep.metrics["flag"] == 0 and ep.metrics["distance"] > 40  # Mario ran to the right
+            assert ep.ret > 0
+    finally:
+        vec.close()
