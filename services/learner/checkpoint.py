@@ -46,6 +46,40 @@ def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
     return Path(directory) / CHECKPOINT_FILE
 
 
+VERSIONS_FILE = "weights-versions.json"
+
+
+def reserved_version(directory: str | os.PathLike[str]) -> int:
+    """The highest weight version a learner with this checkpoint directory may have published (0: none noted).
+
+    A learner killed between checkpoints has published versions above its checkpoint's; resuming above this
+    number keeps versions strictly increasing for the actors, which refuse older ones as stale.
+    """
+    path = Path(directory) / VERSIONS_FILE
+    try:
+        value = json.loads(path.read_text()).get("reserved")
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{path} is unreadable ({exc}); delete it only if no actor saw this run's "
+                              "weights") from None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise CheckpointError(f"{path}: 'reserved' is not a non-negative int")
+    return value
+
+
+def reserve_versions(directory: str | os.PathLike[str], upto: int) -> None:
+    """Note that versions up to ``upto`` may be published (tmp + fsync + os.replace: a kill leaves one of both)."""
+    path = Path(directory) / VERSIONS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump({"reserved": int(upto), "saved_at": time.time()}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight_version: int) -> Path:
     """Write online, target, optimizer state, RNG, update step and weight version; tmp + fsync + os.replace."""
     path = checkpoint_path(directory)

@@ -303,8 +303,10 @@ class LearnerCore:
         if self.scaler is not None:  # the scaler hands the fused step its own found_inf (also sync-free)
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        else:
+        elif self.optimizer.defaults.get("fused"):
             self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]  # fused Adam skips when 1
+            self.optimizer.step()
+        elif not bool(found_inf):  # pragma: no cover - the foreach fall-back has to ask the device
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1

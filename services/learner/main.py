@@ -11,7 +11,7 @@ import zmq
 
 from flywheel.transport import EndpointInUse, install_stop_signals
 
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, reserved_version
 from .core import CoreConfig, LearnerCore, pick_device, resolve_precision
 from .settings import LearnerSettings
 from .transport import LearnerService
@@ -77,12 +77,13 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
         assert settings.checkpoint_dir is not None  # the settings validator guarantees it
         try:
             info = load_checkpoint(settings.checkpoint_dir, core)
+            reserved = reserved_version(settings.checkpoint_dir)
         except CheckpointError as exc:
             log.error("learner: %s", exc)
             return 2
-        start_version = info.weight_version
-        log.info("learner: resumed from %s at update %d, weight version %d", info.path, info.updates,
-                 info.weight_version)
+        start_version = max(info.weight_version, reserved)  # above anything the last run may have published
+        log.info("learner: resumed from %s at update %d, weight version %d; publishing from version %d on",
+                 info.path, info.updates, info.weight_version, start_version + 1)
     ctx = zmq.Context()
     try:
         service = LearnerService(settings, core, ctx, start_version=start_version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -15,13 +16,17 @@ class WeightsSnapshots:
     """Versioned weight snapshots of ``net``: ``begin`` starts a device->host copy, ``take`` returns the message.
 
     Versions are assigned when a snapshot is taken, one more than the last, so they strictly increase (also
-    across restarts: ``start_version`` comes from the checkpoint). One snapshot is in flight at a time.
+    across restarts: ``start_version`` comes from the checkpoint, or from ``reserve``'s notes when a kill left
+    versions published after it). ``reserve(upto)`` is called before a version above the last reservation goes
+    out, ``reserve_ahead`` versions at a time. One snapshot is in flight at a time.
     """
 
     def __init__(self, net: torch.nn.Module, name: str, *, start_version: int, every_updates: int,
-                 every_seconds: float) -> None:
+                 every_seconds: float, reserve: Callable[[int], None] | None = None,
+                 reserve_ahead: int = 1000) -> None:
         self.net, self.name = net, name
         self.version = start_version
+        self.reserve, self.reserve_ahead, self.reserved = reserve, reserve_ahead, start_version
         self.every_updates, self.every_seconds = every_updates, every_seconds
         self.steps_at_last = 0
         self.time_of_last = -math.inf
@@ -64,5 +69,8 @@ class WeightsSnapshots:
         tensors = self._pending.numpy()
         self._pending = None
         self.version += 1
+        if self.reserve is not None and self.version > self.reserved:
+            self.reserved = self.version + self.reserve_ahead
+            self.reserve(self.reserved)
         self.steps_at_last, self.time_of_last = self._pending_steps, now
         return proto.Weights(version=self.version, network=self.name, tensors=tensors)

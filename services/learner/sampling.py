@@ -12,9 +12,10 @@ import time
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from flywheel import proto
-from flywheel.transport import FaultCounter, make_socket
+from flywheel.transport import FaultCounter, connect, make_socket
 
 log = logging.getLogger("flywheel.learner")
 
@@ -40,12 +41,14 @@ class SampleClient:
         self.limits = batch_limits(batch_size, obs_shape)
         self.sock = make_socket(ctx, zmq.DEALER, sndhwm=10_000, rcvhwm=2 * in_flight + 4,
                                 max_msg_bytes=self.limits.max_total_bytes + (1 << 16))
-        self.sock.connect(endpoint)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._disconnected = False
+        connect(self.sock, endpoint)
         self._next_id = 1
         self._outstanding: dict[int, float] = {}
         self._last_progress = time.monotonic()
         self.counters = {"priority_updates_dropped_total": 0.0, "requests_resent_total": 0.0,
-                         "sample_batches_total": 0.0}
+                         "sample_batches_total": 0.0, "replay_reconnects_total": 0.0}
 
     @property
     def outstanding(self) -> int:
@@ -93,15 +96,32 @@ class SampleClient:
             return False
         return True
 
+    def _reconnected(self) -> bool:
+        """Whether the replay came back since the last look: a restarted replay knows none of our requests."""
+        back = False
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._disconnected = True
+            elif event == zmq.EVENT_CONNECTED and self._disconnected:
+                self._disconnected, back = False, True
+        return back
+
     def resend_stale(self, now: float, beta: float, limit: int | None = None) -> int:
-        """Forget and re-send outstanding requests when no batch came for ``request_timeout_s``."""
-        if not self._outstanding:
+        """Forget and re-send outstanding requests when the replay reconnected or no batch came for
+        ``request_timeout_s``."""
+        if self._reconnected():
+            self.counters["replay_reconnects_total"] += 1
+            log.info("learner: replay %s is back; re-sending %d sample requests", self.endpoint,
+                     len(self._outstanding))
+        elif not self._outstanding:
             return 0
-        if now - max(self._last_progress, max(self._outstanding.values())) < self.request_timeout_s:
+        elif now - max(self._last_progress, max(self._outstanding.values())) < self.request_timeout_s:
             return 0
+        else:
+            log.warning("learner: no batch from %s for %.0f s; re-sending %d sample requests",
+                        self.endpoint, self.request_timeout_s, len(self._outstanding))
         count = len(self._outstanding)
-        log.warning("learner: no batch from %s for %.0f s; re-sending %d sample requests",
-                    self.endpoint, self.request_timeout_s, count)
         self.counters["requests_resent_total"] += count
         self._outstanding.clear()
         self._last_progress = now
@@ -113,4 +133,6 @@ class SampleClient:
         self._last_progress = time.monotonic()
 
     def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(0)
         self.sock.close(0)

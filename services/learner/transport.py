@@ -14,7 +14,7 @@ import zmq
 from flywheel import proto
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket
 
-from .checkpoint import save_checkpoint
+from .checkpoint import reserve_versions, save_checkpoint
 from .control import ControlArgError, parse_publish_interval, parse_set, parse_set_lr
 from .core import LearnerCore, beta_at
 from .feeder import Feeder, ReadyBatch
@@ -39,7 +39,7 @@ class LearnerService:
         self.sampler = SampleClient(ctx, settings.sample_endpoint, batch_size=settings.batch_size,
                                     obs_shape=core.obs_shape, in_flight=settings.requests_in_flight,
                                     request_timeout_s=settings.request_timeout_s, faults=self.faults)
-        self.pub = make_socket(ctx, zmq.PUB, sndhwm=4)
+        self.pub = make_socket(ctx, zmq.PUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
         try:
             bind(self.pub, settings.weights_bind, "learner weights PUB", "--weights-bind")
         except Exception:
@@ -54,7 +54,8 @@ class LearnerService:
 
         self.snapshots = WeightsSnapshots(core.online, core.name, start_version=start_version,
                                           every_updates=settings.publish_interval_updates,
-                                          every_seconds=settings.publish_interval_s)
+                                          every_seconds=settings.publish_interval_s,
+                                          reserve=self._reserve_versions if settings.checkpoint_dir else None)
         self.paused = False
         self._stop = False
         self._held: deque[ReadyBatch] = deque()  # batches that arrived while paused
@@ -64,7 +65,7 @@ class LearnerService:
         self._skipped_total = 0
         self._next_checkpoint = time.monotonic() + settings.checkpoint_interval_s
         self.counters = {"updates_total": 0.0, "samples_total": 0.0, "weights_published_total": 0.0,
-                         "rejected_messages_total": 0.0, "skipped_updates_total": 0.0,
+                         "messages_rejected_total": 0.0, "skipped_updates_total": 0.0,
                          "data_wait_seconds_total": 0.0, "checkpoints_total": 0.0,
                          "control_rejected_total": 0.0}
         self.replay_size = 0.0
@@ -204,6 +205,15 @@ class LearnerService:
             pass
         self._last_send = time.monotonic()
 
+    def _reserve_versions(self, upto: int) -> None:
+        """Note in the checkpoint directory that versions up to ``upto`` may go out (read by --resume)."""
+        assert self.settings.checkpoint_dir is not None
+        try:
+            reserve_versions(self.settings.checkpoint_dir, upto)
+        except OSError as exc:
+            log.error("learner: cannot note weight versions up to %d in %s (%s); a resume after a crash may "
+                      "publish versions the actors refuse as stale", upto, self.settings.checkpoint_dir, exc)
+
     def _reject(self, where: str, exc: Exception) -> None:
         self.faults.record(where, exc)
 
@@ -224,7 +234,7 @@ class LearnerService:
         now = time.monotonic()
         self.counters["updates_total"] = float(self.core.steps - self._skipped_total)
         self.counters["skipped_updates_total"] = float(self._skipped_total)
-        self.counters["rejected_messages_total"] = float(self.faults.total)
+        self.counters["messages_rejected_total"] = float(self.faults.total)
         counters = {**self.counters, **self.sampler.counters}
         gauges = {
             **self.window.gauges(now, self.paused),

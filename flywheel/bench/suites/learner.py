@@ -11,7 +11,9 @@ double + dueling, bf16 and torch.compile is measured too, against the 300 update
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,7 +47,7 @@ OPTIONS = {
 }
 GPU_GOAL = 300.0
 GPU_UPDATES = 300
-ROUNDS = 5  # chunks per run, alternating between the loops
+ROUNDS = 8  # chunks per run, alternating between the loops
 RATIO_GOAL = 0.95
 BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0,
                     "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0}
@@ -63,10 +65,10 @@ class Case:
 
 
 CASES = [
-    Case("mlp128", "CartPole MLP, batch 128", (4,), 2, 128, 300, 20_000),
-    Case("mlp512", "CartPole MLP, batch 512", (4,), 2, 512, 150, 20_000),
-    Case("nature32", "Nature CNN 4x84x84, batch 32", (4, 84, 84), 7, 32, 20, 2_000),
-    Case("nature512", "Nature CNN 4x84x84, batch 512", (4, 84, 84), 7, 512, 4, 2_000),
+    Case("mlp128", "CartPole MLP, batch 128", (4,), 2, 128, 320, 20_000),
+    Case("mlp512", "CartPole MLP, batch 512", (4,), 2, 512, 160, 20_000),
+    Case("nature32", "Nature CNN 4x84x84, batch 32", (4, 84, 84), 7, 32, 24, 2_000),
+    Case("nature512", "Nature CNN 4x84x84, batch 512", (4, 84, 84), 7, 512, 8, 2_000),
 ]
 LR, ADAM_EPS, CLIP, GAMMA_N = 1e-4, 1.5e-4, 10.0, 0.99**3
 
@@ -75,6 +77,14 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the bench process dies, however it dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def _random_batch(case: Case, rng: np.random.Generator, size: int) -> dict[str, np.ndarray]:
@@ -148,8 +158,11 @@ class ReplayProcess:
                 "--telemetry-endpoint", f"tcp://127.0.0.1:{_free_port()}",
                 "--control-endpoint", f"tcp://127.0.0.1:{_free_port()}", "--log-level", "WARNING"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+        # its own session, hence its own scheduling group (Linux autogroup), as a separate service has: on a
+        # shared machine the replay then competes with other programs, not with the learner it feeds
         self.proc = subprocess.Popen([sys.executable, "-m", "flywheel", "replay", *args], env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
 
     def fill(self, ctx: zmq.Context, case: Case, timeout_s: float = 180.0) -> None:
         """Push ``case.fill`` transitions, then wait until the replay answers a sample request."""
@@ -223,12 +236,14 @@ def _core_seconds(core: LearnerCore, batch: object, n: int) -> float:
 
 
 def _interleaved(loops: dict[str, Callable[[int], float]], n: int, rounds: int) -> dict[str, float]:
-    """Updates/s of each loop over ``n`` updates, run in ``rounds`` alternating chunks so load swings hit all."""
+    """Updates/s of each loop over ``n`` updates, run in ``rounds`` alternating chunks so load swings hit all;
+    the order rotates every round, so no loop always goes first (or always follows the learner's refills)."""
     chunk = max(1, n // rounds)
     spent = dict.fromkeys(loops, 0.0)
-    for _ in range(rounds):
-        for name, seconds in loops.items():
-            spent[name] += seconds(chunk)
+    names = list(loops)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            spent[name] += loops[name](chunk)
     return {name: chunk * rounds / total for name, total in spent.items()}
 
 
@@ -382,7 +397,9 @@ def run(ctx: BenchContext) -> SuiteResult:
     torch.set_num_threads(threads)
     rows: list[Row] = []
     notes = [f"Device: {torch.cuda.get_device_name(0) if gpu else 'CPU'}; torch threads {threads} of {cores} "
-             "usable cores for every loop (the replay process runs beside them)."]
+             "usable cores for every loop; the replay is a separate process in its own session (as a separate "
+             "service is), the learner's sampling thread runs in this process. Loops alternate in "
+             f"{ROUNDS} chunks per run; ratios are the median of per-run ratios."]
     zctx = zmq.Context()
     try:
         logs = ctx.out_dir / "learner-logs"  # the replay processes' output, kept for when something fails
