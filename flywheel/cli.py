@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flywheel.settings import SettingsError, add_settings_flags, settings_from_args
@@ -54,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     from flywheel.demos.cli import add_demos_flags
 
     add_demos_flags(sub.add_parser("demos", help="collect demonstrations in parallel, or inspect a set"))
+    keys = sub.add_parser("keys", help="ZeroMQ CURVE keys for encrypted, authenticated traffic between hosts")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    generate = keys_sub.add_parser("generate", help="write server and client key pairs into a new folder")
+    generate.add_argument("directory", type=Path, help="folder for the keys (mount it as FLYWHEEL_<SERVICE>_"
+                          "CURVE_KEYS_DIR)")
+    generate.add_argument("--client", action="append", default=[], metavar="NAME",
+                          help="one more authorized client, in clients/NAME/ (e.g. a remote actor host; repeatable)")
+    generate.add_argument("--force", action="store_true", help="replace keys already in the folder")
     for name in SERVICES:
         cls = _settings_class(name)
         add_settings_flags(sub.add_parser(name, help=f"run one {name} (flags or FLYWHEEL_{name.upper()}_* vars)"),
@@ -62,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_service(name: str, args: argparse.Namespace) -> int:
+    from flywheel import security
     from flywheel.envs import UnknownEnvironmentError
     from flywheel.transport import EndpointInUse
 
@@ -69,10 +79,29 @@ def run_service(name: str, args: argparse.Namespace) -> int:
     main = _service_main(name)
     logging.basicConfig(level=settings.log_level, format=f"%(asctime)s {name} %(levelname)s %(message)s")
     try:
+        security.configure(security.keys_from_settings(settings, name))
+    except security.CurveKeyError as exc:
+        print(f"error: flywheel {name}: {exc}", file=sys.stderr)
+        return 2
+    try:
         return main(settings)
     except (EndpointInUse, UnknownEnvironmentError) as exc:
         print(f"error: flywheel {name}: {exc}", file=sys.stderr)
         return 2
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    from flywheel import security
+
+    try:
+        written = security.generate(args.directory, args.client, force=args.force)
+    except (security.CurveKeyError, OSError) as exc:
+        print(f"error: flywheel keys: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} key files to {args.directory}: mount the folder on every service as "
+          f"FLYWHEEL_<SERVICE>_CURVE_KEYS_DIR" + (f"; clients/<NAME>/ on the hosts {', '.join(args.client)}"
+                                                   if args.client else ""))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             from flywheel.demos.cli import run_demos
 
             return run_demos(args)
+        if args.command == "keys":
+            return run_keys(args)
         return run_service(args.command, args)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -6,9 +6,10 @@ import argparse
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 S = TypeVar("S", bound=BaseSettings)
@@ -29,6 +30,17 @@ class CommonSettings(BaseSettings):
     control_endpoint: str = "tcp://127.0.0.1:5559"
     telemetry_interval_s: float = Field(1.0, gt=0, le=60)
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    # ZeroMQ CURVE between hosts (flywheel/security.py, docs/RELIABILITY.md): on when keys are given.
+    curve_keys_dir: Path | None = Field(None, description="CURVE keys folder (flywheel keys generate DIR; e.g. a "
+                                        "mounted Secret): TCP connections encrypted, clients authenticated")
+    curve_server_key: str = Field("", max_length=64, description="CURVE: the servers' public key, Z85 "
+                                  "(instead of server.key in the keys folder)")
+    curve_server_secret_key: SecretStr = Field(SecretStr(""), description="CURVE: the servers' secret key, Z85 "
+                                               "(services that bind; instead of server.key_secret)")
+    curve_client_secret_key: SecretStr = Field(SecretStr(""), description="CURVE: this service's client secret "
+                                               "key, Z85 (services that connect; instead of client.key_secret)")
+    curve_authorized_keys: str = Field("", description="CURVE: client public keys the servers accept, Z85, "
+                                       "comma-separated (besides authorized/*.key in the keys folder)")
 
 
 class SettingsError(SystemExit):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import psutil
 import zmq
 
-from flywheel import __version__, proto
+from flywheel import __version__, proto, security
 
 log = logging.getLogger("flywheel.transport")
 
@@ -32,7 +32,8 @@ def make_socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int 
 
 
 def bind(sock: zmq.Socket, endpoint: str, what: str, setting: str) -> None:
-    """Bind, turning 'address in use' into an error that says what to do."""
+    """Bind, turning 'address in use' into an error that says what to do; a CURVE server when keys are set."""
+    security.prepare_bind(sock, endpoint)
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
@@ -41,6 +42,12 @@ def bind(sock: zmq.Socket, endpoint: str, what: str, setting: str) -> None:
                 f"{endpoint} ({what}) is already in use: stop the process holding it or set {setting}"
             ) from None
         raise EndpointInUse(f"cannot bind {endpoint} ({what}): {exc.strerror}; check {setting}") from None
+
+
+def connect(sock: zmq.Socket, endpoint: str) -> None:
+    """Connect (ZeroMQ reconnects by itself); a CURVE client on network endpoints when keys are set."""
+    security.prepare_connect(sock, endpoint)
+    sock.connect(endpoint)
 
 
 class FaultCounter:
@@ -121,7 +128,7 @@ class TelemetryReporter:
                  interval_s: float = 1.0, process_stats: bool = True) -> None:
         self.sock = make_socket(ctx, zmq.PUSH, sndhwm=4)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)
-        self.sock.connect(endpoint)
+        connect(self.sock, endpoint)
         self.service, self.instance, self.interval_s = service, instance, interval_s
         self.seq = 0
         self.dropped = 0
@@ -139,6 +146,11 @@ class TelemetryReporter:
             proc_counters, proc_gauges = self.process.sample()
             counters = {**proc_counters, **counters}
             gauges = {**proc_gauges, **gauges}
+        if security.active() is not None:
+            refused = {f'curve_handshakes_refused_total{{reason="{why}"}}': float(n)
+                       for why, n in security.refused_counts().items()}
+            counters = {**refused, **counters}
+            info["curve"] = "on"
         msg = proto.Telemetry(self.service, self.instance, self.seq, time.time(), counters, gauges, info)
         try:
             self.sock.send_multipart(proto.encode(msg), flags=zmq.NOBLOCK, copy=False)
@@ -156,7 +168,7 @@ class ControlSubscriber:
                  faults: FaultCounter) -> None:
         self.sock = make_socket(ctx, zmq.SUB, rcvhwm=100, max_msg_bytes=64 * 1024)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sock.connect(endpoint)
+        connect(self.sock, endpoint)
         self.service, self.instance, self.faults = service, instance, faults
         self.seen: set[int] = set()
 

@@ -7,6 +7,7 @@ import logging
 import socket
 import sys
 
+from flywheel import security
 from flywheel.settings import SettingsError, add_settings_flags, settings_from_args
 from flywheel.transport import EndpointInUse
 
@@ -87,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(GatewaySettings, args, "gateway")
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:  # `flywheel gateway` does this in flywheel.cli; `python -m flywheel.services.gateway` here
+        security.configure(security.keys_from_settings(settings, "gateway"))
+    except security.CurveKeyError as exc:
+        print(f"error: flywheel gateway: {exc}", file=sys.stderr)
         return 2
     return run(settings)
 

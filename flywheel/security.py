@@ -1,0 +1,347 @@
+"""ZeroMQ CURVE between hosts: keys from a mounted directory or the environment, a ZAP handler, key generation.
+
+CURVE encrypts every TCP connection and authenticates both ends: a client must know the servers' public key,
+and a server accepts only clients whose public key is authorized. Unix sockets (``ipc://``) and ``inproc://``
+stay plain: they never leave the host and file permissions guard them.
+
+One key layout, made by ``flywheel keys generate DIR``::
+
+    DIR/server.key         the servers' public key (every service)
+    DIR/server.key_secret  the servers' key pair (services that bind: replay, learner, gateway)
+    DIR/client.key_secret  a client key pair (services that connect: actors, learner, replay)
+    DIR/authorized/*.key   client public keys the servers accept
+    DIR/clients/NAME/      a ready-to-mount folder for one more client (``--client NAME``)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+log = logging.getLogger("flywheel.security")
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = b"flywheel"
+PLAIN_TRANSPORTS = ("ipc://", "inproc://")
+BINDS = {"replay", "learner", "gateway"}
+CONNECTS = {"replay", "learner", "actor"}
+
+
+class CurveKeyError(ValueError):
+    """CURVE settings that cannot work; the message is one line naming the file or variable to fix."""
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """Z85 keys (40 characters each) of one process."""
+
+    server_public: bytes
+    server_secret: bytes | None = None
+    client_public: bytes | None = None
+    client_secret: bytes | None = None
+    authorized: frozenset[bytes] = frozenset()
+
+
+def _z85(value: str | bytes, what: str) -> bytes:
+    key = value.encode() if isinstance(value, str) else value
+    key = key.strip()
+    try:
+        if len(key) != 40 or len(zmq.utils.z85.decode(key)) != 32:
+            raise ValueError
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise CurveKeyError(f"{what} is not a Z85 CURVE key (40 characters)") from None
+    return key
+
+
+def _certificate(path: Path, want_secret: bool) -> tuple[bytes, bytes | None]:
+    import zmq.auth
+
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise CurveKeyError(f"cannot read the CURVE certificate {path}: {exc}") from None
+    if want_secret and secret is None:
+        raise CurveKeyError(f"{path} holds no secret key")
+    return _z85(public, str(path)), _z85(secret, str(path)) if secret is not None else None
+
+
+def load_keys(keys_dir: Path | None = None, *, server_key: str = "", server_secret_key: str = "",
+              client_secret_key: str = "", authorized_keys: str = "", env_prefix: str = "FLYWHEEL_*_",
+              ) -> CurveKeys | None:
+    """Keys from ``keys_dir`` and/or explicit Z85 values (which win); None when CURVE is not asked for."""
+    if keys_dir is None and not (server_key or server_secret_key or client_secret_key or authorized_keys):
+        return None
+    server_public = server_secret = client_public = client_secret = None
+    authorized: set[bytes] = set()
+    if keys_dir is not None:
+        if not keys_dir.is_dir():
+            raise CurveKeyError(f"CURVE keys folder {keys_dir} does not exist ({env_prefix}CURVE_KEYS_DIR); "
+                                "make one with: flywheel keys generate DIR")
+        if (keys_dir / "server.key_secret").exists():
+            server_public, server_secret = _certificate(keys_dir / "server.key_secret", True)
+        elif (keys_dir / "server.key").exists():
+            server_public, _ = _certificate(keys_dir / "server.key", False)
+        if (keys_dir / "client.key_secret").exists():
+            client_public, client_secret = _certificate(keys_dir / "client.key_secret", True)
+        folder = keys_dir / "authorized"
+        if folder.is_dir():
+            authorized |= {_certificate(path, False)[0] for path in sorted(folder.glob("*.key"))}
+    if server_secret_key:
+        server_secret = _z85(server_secret_key, f"{env_prefix}CURVE_SERVER_SECRET_KEY")
+        server_public = zmq.curve_public(server_secret)
+    if server_key:
+        given = _z85(server_key, f"{env_prefix}CURVE_SERVER_KEY")
+        if server_public is not None and server_secret is not None and given != server_public:
+            raise CurveKeyError(f"{env_prefix}CURVE_SERVER_KEY does not belong to the server secret key")
+        server_public = given
+    if client_secret_key:
+        client_secret = _z85(client_secret_key, f"{env_prefix}CURVE_CLIENT_SECRET_KEY")
+        client_public = zmq.curve_public(client_secret)
+    for i, item in enumerate(k for k in authorized_keys.replace("\n", ",").split(",") if k.strip()):
+        authorized.add(_z85(item, f"{env_prefix}CURVE_AUTHORIZED_KEYS entry {i + 1}"))
+    if server_public is None:
+        raise CurveKeyError(f"CURVE is on but the servers' public key is missing: put server.key in the keys "
+                            f"folder or set {env_prefix}CURVE_SERVER_KEY")
+    return CurveKeys(server_public, server_secret, client_public, client_secret, frozenset(authorized))
+
+
+def keys_from_settings(settings: Any, service: str) -> CurveKeys | None:
+    """Load and check the keys a service's settings name, for what that service does (bind and/or connect)."""
+    prefix = f"FLYWHEEL_{service.upper()}_"
+    keys = load_keys(getattr(settings, "curve_keys_dir", None),
+                     server_key=getattr(settings, "curve_server_key", ""),
+                     server_secret_key=_secret(getattr(settings, "curve_server_secret_key", "")),
+                     client_secret_key=_secret(getattr(settings, "curve_client_secret_key", "")),
+                     authorized_keys=getattr(settings, "curve_authorized_keys", ""), env_prefix=prefix)
+    if keys is None:
+        return None
+    if service in BINDS and keys.server_secret is None:
+        raise CurveKeyError(f"flywheel {service} binds sockets, so CURVE needs the server secret key: "
+                            f"server.key_secret in the keys folder or {prefix}CURVE_SERVER_SECRET_KEY")
+    if service in BINDS and not keys.authorized:
+        raise CurveKeyError(f"flywheel {service}: no client is authorized, so no one could connect: add "
+                            f"authorized/*.key to the keys folder or set {prefix}CURVE_AUTHORIZED_KEYS")
+    if service in CONNECTS and keys.client_secret is None:
+        raise CurveKeyError(f"flywheel {service} connects to other services, so CURVE needs a client key pair: "
+                            f"client.key_secret in the keys folder or {prefix}CURVE_CLIENT_SECRET_KEY")
+    return keys
+
+
+def _secret(value: Any) -> str:
+    return value.get_secret_value() if hasattr(value, "get_secret_value") else str(value or "")
+
+
+# ---- the process's keys and the sockets ------------------------------------------------------------------------
+_active: CurveKeys | None = None
+_handlers: dict[int, ZapHandler] = {}
+_watched: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def configure(keys: CurveKeys | None) -> None:
+    """Set the keys every later ``flywheel.transport.bind``/``connect`` of this process uses (None: plain)."""
+    global _active
+    _active = keys
+    if keys is not None:
+        log.info("CURVE on: TCP connections encrypted; servers accept %d client key(s)", len(keys.authorized))
+
+
+def active() -> CurveKeys | None:
+    return _active
+
+
+def secured(endpoint: str) -> bool:
+    """Whether CURVE applies to this endpoint: every transport that can leave the host."""
+    return _active is not None and not endpoint.startswith(PLAIN_TRANSPORTS)
+
+
+def prepare_bind(sock: zmq.Socket, endpoint: str) -> None:
+    """Make the next bind of ``sock`` a CURVE server (network endpoints) or plain (ipc, inproc)."""
+    keys = _active
+    if keys is None or not secured(endpoint):
+        if keys is not None:
+            sock.setsockopt(zmq.CURVE_SERVER, 0)  # this socket may also bind a network endpoint: plain here
+        return
+    if keys.server_secret is None:
+        raise CurveKeyError(f"cannot bind {endpoint} with CURVE: this process has no server secret key")
+    handler = start_zap_handler(sock.context, keys.authorized)
+    if sock not in _watched:  # one monitor per socket, whatever it binds
+        _watched.add(sock)
+        handler.watch(sock)
+    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+
+
+def prepare_connect(sock: zmq.Socket, endpoint: str) -> None:
+    """Make the next connect of ``sock`` a CURVE client (network endpoints) or plain (ipc, inproc)."""
+    keys = _active
+    if keys is None or not secured(endpoint):
+        if keys is not None:
+            sock.setsockopt(zmq.CURVE_SERVER, 0)
+        return
+    if keys.client_secret is None or keys.client_public is None:
+        raise CurveKeyError(f"cannot connect to {endpoint} with CURVE: this process has no client key pair")
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.client_public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.client_secret)
+
+
+def refused_counts() -> dict[str, int]:
+    """CURVE handshakes this process's servers refused, by reason (unauthorized_key, protocol, other)."""
+    counts: dict[str, int] = {}
+    for handler in list(_handlers.values()):
+        for reason, count in handler.refused.items():
+            counts[reason] = counts.get(reason, 0) + count
+    return counts
+
+
+_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol", zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other"}
+
+
+class ZapHandler:
+    """Answers one context's ZAP requests (RFC 27) and counts the handshakes its CURVE servers refuse.
+
+    A CURVE client with an authorized key passes; any other is refused (``unauthorized_key``). Plain (NULL)
+    connections pass: only ipc and inproc sockets use them. Clients that do not even speak CURVE with the
+    servers' key fail before ZAP is asked; socket monitors count those (``protocol``, ``other``). The thread
+    ends when the context is terminated, so services need no extra shutdown step.
+    """
+
+    def __init__(self, ctx: zmq.Context, authorized: frozenset[bytes]) -> None:
+        self.authorized = authorized
+        self.refused: dict[str, int] = {"unauthorized_key": 0, "protocol": 0, "other": 0}
+        self.accepted = 0
+        self._logged: set[object] = set()
+        self._ctx = zmq.Context.shadow(ctx.underlying)  # a plain context even when ``ctx`` is an asyncio one
+        self.sock = self._ctx.socket(zmq.REP)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(ZAP_ENDPOINT)
+        self._watch: list[str] = []
+        self._watch_lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="zap-handler", daemon=True)
+        self.thread.start()
+
+    def watch(self, sock: zmq.Socket) -> None:
+        """Count the handshakes ``sock`` refuses (picked up by the thread within a second)."""
+        address = f"inproc://flywheel-curve-monitor-{id(self)}-{len(self._watch)}"
+        sock.monitor(address, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        with self._watch_lock:
+            self._watch.append(address)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        monitors: list[zmq.Socket] = []
+        try:
+            while True:
+                with self._watch_lock:
+                    fresh = self._watch[len(monitors):]
+                for address in fresh:
+                    mon = self._ctx.socket(zmq.PAIR)
+                    mon.setsockopt(zmq.LINGER, 0)
+                    mon.connect(address)
+                    poller.register(mon, zmq.POLLIN)
+                    monitors.append(mon)
+                try:
+                    events = dict(poller.poll(1000))
+                    if self.sock in events:
+                        self.sock.send_multipart(self.answer(self.sock.recv_multipart()))
+                    for mon in monitors:
+                        if mon in events:
+                            self._monitor_event(mon.recv_multipart())
+                except zmq.ContextTerminated:
+                    return
+                except zmq.ZMQError as exc:
+                    log.error("ZAP handler stopped: %s", exc)
+                    return
+        finally:
+            for sock in (self.sock, *monitors):
+                sock.close(0)
+
+    def _monitor_event(self, frames: list[bytes]) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        try:
+            event = parse_monitor_message(frames)
+        except (ValueError, TypeError, IndexError):
+            return
+        reason = _FAILED.get(event["event"])
+        if reason is None:
+            return
+        self.refused[reason] += 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("refused a peer on %s: handshake failed (%s: no CURVE, or the wrong server key); further "
+                        "ones are only counted (curve_handshakes_refused_total)",
+                        event["endpoint"].decode(errors="replace"),
+                        event["value"].name if reason == "protocol" else f"errno {int(event['value'])}")
+
+    def answer(self, frames: list[bytes]) -> list[bytes]:
+        if len(frames) < 6 or frames[0] != b"1.0":
+            request_id = frames[1] if len(frames) > 1 else b""
+            return [b"1.0", request_id, b"500", b"malformed ZAP request", b"", b""]
+        request_id, domain, address, mechanism, credentials = frames[1], frames[2], frames[3], frames[5], frames[6:]
+        if mechanism == b"NULL":
+            return [b"1.0", request_id, b"200", b"OK", b"", b""]
+        key = zmq.utils.z85.encode(credentials[0]) if mechanism == b"CURVE" and credentials else b""
+        if key and key in self.authorized:
+            self.accepted += 1
+            return [b"1.0", request_id, b"200", b"OK", key[:8], b""]
+        self.refused["unauthorized_key"] += 1
+        if key not in self._logged and len(self._logged) < 1024:
+            self._logged.add(key)
+            log.warning("refused a %s client from %s (domain %s, key %s...): not an authorized key; further "
+                        "refusals of this key are only counted", mechanism.decode(errors="replace"),
+                        address.decode(errors="replace"), domain.decode(errors="replace"),
+                        key[:8].decode(errors="replace") or "none")
+        return [b"1.0", request_id, b"400", b"client key not authorized", b"", b""]
+
+
+def start_zap_handler(ctx: zmq.Context, authorized: frozenset[bytes]) -> ZapHandler:
+    """The context's handler, started on first use (before any CURVE server socket binds)."""
+    with _lock:
+        handler = _handlers.get(ctx.underlying)
+        if handler is None or not handler.thread.is_alive():
+            handler = ZapHandler(ctx, authorized)
+            _handlers[ctx.underlying] = handler
+        return handler
+
+
+# ---- key generation ----------------------------------------------------------------------------------------------
+def generate(directory: Path, clients: list[str] | None = None, force: bool = False) -> list[Path]:
+    """Write a server key pair, a client key pair and its authorization; one folder more per named client."""
+    import zmq.auth
+
+    names = clients or []
+    bad = [n for n in names if not n.replace("-", "").replace("_", "").isalnum() or n in ("server", "client")]
+    if bad:
+        raise CurveKeyError(f"client names must be letters, digits, '-' or '_' (and not server/client): {bad}")
+    if (directory / "server.key_secret").exists() and not force:
+        raise CurveKeyError(f"{directory} already holds keys; pass --force to replace them (every service then "
+                            "needs the new ones)")
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    authorized = directory / "authorized"
+    shutil.rmtree(authorized, ignore_errors=True)
+    authorized.mkdir(mode=0o700)
+    written = [Path(p) for p in zmq.auth.create_certificates(directory, "server")]
+    written += [Path(p) for p in zmq.auth.create_certificates(directory, "client")]
+    shutil.copy(directory / "client.key", authorized / "client.key")
+    for name in names:
+        folder = directory / "clients" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, mode=0o700)
+        written += [Path(p) for p in zmq.auth.create_certificates(folder, "client")]
+        shutil.copy(directory / "server.key", folder / "server.key")
+        shutil.copy(folder / "client.key", authorized / f"{name}.key")
+    for path in [*written, *authorized.glob("*.key")]:
+        os.chmod(path, 0o600 if path.name.endswith("_secret") else 0o644)
+    return sorted(set(written) | set(authorized.glob("*.key")))
