@@ -67,9 +67,8 @@ OVERVIEW: list[Panel] = [
         ("flywheel_actor_weight_age_seconds", "{{instance}}"),
     ], "Seconds since each actor loaded new weights."),
     ("Refused messages/s", "ops", [
-        ("sum by (service) (rate({__name__=~\"flywheel_(actor|replay)_messages_rejected_total\"}[1m]))",
+        ("sum by (service) (rate({__name__=~\"flywheel_(actor|replay|learner)_messages_rejected_total\"}[1m]))",
          "{{service}}"),
-        ("sum by (service) (rate(flywheel_learner_rejected_messages_total[1m]))", "{{service}}"),
         ("sum by (socket, fault) (rate(flywheel_gateway_messages_rejected_total[1m]))", "gateway {{socket}} {{fault}}"),
     ], "Malformed, oversized or wrong-kind messages refused by each service (services never crash on them)."),
 ]

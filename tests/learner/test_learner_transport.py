@@ -40,7 +40,7 @@ def test_telemetry_reports_contract_metrics(harness) -> None:
     h.drive(lambda: h.counter("updates_total") >= 10)
     last = h.reports[-1]
     assert (last.service, last.instance) == ("learner", "learner-test")
-    for name in ("updates_total", "samples_total", "weights_published_total", "rejected_messages_total"):
+    for name in ("updates_total", "samples_total", "weights_published_total", "messages_rejected_total"):
         assert name in last.counters
     for name in ("loss", "td_error_mean", "q_mean", "updates_per_second", "data_wait_ratio", "weight_version",
                  "beta", "lr"):
@@ -87,7 +87,7 @@ def test_bad_replies_are_counted_and_dropped(harness) -> None:
     h.drive(lambda: h.service.faults.total >= 2)
     h.replay.answer = True
     before = h.core.updates
-    h.drive(lambda: h.core.updates >= before + 5 and h.counter("rejected_messages_total") >= 2)
+    h.drive(lambda: h.core.updates >= before + 5 and h.counter("messages_rejected_total") >= 2)
     assert h.replay.max_pending <= 3
 
 
