@@ -139,9 +139,9 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
         # classic builder (Compose v5 falls back to it where the buildx plugin is missing)
         engine.compose(compose_file, "--parallel", "1", "build", timeout=1200, capture=False)
         log(f"images built in {time.monotonic() - t1:.0f} s")
-        sizes = engine.docker_cmd("image", "ls", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}",
-                                  "--filter", "reference=flywheel-test*").stdout
-        log("image sizes: " + " | ".join(sizes.split("\n")))
+        sizes = {image: int(engine.docker_cmd("image", "inspect", "--format", "{{.Size}}", image).stdout)
+                 for image in [*IMAGES.values(), base]}
+        log("image sizes: " + ", ".join(f"{image} {size / 1e6:.0f} MB" for image, size in sizes.items()))
         if base != REGISTRY_BASE:  # no registry for prom/prometheus: Debian's prometheus on the same base
             engine.env["FLYWHEEL_PROMETHEUS_IMAGE"] = local_prometheus_image(engine, base, tmp_path / "prometheus")
         engine.compose(compose_file, "up", "-d", "--no-build", "--scale", f"actor={ACTORS}", *SERVICES, timeout=600)
