@@ -58,7 +58,7 @@ def _telemetry(core: ActorCore, sender: TransitionSender, weights: WeightsReceiv
         "epsilon": core.epsilon, "weight_version": weights.version, "weight_version_newest": weights.newest_seen,
         "policy_lag_versions": weights.lag, "weight_age_seconds": now - weights.updated_at,
         "env_steps_per_second": rate["per_s"], "episode_return_mean": _mean(stats.returns),
-        "episode_length_mean": _mean(stats.lengths), "lease_index": lease.index, "lease_count": lease.count,
+        "episode_length_mean": _mean(stats.lengths), "lease_index": lease.index, "lease_slots": lease.count,
         "paused": float(state["paused"]), "send_blocked_seconds": sender.blocked_s, "num_envs": core.num_envs,
         "slot_groups": len(core.groups),
     }

@@ -11,7 +11,7 @@ import zmq
 
 from flywheel import proto
 from flywheel.nets import QNetwork, WeightsMismatch, load_weights
-from flywheel.transport import FaultCounter, make_socket
+from flywheel.transport import FaultCounter, connect, make_socket
 
 from .nstep import Emitted
 
@@ -43,7 +43,7 @@ class TransitionSender:
     def __init__(self, ctx: zmq.Context, endpoint: str, actor: str, *, hwm: int, on_full: str,
                  batch_rows: int) -> None:
         self.sock = make_socket(ctx, zmq.PUSH, sndhwm=hwm)
-        self.sock.connect(endpoint)
+        connect(self.sock, endpoint)
         self.actor, self.on_full, self.batch_rows = actor, on_full, batch_rows
         self.buffer: list[Emitted] = []
         self.buffer_version = 0
@@ -127,7 +127,7 @@ class WeightsReceiver:
                  interval_s: float = 0.0) -> None:
         self.sock = make_socket(ctx, zmq.SUB, rcvhwm=2, max_msg_bytes=512 << 20)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sock.connect(endpoint)
+        connect(self.sock, endpoint)
         self.net, self.faults = net, faults
         self.interval_s = interval_s
         self.version = 0  # the version acting now
@@ -201,7 +201,7 @@ class LeaseClient:
 
     def __init__(self, ctx: zmq.Context, endpoint: str, instance: str, faults: FaultCounter) -> None:
         self.sock = make_socket(ctx, zmq.DEALER, sndhwm=4, rcvhwm=16, max_msg_bytes=64 * 1024)
-        self.sock.connect(endpoint)
+        connect(self.sock, endpoint)
         self.instance, self.faults = instance, faults
         self.index, self.count = 0, 1
         self.valid_until = 0.0

@@ -37,7 +37,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from flywheel import proto
-from flywheel.transport import make_socket
+from flywheel.transport import connect, make_socket
 
 log = logging.getLogger("flywheel.replay.client")
 SHM_DIR = "/dev/shm"
@@ -72,7 +72,7 @@ class ReplayClient:
         limit = max_message_mb << 20
         self.sock = make_socket(self.ctx, zmq.DEALER, sndhwm=10_000, rcvhwm=10_000, max_msg_bytes=limit)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self.sock.connect(endpoint)
+        connect(self.sock, endpoint)
         self.limits = proto.Limits(max_total_bytes=limit, max_array_bytes=limit)
         self.segment: _Segment | None = None
         self.shm_refused = transport == "tcp"
