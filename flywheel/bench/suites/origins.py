@@ -175,20 +175,28 @@ def _rows(result: SuiteResult, env_id: str, sides: dict[str, list[dict[str, Any]
 
 
 def _plot(ctx: BenchContext, measured: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """Flywheel over the loop for the reports' three figures, per env, against the reports' gains."""
     plt = pyplot()
+    metrics = (("env_steps_per_s", "experience rate", True), ("updates_per_s", "training throughput", True),
+               ("epoch_s", "epoch time (inverse)", False))
     envs = list(measured)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, label in ((axes[0], "env_steps_per_s", "env steps/s"), (axes[1], "samples_per_s", "samples/s")):
-        for i, env_id in enumerate(envs):
-            for j, side in enumerate(("loop", "flywheel")):
-                values = [r[key] for r in measured[env_id][side]]
-                ax.bar(i + 0.38 * j, median(values) if values else 0, width=0.36,
-                       color="tab:orange" if side == "loop" else "tab:blue",
-                       label=("origin loop" if side == "loop" else "Flywheel") if i == 0 else None)
-        ax.set_xticks([i + 0.19 for i in range(len(envs))],
-                      ["Mario 1-1" if e.startswith("SuperMario") else e for e in envs])
-        ax.set_yscale("log")
-        ax.set_ylabel(label + " (log scale)")
-        ax.set_title({"env_steps_per_s": "experience rate", "samples_per_s": "training throughput"}[key])
-        ax.legend()
-    return save_figure(fig, ctx.plot_path("throughput"))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(metrics)
+    for j, (key, label, higher) in enumerate(metrics):
+        ratios = []
+        for env_id in envs:
+            fw = median([r[key] for r in measured[env_id]["flywheel"]] or [float("nan")])
+            lp = median([r[key] for r in measured[env_id]["loop"]] or [float("nan")])
+            ratios.append(fw / lp if higher else lp / fw)
+        bars = ax.bar([i + j * width for i in range(len(envs))], ratios, width=width * 0.95, label=label)
+        ax.bar_label(bars, fmt="%.2fx", fontsize=8)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(GOALS["experience"], color="tab:blue", linestyle="--", linewidth=1, label="report 000: +80% experience")
+    ax.axhline(GOALS["training"], color="tab:orange", linestyle="--", linewidth=1,
+               label="report 000: +150% training, -60% epoch time")
+    ax.set_xticks([i + width for i in range(len(envs))],
+                  ["Mario 1-1" if e.startswith("SuperMario") else e for e in envs])
+    ax.set_ylabel("Flywheel / origin loop (higher is better)")
+    ax.set_title("Flywheel against the origin reports' single-process loop, same machine")
+    ax.legend(fontsize=8)
+    return save_figure(fig, ctx.plot_path("ratios"))
