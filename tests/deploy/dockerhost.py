@@ -7,6 +7,7 @@ content. Every command is bounded in time.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("FLYWHEEL_DOCKER_CACHE", Path.home() / ".cache" / "flywheel-docker"))
@@ -63,6 +65,7 @@ class Engine:
     docker: str
     pid: int | None = None
     workdir: Path | None = None
+    lock: IO[bytes] | None = None
     children: list[int] = field(default_factory=list)
 
     def docker_cmd(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -108,9 +111,11 @@ def _start_dockerd(docker: str, base_env: dict[str, str]) -> Engine:
         raise EngineUnavailable("starting a private dockerd needs root (run as root, or point DOCKER_HOST at an "
                                 "engine and set FLYWHEEL_DOCKER_ENGINE=system)")
     # data-root is kept (image layers and build cache survive between runs); the rest is per run. Short paths:
-    # unix socket names are limited to 108 bytes.
+    # unix socket names are limited to 108 bytes. One dockerd at a time may use the data-root: a lock file,
+    # held until the engine stops, makes a second run wait instead of breaking the first one's engine.
     data_root = CACHE / "engine"
     data_root.mkdir(parents=True, exist_ok=True)
+    lock = _lock_data_root(CACHE / "engine.lock")
     work = Path(tempfile.mkdtemp(prefix="fwdk-", dir="/tmp"))
     sock = work / "docker.sock"
     cmd = [dockerd, "--iptables=false", "--ip-masq=false", "--storage-driver=overlay2",
@@ -119,7 +124,7 @@ def _start_dockerd(docker: str, base_env: dict[str, str]) -> Engine:
     with open(work / "dockerd.log", "w") as logfile:  # dockerd keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
     env = {**base_env, "DOCKER_HOST": f"unix://{sock}"}
-    engine = Engine(env=env, private=True, docker=docker, pid=proc.pid, workdir=work)
+    engine = Engine(env=env, private=True, docker=docker, pid=proc.pid, workdir=work, lock=lock)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -130,6 +135,25 @@ def _start_dockerd(docker: str, base_env: dict[str, str]) -> Engine:
         time.sleep(0.5)
     stop_engine(engine)
     raise EngineUnavailable(f"dockerd did not answer in 60 s: {(work / 'dockerd.log').read_text()[-2000:]}")
+
+
+def _lock_data_root(path: Path, wait_s: float = 900) -> IO[bytes]:
+    """An exclusive flock on ``path``, waited for at most ``wait_s`` (another compose test may hold it)."""
+    handle = open(path, "wb")  # held for the engine's life, closed by stop_engine
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                handle.close()
+                raise EngineUnavailable(f"another compose test has held {path} for {wait_s:.0f} s") from None
+            if not said:
+                log(f"waiting for another compose test to release {path}")
+                said = True
+            time.sleep(2)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -173,6 +197,8 @@ def stop_engine(engine: Engine) -> list[int]:
     alive = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     if engine.workdir is not None:
         shutil.rmtree(engine.workdir, ignore_errors=True)
+    if engine.lock is not None:
+        engine.lock.close()  # releases the flock
     return alive
 
 
