@@ -66,7 +66,7 @@ class GatewayService:
             tel = make_socket(self.ctx, zmq.PULL, rcvhwm=s.telemetry_hwm, max_msg_bytes=_SMALL_MSG)
             socks.append(tel)
             bind(tel, s.telemetry_endpoint, "gateway telemetry", "FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT")
-            ctl = make_socket(self.ctx, zmq.PUB, sndhwm=1000)
+            ctl = make_socket(self.ctx, zmq.PUB, sndhwm=1000, max_msg_bytes=4096)  # inbound: subscriptions
             socks.append(ctl)
             bind(ctl, s.control_endpoint, "gateway control", "FLYWHEEL_GATEWAY_CONTROL_ENDPOINT")
             lease = make_socket(self.ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=_SMALL_MSG)

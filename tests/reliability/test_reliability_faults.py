@@ -11,10 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from flywheel.bench.suites._cluster import ClusterError
-from flywheel.bench.suites._faults import fault_cluster, run_faults
 from pipeline_helpers import get_text, metric_values
+
+from flywheel.bench.suites._faults import fault_cluster, run_faults
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -39,4 +38,4 @@ def test_kill_nine_each_service_in_turn_and_restart(tmp_path: Path) -> None:
     assert not metric_values(text, "flywheel_learner_rejected_messages_total")
     assert sorted(metric_values(text, "flywheel_actor_lease_slots").values()) == [2.0, 2.0]
     # After all that, every service still stops cleanly on SIGTERM, leaving its checkpoint.
-    assert all(code == 0 for code in codes.values()), (codes, ClusterError)
+    assert all(code == 0 for code in codes.values()), codes
