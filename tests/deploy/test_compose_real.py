@@ -178,13 +178,22 @@ def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> N
         if not status:
             return None
         actors = live_actors(status)
-        epsilons = {round(float(a.get("gauges", {}).get("epsilon", -1)), 6) for a in actors}
+        epsilons = sorted(float(a.get("gauges", {}).get("epsilon", -1)) for a in actors)
         versions = [a.get("gauges", {}).get("weight_version", 0) for a in actors]
-        ready = len(actors) == ACTORS and len(epsilons) == ACTORS and min(versions, default=0) > 0
+        # each actor learns the new N at its next lease renewal, so wait until all 8 have: then the rates are
+        # exactly Ape-X's for N = 8
+        settled = len(actors) == ACTORS and epsilons == pytest.approx(sorted(apex_epsilons(ACTORS)), rel=1e-6)
+        ready = settled and status.get("leases", {}).get("count") == ACTORS and min(versions, default=0) > 0
+        last.update(actors=len(actors), epsilons=[round(e, 5) for e in epsilons], weight_versions=versions,
+                    leases=status.get("leases", {}).get("count"), learner_updates=learner_updates(status))
         return status if ready and learner_updates(status) > 0 else None
 
-    status = wait_for(f"{ACTORS} live actors with distinct epsilons, weights and learner updates",
-                      eight_actors_with_their_slots, timeout=420)
+    last: dict[str, Any] = {}
+    try:
+        status = wait_for(f"{ACTORS} live actors with the {ACTORS} Ape-X epsilons, weights and learner updates",
+                          eight_actors_with_their_slots, timeout=420)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last /status: {last}") from None
     actors = live_actors(status)
     assert len({a["instance"] for a in actors}) == ACTORS, "replicas must have distinct instance names"
     epsilons = sorted(float(a["gauges"]["epsilon"]) for a in actors)
