@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -65,7 +66,9 @@ class ActorCore:
     """
 
     def __init__(self, vec: VectorEnv, net: QNetwork, *, n_step: int, gamma: float,
-                 eval_vec: VectorEnv | None = None, seed: int | None = None) -> None:
+                 eval_vec: VectorEnv | None = None, seed: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock  # what the time split counts: wall time (telemetry) or thread CPU time (benchmarks)
         self.vec = vec
         self.eval_vec = eval_vec
         self.net = net
@@ -91,24 +94,24 @@ class ActorCore:
         return self.vec.num_envs
 
     def _q_values(self, obs: np.ndarray) -> np.ndarray:
-        start = time.perf_counter()
+        start = self.clock()
         with torch.inference_mode():
             q = self.net(torch.from_numpy(obs)).float().numpy()
-        self.times.inference += time.perf_counter() - start
+        self.times.inference += self.clock() - start
         return q
 
     def step(self) -> list[Emitted]:
         """Advance one slot group one step; return the transitions that became ready."""
-        start = time.perf_counter()
+        start = self.clock()
         g = self._next
         self._next = (g + 1) % len(self.groups)
         ready: list[Emitted] = []
         env_s = 0.0
         infer_before = self.times.inference
         if self.in_flight[g]:
-            wait_start = time.perf_counter()
+            wait_start = self.clock()
             res = self.vec.step_wait(g)
-            env_s += time.perf_counter() - wait_start
+            env_s += self.clock() - wait_start
             final_max_q = None
             if res.truncated.any():
                 final_max_q = np.zeros(len(res.truncated))
@@ -140,14 +143,14 @@ class ActorCore:
             actions = np.where(explore, self.rng.integers(0, self.n_actions, n), actions)
         self.actions[g] = actions
         self.q_sa[g] = q[np.arange(n), actions]
-        wait_start = time.perf_counter()
+        wait_start = self.clock()
         self.vec.step_async(g, actions)
         self.in_flight[g] = True
         if with_eval:
             self._step_eval(q_all[n:].argmax(axis=1))
-        env_s += time.perf_counter() - wait_start
+        env_s += self.clock() - wait_start
         self.times.env += env_s
-        self.times.other += time.perf_counter() - start - env_s - (self.times.inference - infer_before)
+        self.times.other += self.clock() - start - env_s - (self.times.inference - infer_before)
         return ready
 
     def _step_eval(self, actions: np.ndarray) -> None:

@@ -41,7 +41,7 @@ class TransitionSender:
     """Batches emitted rows into TransitionBatch messages and PUSHes them to replay."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, actor: str, *, hwm: int, on_full: str,
-                 batch_rows: int) -> None:
+                 batch_rows: int, clock: Callable[[], float] = time.perf_counter) -> None:
         self.sock = make_socket(ctx, zmq.PUSH, sndhwm=hwm)
         connect(self.sock, endpoint)
         self.actor, self.on_full, self.batch_rows = actor, on_full, batch_rows
@@ -53,6 +53,7 @@ class TransitionSender:
         self.dropped = 0
         self.blocked_s = 0.0
         self.send_s = 0.0  # concatenating, encoding and handing to ZeroMQ (blocked time excluded)
+        self.clock = clock
 
     def add(self, rows: list[Emitted], weight_version: int, running: Callable[[], bool],
             idle: Callable[[], None] = lambda: None) -> None:
@@ -70,7 +71,7 @@ class TransitionSender:
         """Send what is buffered; in block mode wait (calling ``idle`` every 200 ms) until replay takes it."""
         if not self.buffer:
             return
-        began = time.perf_counter()
+        began = self.clock()
         parts, self.buffer, count = self.buffer, [], self.buffered
         self.buffered = 0
         cat = (lambda name: np.concatenate([getattr(p, name) for p in parts])) if len(parts) > 1 else (
@@ -89,14 +90,14 @@ class TransitionSender:
                 self.sent += count
             except zmq.Again:
                 self.dropped += count
-            self.send_s += time.perf_counter() - began
+            self.send_s += self.clock() - began
             return
         if self.sock.poll(0, zmq.POLLOUT):  # the common case: room at the high-water mark
             self.sock.send_multipart(frames, copy=False)
             self.sent += count
-            self.send_s += time.perf_counter() - began
+            self.send_s += self.clock() - began
             return
-        self.send_s += time.perf_counter() - began
+        self.send_s += self.clock() - began
         start = time.monotonic()
         while True:  # block, but wake up to notice a stop request; always try once (the final flush on exit)
             if self.sock.poll(200, zmq.POLLOUT):
