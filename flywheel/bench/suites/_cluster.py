@@ -241,29 +241,32 @@ def pid_alive(pid: int) -> bool:
 
 
 class WeightsVersions:
-    """Subscribes to a learner's weights PUB in a thread and records (time.monotonic(), version) of each message."""
+    """Subscribes to a learner's weights PUB in a thread and records (time.monotonic(), version) of each message.
+
+    The socket is made (and connected, with this process's CURVE keys if any) before the thread starts.
+    """
 
     def __init__(self, endpoint: str) -> None:
         import threading
 
         import zmq
 
+        from flywheel.transport import connect, make_socket
+
         self.endpoint = endpoint
         self.seen: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._ctx = zmq.Context()
+        self._sock = make_socket(self._ctx, zmq.SUB, rcvhwm=100, max_msg_bytes=512 << 20)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        connect(self._sock, endpoint)
         self._thread = threading.Thread(target=self._run, name="weights-versions", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        import zmq
-
         from flywheel import proto
-        from flywheel.transport import connect, make_socket
 
-        sock = make_socket(self._ctx, zmq.SUB, rcvhwm=100, max_msg_bytes=512 << 20)
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-        connect(sock, self.endpoint)
+        sock = self._sock
         try:
             while not self._stop.is_set():
                 if not sock.poll(100):

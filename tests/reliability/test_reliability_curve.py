@@ -1,0 +1,207 @@
+"""Optional ZeroMQ CURVE: keys, settings errors, bytes on the wire, and a whole pipeline with rogue clients."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+from pipeline_helpers import clean_env
+from reliability_helpers import closed_by_peer, transitions
+
+from flywheel import proto, security
+from flywheel.bench.suites._cluster import Cluster, WeightsVersions
+from flywheel.security import CurveKeyError, CurveKeys, keys_from_settings, load_keys
+from flywheel.services.actor.settings import ActorSettings
+from flywheel.services.gateway.settings import GatewaySettings
+from flywheel.services.replay.settings import ReplaySettings
+from flywheel.transport import bind, connect, make_socket
+
+pytestmark = pytest.mark.timeout(240)
+MARKER = "plaintext-marker-4f2a"
+
+
+@pytest.fixture
+def keys_dir(tmp_path: Path) -> Path:
+    """Keys made by the CLI, with one extra named client."""
+    folder = tmp_path / "keys"
+    proc = subprocess.run([sys.executable, "-m", "flywheel", "keys", "generate", str(folder), "--client", "remote"],
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return folder
+
+
+@contextmanager
+def curve(keys: CurveKeys | None) -> Iterator[None]:
+    """This process's CURVE keys for the sockets made inside the block."""
+    before = security.active()
+    security.configure(keys)
+    try:
+        yield
+    finally:
+        security.configure(before)
+
+
+def test_keys_generate_layout_and_refusals(keys_dir: Path) -> None:
+    assert {p.name for p in keys_dir.iterdir()} == {"server.key", "server.key_secret", "client.key",
+                                                    "client.key_secret", "authorized", "clients"}
+    assert (keys_dir / "server.key_secret").stat().st_mode & 0o077 == 0
+    keys = load_keys(keys_dir)
+    remote = load_keys(keys_dir / "clients" / "remote")
+    assert keys is not None and remote is not None
+    assert keys.client_public in keys.authorized and remote.client_public in keys.authorized
+    assert remote.server_secret is None and remote.server_public == keys.server_public
+    again = subprocess.run([sys.executable, "-m", "flywheel", "keys", "generate", str(keys_dir)], env=clean_env(),
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "--force" in again.stderr
+
+
+def test_settings_say_what_is_missing_in_one_line(keys_dir: Path, tmp_path: Path) -> None:
+    assert keys_from_settings(ReplaySettings(), "replay") is None  # no keys: plain, as before
+    remote = keys_dir / "clients" / "remote"
+    actor = keys_from_settings(ActorSettings(curve_keys_dir=remote), "actor")  # a client needs no server secret
+    assert actor is not None and actor.client_secret is not None
+    with pytest.raises(CurveKeyError, match="FLYWHEEL_REPLAY_CURVE_SERVER_SECRET_KEY"):
+        keys_from_settings(ReplaySettings(curve_keys_dir=remote), "replay")
+    with pytest.raises(CurveKeyError, match="does not exist"):
+        keys_from_settings(ReplaySettings(curve_keys_dir=tmp_path / "nowhere"), "replay")
+    with pytest.raises(CurveKeyError, match="not a Z85 CURVE key"):
+        keys_from_settings(ActorSettings(curve_server_key="short", curve_client_secret_key="x" * 40), "actor")
+    # Keys from variables alone (e.g. from a secret manager): the public keys follow from the secret ones.
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    gateway = keys_from_settings(GatewaySettings(curve_server_secret_key=server_secret.decode(),
+                                                 curve_authorized_keys=client_public.decode()), "gateway")
+    assert gateway is not None and gateway.server_public == server_public and gateway.authorized == {client_public}
+    with pytest.raises(CurveKeyError, match="no client is authorized"):
+        keys_from_settings(GatewaySettings(curve_server_secret_key=server_secret.decode()), "gateway")
+    proc = subprocess.run([sys.executable, "-m", "flywheel", "replay", "--curve-keys-dir", str(remote)],
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "server secret key" in proc.stderr
+
+
+def _relay(listen: socket.socket, target: int, seen: bytearray, stop: threading.Event) -> None:
+    """Forward one TCP connection to ``target``, keeping every byte that passes."""
+    client, _ = listen.accept()
+    upstream = socket.create_connection(("127.0.0.1", target))
+    for s in (client, upstream):
+        s.settimeout(0.05)
+    while not stop.is_set():
+        for src, dst in ((client, upstream), (upstream, client)):
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if data:
+                seen.extend(data)
+                dst.sendall(data)
+    client.close()
+    upstream.close()
+
+
+@pytest.mark.parametrize("encrypted", [False, True])
+def test_curve_encrypts_what_crosses_the_network(keys_dir: Path, encrypted: bool) -> None:
+    """A TCP relay between actor and replay sees the batch's text in the clear without CURVE, never with it."""
+    keys = load_keys(keys_dir) if encrypted else None
+    ctx = zmq.Context()
+    listen = socket.create_server(("127.0.0.1", 0))
+    seen, stop = bytearray(), threading.Event()
+    try:
+        with curve(keys):
+            pull = make_socket(ctx, zmq.PULL)
+            port = pull.bind_to_random_port("tcp://127.0.0.1") if keys is None else None
+            if keys is not None:
+                bind(pull, "tcp://127.0.0.1:*", "test", "-")
+                port = int(pull.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+            relay = threading.Thread(target=_relay, args=(listen, port, seen, stop), daemon=True)
+            relay.start()
+            push = make_socket(ctx, zmq.PUSH)
+            connect(push, f"tcp://127.0.0.1:{listen.getsockname()[1]}")
+            push.send_multipart(proto.encode(transitions(4, actor=MARKER)))
+        assert pull.poll(10_000), "the batch did not arrive"
+        batch = proto.decode(pull.recv_multipart(), expect=proto.TransitionBatch)
+        assert isinstance(batch, proto.TransitionBatch) and batch.actor == MARKER
+        assert (MARKER.encode() in seen) is not encrypted
+    finally:
+        stop.set()
+        listen.close()
+        ctx.destroy(0)
+
+
+def test_a_curve_pipeline_refuses_every_client_without_an_authorized_key(keys_dir: Path, tmp_path: Path) -> None:
+    """Every service on CURVE: what authorized clients send arrives; plain, wrong-server-key and unauthorized
+    clients get nothing through (and the replay counts nothing from them); the actor, learner and gateway work."""
+    good = load_keys(keys_dir / "clients" / "remote")
+    security.generate(tmp_path / "other")
+    other = load_keys(tmp_path / "other")
+    assert good is not None and other is not None
+    unauthorized = dataclasses.replace(other, server_public=good.server_public)
+    curve_env = {"CURVE_KEYS_DIR": str(keys_dir)}
+    cluster = Cluster(tmp_path / "run", settings={
+        "gateway": dict(curve_env),
+        "replay": {**curve_env, "CAPACITY": "20000", "MIN_SIZE_TO_SAMPLE": "64"},
+        "learner": {**curve_env, "BATCH_SIZE": "32", "HIDDEN": "32", "PUBLISH_INTERVAL_UPDATES": "5",
+                    "TORCH_THREADS": "1"},
+        "actor": {**curve_env, "NUM_ENVS": "4", "HIDDEN": "32"},
+    })
+    for service in ("gateway", "replay", "learner"):
+        cluster.add(service)
+    cluster.add("actor")
+    ctx = zmq.Context()
+    names = ["gateway-0", "replay-0", "learner-0"]
+    try:
+        for name in names:
+            cluster.start(name)
+        cluster.wait(lambda: cluster.is_up("replay-0") and cluster.is_up("learner-0"), 120,
+                     "replay and learner to report over CURVE", alive=names)
+        sent, pushes = 0, []
+        for keys, rows in ((None, 0), (other, 0), (unauthorized, 0), (good, 8)):
+            with curve(keys):
+                push = make_socket(ctx, zmq.PUSH)
+                connect(push, cluster.endpoint("transitions"))
+            pushes.append(push)  # kept open: the refused ones keep trying (and being refused)
+            for seq in range(10):
+                try:  # plain and refused sockets never get a connection: their sends would block
+                    push.send_multipart(proto.encode(transitions(8, seq=seq)), flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            sent += 10 * rows
+        for port in (cluster.ports["transitions"], cluster.ports["lease"]):  # bytes that are not CURVE: cut
+            with socket.create_connection(("127.0.0.1", port)) as raw:
+                raw.sendall(b"\x01" + np.arange(256, dtype=np.uint8).tobytes() * 8)
+                assert closed_by_peer(raw, 5)
+        cluster.wait(lambda: cluster.value("replay-0", "transitions_received_total") >= sent, 30,
+                     "the authorized client's transitions", alive=names)
+        time.sleep(2.0)  # what the refused clients might still get through would have arrived by now
+        replay = cluster.instance("replay-0")
+        assert replay is not None and replay["counters"]["transitions_received_total"] == sent
+        assert replay["info"]["curve"] == "on" and replay["counters"]["messages_rejected_total"] == 0
+        assert replay["counters"]['curve_handshakes_refused_total{reason="unauthorized_key"}'] > 0
+        assert replay["counters"]['curve_handshakes_refused_total{reason="protocol"}'] > 0
+        # A real actor over CURVE: transitions in, weights out, a lease and telemetry from the gateway.
+        with curve(good):
+            watcher = WeightsVersions(cluster.endpoint("weights"))
+        try:
+            cluster.start("actor-0")
+            cluster.wait(lambda: cluster.value("actor-0", "weight_version") > 0 and cluster.value(
+                "actor-0", "lease_slots") == 1 and cluster.value("replay-0", "transitions_received_total") > sent
+                and cluster.value("learner-0", "updates_total") > 5, 120,
+                "the actor to act, send and get weights over CURVE", alive=[*names, "actor-0"])
+            assert watcher.newest() > 0  # an authorized subscriber outside the cluster gets the weights too
+        finally:
+            watcher.close()
+    finally:
+        ctx.destroy(0)
+        codes = cluster.stop()
+    assert all(code == 0 for code in codes.values()), codes
