@@ -211,8 +211,9 @@ class ZapHandler:
 
     A CURVE client with an authorized key passes; any other is refused (``unauthorized_key``). Plain (NULL)
     connections pass: only ipc and inproc sockets use them. Clients that do not even speak CURVE with the
-    servers' key fail before ZAP is asked; socket monitors count those (``protocol``, ``other``). The thread
-    ends when the context is terminated, so services need no extra shutdown step.
+    servers' key fail before ZAP is asked; socket monitors count those (``protocol``, ``other``). Bytes that are
+    not ZMTP at all are cut by libzmq without an event, so they are not counted. The thread ends when the
+    context is terminated, so services need no extra shutdown step.
     """
 
     def __init__(self, ctx: zmq.Context, authorized: frozenset[bytes]) -> None:

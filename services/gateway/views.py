@@ -6,7 +6,7 @@ import math
 import time
 from typing import Any
 
-from flywheel import __version__
+from flywheel import __version__, security
 from flywheel.transport import ProcessStats
 
 from .metrics import InstanceState, MetricsWriter, render_instances
@@ -70,6 +70,11 @@ def metrics_text(gw: GatewayService) -> str:
           g, gw.published)
     w.add("flywheel_gateway_curve_points", "gauge", "points in the live page's learning curve", g,
           len(gw.curve.points))
+    if security.active() is not None:
+        for reason, count in sorted(security.refused_counts().items()):
+            w.add("flywheel_gateway_curve_handshakes_refused_total", "counter",
+                  "connections refused by CURVE: unauthorized_key, protocol (no CURVE or the wrong server key), other",
+                  {**g, "reason": reason}, count)
     counters, gauges = _OWN_PROCESS.sample()
     for key, value in counters.items():
         w.add(f"flywheel_gateway_{key}", "counter", f"{key} of the gateway process", g, value)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from pipeline_helpers import clean_env
+from pipeline_helpers import clean_env, get_text, metric_values
 from reliability_helpers import closed_by_peer, transitions
 
 from flywheel import proto, security
@@ -170,7 +170,10 @@ def test_a_curve_pipeline_refuses_every_client_without_an_authorized_key(keys_di
             with curve(keys):
                 push = make_socket(ctx, zmq.PUSH)
                 connect(push, cluster.endpoint("transitions"))
-            pushes.append(push)  # kept open: the refused ones keep trying (and being refused)
+                dealer = make_socket(ctx, zmq.DEALER)
+                connect(dealer, cluster.endpoint("lease"))
+            pushes += [push, dealer]  # kept open: the refused ones keep trying (and being refused)
+            dealer.send_multipart(proto.encode(proto.LeaseRequest(f"lease-{rows}-{len(pushes)}")), flags=zmq.NOBLOCK)
             for seq in range(10):
                 try:  # plain and refused sockets never get a connection: their sends would block
                     push.send_multipart(proto.encode(transitions(8, seq=seq)), flags=zmq.NOBLOCK)
@@ -181,6 +184,12 @@ def test_a_curve_pipeline_refuses_every_client_without_an_authorized_key(keys_di
             with socket.create_connection(("127.0.0.1", port)) as raw:
                 raw.sendall(b"\x01" + np.arange(256, dtype=np.uint8).tobytes() * 8)
                 assert closed_by_peer(raw, 5)
+
+        def gateway_refused() -> set[str]:
+            found = metric_values(get_text(f"{cluster.url}/metrics"), "flywheel_gateway_curve_handshakes_refused_total")
+            return {label.split('reason="')[1].split('"')[0] for label, value in found.items() if value > 0}
+        cluster.wait(lambda: {"unauthorized_key", "protocol"} <= gateway_refused(), 20,
+                     "the gateway to count the lease clients it refused", alive=names)
         cluster.wait(lambda: cluster.value("replay-0", "transitions_received_total") >= sent, 30,
                      "the authorized client's transitions", alive=names)
         time.sleep(2.0)  # what the refused clients might still get through would have arrived by now
