@@ -8,7 +8,9 @@ import time
 
 import torch
 
-from .core import MetricSums
+from flywheel.nets import forward_macs
+
+from .core import LearnerCore, MetricSums
 
 log = logging.getLogger("flywheel.learner")
 
@@ -71,3 +73,26 @@ class GpuProbe:
                 self._utilization = False
                 log.info("learner: GPU utilisation not available (%s); reporting memory only", exc)
         return out
+
+
+# Dense bf16 tensor-core peaks (TFLOPS, without sparsity) by a fragment of torch.cuda.get_device_name().
+BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0,
+                    "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0}
+
+
+def bf16_peak_tflops(device_name: str) -> float | None:
+    """The GPU's dense bf16 peak when its name is known, else None."""
+    for fragment, tflops in BF16_PEAK_TFLOPS.items():
+        if fragment in device_name:
+            return tflops
+    return None
+
+
+def network_passes(core: LearnerCore) -> int:
+    """Forward-pass equivalents per sample and update: forward + backward (2x) on s, target (and online) on s'."""
+    return 3 + 1 + (1 if core.config.double else 0)
+
+
+def flops_per_update(core: LearnerCore, batch_size: int) -> int:
+    """Convolution and matmul FLOPs of one update (2 per multiply-accumulate), times grad_accum batches."""
+    return 2 * forward_macs(core.online) * batch_size * network_passes(core) * core.config.grad_accum_steps

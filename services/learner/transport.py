@@ -18,7 +18,7 @@ from .checkpoint import reserve_versions, save_checkpoint
 from .control import ControlArgError, parse_publish_interval, parse_set, parse_set_lr
 from .core import LearnerCore, beta_at
 from .feeder import Feeder, ReadyBatch
-from .metrics import GpuProbe, MetricsWindow
+from .metrics import GpuProbe, MetricsWindow, flops_per_update
 from .publishing import WeightsSnapshots
 from .sampling import SampleClient
 from .settings import LearnerSettings
@@ -71,6 +71,7 @@ class LearnerService:
         self.replay_size = 0.0
         self.window = MetricsWindow()
         self.gpu = GpuProbe(core.device)
+        self._flops_per_update = flops_per_update(core, settings.batch_size) if self.gpu.enabled else 0
         self.last_gauges: dict[str, float] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
@@ -246,6 +247,8 @@ class LearnerService:
             "publish_interval_seconds": float(self.snapshots.every_seconds),
             **self.gpu.gauges(),
         }
+        if self.gpu.enabled:  # what the GPU computes: convolutions and matmuls of the updates, in TFLOPS
+            gauges["achieved_tflops"] = gauges["updates_per_second"] * self._flops_per_update / 1e12
         gauges = {k: v for k, v in gauges.items() if np.isfinite(v)}
         info = {"device": str(self.core.device), "network": self.core.name, "env_id": self.settings.env_id,
                 "state": "paused" if self.paused else "running", "precision": self.core.config.precision,

@@ -1,12 +1,8 @@
 """Learner updates/s: a bare PyTorch loop vs the real learner fed by a real replay process, side by side; GPU goal.
 
-Per case, three loops run alternately, run after run, in this process with the same torch threads:
-a bare PyTorch loop (the same QNetwork, batch, fused Adam, clipping and double-DQN Huber loss on pre-made
-tensors in memory), the learner core on in-memory batches (no sockets), and the real learner service
-(LearnerService: sample requests in flight over TCP, priorities back, weights published) fed by a real
-replay process (``flywheel replay``) filled with transitions of the same shapes. The goal is the learner's
-updates/s at >= 95% of the bare loop's. With a GPU (``--opt device=cuda``) the Nature CNN at batch 512,
-double + dueling, bf16 and torch.compile is measured too, against the 300 updates/s goal and the GPU's peak.
+Alternating, in this process with the same torch threads: a bare loop (same QNetwork, batch, fused Adam, clipping
+and double-DQN Huber loss on tensors in memory), the learner core on in-memory batches, and the learner service
+fed over TCP by a real ``flywheel replay`` process. docs/LEARNER.md describes the cases and goals.
 """
 
 from __future__ import annotations
@@ -23,14 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 import zmq
 from torch.nn import functional as F
 
 from flywheel import proto
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.nets import build_q_network, forward_macs
+from flywheel.nets import build_q_network
 from flywheel.services.learner.core import AMP_DTYPES, CoreConfig, LearnerCore
+from flywheel.services.learner.metrics import bf16_peak_tflops, flops_per_update, network_passes
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.transport import LearnerService
 
@@ -49,8 +47,6 @@ GPU_GOAL = 300.0
 GPU_UPDATES = 300
 ROUNDS = 8  # chunks per run, alternating between the loops
 RATIO_GOAL = 0.95
-BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0,
-                    "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0}
 
 
 @dataclass
@@ -254,17 +250,6 @@ def _sample_batch(case: Case, seed: int) -> proto.SampleBatch:
                              **_random_batch(case, rng, case.batch))
 
 
-def _peak_tflops(ctx: BenchContext) -> tuple[float | None, str]:
-    name = torch.cuda.get_device_name(0)
-    override = ctx.option_float("peak_tflops", 0.0)
-    if override > 0:
-        return override, name
-    for key, value in BF16_PEAK_TFLOPS.items():
-        if key in name:
-            return value, name
-    return None, name
-
-
 def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreConfig, threads: int,
               workdir: Path, zctx: zmq.Context) -> tuple[list[Row], list[str]]:
     gpu = device.type == "cuda"
@@ -286,9 +271,16 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
         device_batch = core.stager.stage(host_batch)
         bare_runs, learner_runs, wait_runs, core_runs, resident_runs = [], [], [], [], []
         waits: list[tuple[float, float]] = []  # (elapsed, waiting for data) of each learner chunk
+        cpu = [0.0, 0.0, 0.0]  # CPU seconds of the update loop, of this process's other threads, of the replay
+        replay_proc = psutil.Process(replay.proc.pid)
 
         def service_chunk(k: int) -> float:
+            main0, proc0, rep0 = time.thread_time(), time.process_time(), sum(replay_proc.cpu_times()[:2])
             waits.append(_service_seconds(service, k))
+            main = time.thread_time() - main0
+            cpu[0] += main
+            cpu[1] += time.process_time() - proc0 - main
+            cpu[2] += sum(replay_proc.cpu_times()[:2]) - rep0
             return waits[-1][0]
 
         loops: dict[str, Callable[[int], float]] = {
@@ -314,6 +306,7 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
         if service is not None:
             service.close()
         replay.close()
+    data_path_cpu = 100 * (cpu[1] + cpu[2]) / max(cpu[0], 1e-9)
     peer = {"peer": median(bare_runs), "peer_name": "bare PyTorch loop", "peer_runs": bare_runs}
     paired = [u / b for u, b in zip(learner_runs, bare_runs, strict=True)]  # same run, same machine load
     rows = [
@@ -325,6 +318,8 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
         Row(label, "updates/s, learner core on in-memory host batches", "1/s", median(core_runs), **peer,
             flywheel_runs=core_runs),
         Row(label, "time waiting for data", "%", median(wait_runs), higher_is_better=False, flywheel_runs=wait_runs),
+        Row(label, "data path CPU (sampling thread + replay) per update loop CPU", "%", data_path_cpu,
+            higher_is_better=False),
     ]
     notes = []
     if gpu:
@@ -332,14 +327,14 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
         rows.append(Row(label, "updates/s, device-resident batch", "1/s", resident, **peer,
                         goal=f">= {GPU_GOAL:.0f} updates/s" if case.key == "nature512" else "",
                         flywheel_runs=resident_runs, met=resident >= GPU_GOAL if case.key == "nature512" else None))
-        passes = 3 + 1 + (1 if config.double else 0)  # forward+backward on obs, target and online on next_obs
-        flops = 2 * forward_macs(core.online) * case.batch * passes
-        peak, name = _peak_tflops(ctx)
+        passes, flops = network_passes(core), flops_per_update(core, case.batch)
+        name = torch.cuda.get_device_name(0)
+        peak = ctx.option_float("peak_tflops", 0.0) or bf16_peak_tflops(name)
         achieved = flops * resident / 1e12
         rows.append(Row(label, "achieved TFLOPS (device-resident)", "TFLOPS", achieved, peer=peak,
                         peer_name=f"{name} dense bf16 peak" if peak else ""))
         notes.append(f"{label}: {flops / 1e9:.1f} GFLOP per update ({passes} network passes of "
-                     f"{2 * forward_macs(core.online) / 1e6:.1f} MFLOP per sample); {achieved:.1f} TFLOPS"
+                     f"{flops / passes / case.batch / 1e6:.1f} MFLOP per sample); {achieved:.1f} TFLOPS"
                      + (f" = {100 * achieved / peak:.1f}% of the {peak:.0f} TFLOPS bf16 peak" if peak else ""))
     return rows, notes
 
