@@ -116,7 +116,26 @@ def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    _remove_stale_temps(path.parent)
     return path
+
+
+def _remove_stale_temps(directory: Path) -> None:
+    """Delete temp files that writers killed mid-write left behind (their process no longer runs)."""
+    for tmp in directory.glob(".*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

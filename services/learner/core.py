@@ -81,7 +81,9 @@ class UpdateResult:
 
 def finite_priorities(td_abs: np.ndarray) -> np.ndarray:
     """Priorities the replay can use: NaN and infinities (from a skipped, non-finite update) become 0."""
-    return np.nan_to_num(td_abs, nan=0.0, posinf=0.0, neginf=0.0).astype(np.float32, copy=False)
+    td_abs = td_abs.astype(np.float32, copy=False)
+    finite = np.isfinite(td_abs)
+    return td_abs if finite.all() else np.where(finite, td_abs, np.float32(0.0))
 
 
 @dataclass
