@@ -92,13 +92,40 @@ class FlywheelRun:
         self.started = 0.0
         self._procs: dict[str, psutil.Process] = {}
 
-    def start(self) -> FlywheelRun:
+    def _ports(self, base: int) -> None:
+        self.base = base
+        self.url = f"http://127.0.0.1:{base + 6}"
+        self.weights_endpoint = f"tcp://127.0.0.1:{base + 2}"
+        i = self.command.index("--base-port")
+        self.command[i + 1], self.command[i + 3] = str(base), str(base + 6)
+
+    def start(self, tries: int = 3, timeout: float = 300.0) -> FlywheelRun:
+        """Start and wait until every service reports; a port taken between the check and the bind (other
+        programs on this machine pick ports too) means a fresh start on other ports, with the clock reset."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.started = time.monotonic()
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(self.command, env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        return self
+        for attempt in range(tries):
+            self.started = time.monotonic()
+            with open(self.log, "wb") as out:
+                self.proc = subprocess.Popen(self.command, env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL)
+            deadline = self.started + timeout
+            while self.alive() and time.monotonic() < deadline and not self._all_up():
+                time.sleep(0.25)
+            if self.alive() and time.monotonic() < deadline:
+                return self
+            self.stop()
+            if "already in use" not in self.log.read_text(errors="replace") or attempt == tries - 1:
+                break
+            self._ports(free_port_block(7))
+        raise BenchError(f"flywheel run did not come up; log {self.log}:\n{tail(self.log)}")
+
+    def _all_up(self) -> bool:
+        status = self.status()
+        if status is None:
+            return False
+        services = status.get("services", {})
+        return all(services.get(name, {}).get("up", 0) >= count
+                   for name, count in (("replay", 1), ("learner", 1), ("actor", self.actors)))
 
     def __enter__(self) -> FlywheelRun:
         return self.start()
