@@ -306,7 +306,7 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
         if service is not None:
             service.close()
         replay.close()
-    data_path_cpu = 100 * (cpu[1] + cpu[2]) / max(cpu[0], 1e-9)
+    main_cpu = max(cpu[0], 1e-9)
     peer = {"peer": median(bare_runs), "peer_name": "bare PyTorch loop", "peer_runs": bare_runs}
     paired = [u / b for u, b in zip(learner_runs, bare_runs, strict=True)]  # same run, same machine load
     rows = [
@@ -318,7 +318,9 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
         Row(label, "updates/s, learner core on in-memory host batches", "1/s", median(core_runs), **peer,
             flywheel_runs=core_runs),
         Row(label, "time waiting for data", "%", median(wait_runs), higher_is_better=False, flywheel_runs=wait_runs),
-        Row(label, "data path CPU (sampling thread + replay) per update loop CPU", "%", data_path_cpu,
+        Row(label, "CPU of the learner's sampling + ZeroMQ threads, per update-loop CPU", "%",
+            100 * cpu[1] / main_cpu, higher_is_better=False),
+        Row(label, "CPU of the replay process, per update-loop CPU", "%", 100 * cpu[2] / main_cpu,
             higher_is_better=False),
     ]
     notes = []
