@@ -15,6 +15,7 @@ import numpy as np
 FORMAT = "flywheel-replay"
 FORMAT_VERSION = 2
 CRC_CHUNK = 64 << 20
+DROP_CACHE_BYTES = 256 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -37,15 +38,29 @@ def _write_array(file: Path, parts: list[np.ndarray]) -> dict[str, Any]:
     with open(file, "wb") as fh:
         header = {"descr": np.lib.format.dtype_to_descr(first.dtype), "fortran_order": False, "shape": shape}
         np.lib.format.write_array_header_2_0(fh, header)
+        written = 0
         for part in parts:
             flat = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
             for lo in range(0, flat.size, CRC_CHUNK):
                 chunk = flat[lo:lo + CRC_CHUNK]
                 crc = zlib.crc32(chunk, crc)
                 fh.write(chunk.data)
+                written += chunk.size
+                if written >= DROP_CACHE_BYTES:  # gigabytes of dirty page cache would squeeze the running replay
+                    _drop_written(fh)
+                    written = 0
         fh.flush()
         os.fsync(fh.fileno())
+        _drop_written(fh)
     return {"dtype": first.dtype.name, "shape": list(shape), "crc32": crc}
+
+
+def _drop_written(fh: Any) -> None:
+    """Write back what the file holds so far and drop it from the page cache (Linux; a no-op elsewhere)."""
+    fh.flush()
+    os.fdatasync(fh.fileno())
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def save(state: dict[str, np.ndarray | list[np.ndarray]], directory: Path, info: dict[str, Any] | None = None,

@@ -1,6 +1,8 @@
 """cpprb's PrioritizedReplayBuffer on the replay benchmark's shapes, in-process, in its own process.
 
-Run as ``python -m flywheel.bench.peers.cpprb_peer '<json config>'``; prints one JSON line of results.
+Run as ``python -m flywheel.bench.peers.cpprb_peer '<json config>'``: it fills a buffer, prints one JSON line,
+then answers commands read from stdin, one JSON line each, so the suite can interleave its measurements with
+Flywheel's (the same load for both): ``insert SECONDS``, ``sample SECONDS``, ``checkpoint``, ``quit``.
 Mario data is one in-order stream of 1-step transitions, cpprb's best case: ``stack_compress`` and ``next_of``
 only work when consecutive adds are consecutive steps of one episode.
 """
@@ -12,86 +14,96 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 import psutil
 
-
-def _mario_buffer(size: int) -> object:
-    from cpprb import PrioritizedReplayBuffer
-
-    env = {"obs": {"shape": (4, 84, 84), "dtype": np.uint8}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
-    return PrioritizedReplayBuffer(size, env, next_of="obs", stack_compress="obs", alpha=0.6, eps=1e-6)
+EPISODE = 500
 
 
-def _mario_rows(frames: np.ndarray, start: int, rows: int, episode: int) -> dict[str, np.ndarray]:
-    t = np.arange(start, start + rows + 1)
-    index = np.maximum(t[:, None] + np.arange(-3, 1)[None, :], (t // episode * episode)[:, None])
-    stacks = frames[index % len(frames)]
-    return {"obs": stacks[:-1], "next_obs": stacks[1:], "act": np.zeros(rows, np.int64),
-            "rew": np.ones(rows, np.float32), "done": np.zeros(rows, np.float32)}
+class Peer:
+    """A filled cpprb buffer and the batches it keeps adding."""
 
+    def __init__(self, config: dict[str, Any]) -> None:
+        from cpprb import PrioritizedReplayBuffer
 
-def mario(config: dict) -> dict:
-    frames = np.load(config["frames"], allow_pickle=False)
-    size, rows, episode = config["fill"], config["batch_rows"], 500
-    prebuilt = [_mario_rows(frames, i * rows, rows, episode) for i in range(16)]
-    process = psutil.Process()
-    base_rss = process.memory_info().rss
-    rb = _mario_buffer(size)
-    start, cpu = time.perf_counter(), time.process_time()
-    added = 0
-    while added < size:
-        batch = prebuilt[(added // rows) % len(prebuilt)]
-        rb.add(**batch)  # type: ignore[attr-defined]
-        added += rows
-        if added % (episode // rows * rows) == 0:
-            rb.on_episode_end()  # type: ignore[attr-defined]
-    insert_s, insert_cpu = time.perf_counter() - start, time.process_time() - cpu
-    rss = process.memory_info().rss
-    result = {"insert_rate": added / insert_s, "insert_rate_cpu": added / insert_cpu, "rss_bytes": rss,
-              "rss_growth_bytes": rss - base_rss, "stored": rb.get_stored_size()}  # type: ignore[attr-defined]
-    rng = np.random.default_rng(0)
-    batches = 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < config["seconds"]:
-        sample = rb.sample(512, beta=0.4)  # type: ignore[attr-defined]
-        rb.update_priorities(sample["indexes"], rng.uniform(0.1, 2, 512))  # type: ignore[attr-defined]
-        batches += 1
-    result["sample_rate"] = batches / (time.perf_counter() - start)
-    if config.get("checkpoint"):
-        with tempfile.TemporaryDirectory(dir=config.get("tmp")) as tmp:
+        self.config, self.rows = config, config["batch_rows"]
+        self.rng = np.random.default_rng(0)
+        if config["kind"] == "mario":
+            frames = np.load(config["frames"], allow_pickle=False)
+            self.batches = [self._mario_rows(frames, i * self.rows) for i in range(16)]
+            env = {"obs": {"shape": (4, 84, 84), "dtype": np.uint8}, "act": {"dtype": np.int64}, "rew": {},
+                   "done": {}}
+            extra = {"next_of": "obs", "stack_compress": "obs"}
+        else:
+            obs = self.rng.normal(size=(self.rows, 4)).astype(np.float32)
+            self.batches = [{"obs": obs, "next_obs": obs + 0.01, "act": np.zeros(self.rows, np.int64),
+                             "rew": np.ones(self.rows, np.float32), "done": np.zeros(self.rows, np.float32)}]
+            env = {"obs": {"shape": (4,), "dtype": np.float32}, "next_obs": {"shape": (4,), "dtype": np.float32},
+                   "act": {"dtype": np.int64}, "rew": {}, "done": {}}
+            extra = {}
+        self.process = psutil.Process()
+        self.base_rss = self.process.memory_info().rss
+        self.rb = PrioritizedReplayBuffer(config["fill"], env, alpha=0.6, eps=1e-6, **extra)
+        self.added = 0
+
+    def _mario_rows(self, frames: np.ndarray, start: int) -> dict[str, np.ndarray]:
+        t = np.arange(start, start + self.rows + 1)
+        index = np.maximum(t[:, None] + np.arange(-3, 1)[None, :], (t // EPISODE * EPISODE)[:, None])
+        stacks = frames[index % len(frames)]
+        return {"obs": stacks[:-1], "next_obs": stacks[1:], "act": np.zeros(self.rows, np.int64),
+                "rew": np.ones(self.rows, np.float32), "done": np.zeros(self.rows, np.float32)}
+
+    def insert(self, count: int | None = None, seconds: float | None = None) -> dict[str, float]:
+        """Add batches (``count`` rows, or for ``seconds``); rows per second and per CPU-second."""
+        start, cpu, done = time.perf_counter(), time.process_time(), 0
+        while (count is not None and done < count) or (seconds is not None and time.perf_counter() - start < seconds):
+            self.rb.add(**self.batches[(self.added // self.rows) % len(self.batches)])
+            self.added += self.rows
+            done += self.rows
+            if self.config["kind"] == "mario" and self.added % (EPISODE // self.rows * self.rows) == 0:
+                self.rb.on_episode_end()
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        return {"insert_rate": done / wall, "insert_rate_cpu": done / max(cpu, 1e-9)}
+
+    def sample(self, seconds: float) -> dict[str, float]:
+        batches, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            sample = self.rb.sample(512, beta=0.4)
+            self.rb.update_priorities(sample["indexes"], self.rng.uniform(0.1, 2, 512))
+            batches += 1
+        return {"sample_rate": batches / (time.perf_counter() - start)}
+
+    def checkpoint(self) -> dict[str, float]:
+        with tempfile.TemporaryDirectory(dir=self.config.get("tmp")) as tmp:
             start = time.perf_counter()
-            rb.save_transitions(os.path.join(tmp, "cpprb"), safe=True)  # type: ignore[attr-defined]
-            result["checkpoint_s"] = time.perf_counter() - start
-    return result
+            self.rb.save_transitions(os.path.join(tmp, "cpprb"), safe=True)
+            return {"checkpoint_s": time.perf_counter() - start}
 
-
-def cartpole(config: dict) -> dict:
-    from cpprb import PrioritizedReplayBuffer
-
-    size, rows = config["fill"], config["batch_rows"]
-    env = {"obs": {"shape": (4,), "dtype": np.float32}, "next_obs": {"shape": (4,), "dtype": np.float32},
-           "act": {"dtype": np.int64}, "rew": {}, "done": {}}
-    rb = PrioritizedReplayBuffer(size, env, alpha=0.6, eps=1e-6)
-    rng = np.random.default_rng(0)
-    obs = rng.normal(size=(rows, 4)).astype(np.float32)
-    batch = {"obs": obs, "next_obs": obs + 0.01, "act": np.zeros(rows, np.int64), "rew": np.ones(rows, np.float32),
-             "done": np.zeros(rows, np.float32), "priorities": rng.uniform(0.1, 2, rows)}
-    added = 0
-    start, cpu = time.perf_counter(), time.process_time()
-    while added < size:
-        rb.add(**batch)
-        added += rows
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {"insert_rate": added / wall, "insert_rate_cpu": added / cpu}
+    def memory(self) -> dict[str, float]:
+        rss = self.process.memory_info().rss
+        return {"rss_bytes": rss, "rss_growth_bytes": rss - self.base_rss, "stored": self.rb.get_stored_size()}
 
 
 def main() -> None:
     config = json.loads(sys.argv[1])
     if config.get("cpus") and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, config["cpus"])
-    print(json.dumps(mario(config) if config["kind"] == "mario" else cartpole(config)), flush=True)
+    peer = Peer(config)
+    print(json.dumps(peer.insert(count=config["fill"]) | peer.memory()), flush=True)
+    for line in sys.stdin:
+        command, _, arg = line.strip().partition(" ")
+        if command == "insert":
+            print(json.dumps(peer.insert(seconds=float(arg))), flush=True)
+        elif command == "sample":
+            print(json.dumps(peer.sample(float(arg))), flush=True)
+        elif command == "checkpoint":
+            print(json.dumps(peer.checkpoint()), flush=True)
+        elif command == "memory":
+            print(json.dumps(peer.memory()), flush=True)
+        else:
+            return
 
 
 if __name__ == "__main__":

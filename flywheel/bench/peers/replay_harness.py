@@ -209,3 +209,42 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class CpprbPeer:
+    """``cpprb_peer`` in its own process, answering one command at a time (see that module)."""
+
+    def __init__(self, config: dict[str, Any], timeout_s: float = 7200) -> None:
+        import json
+
+        self.timeout_s = timeout_s
+        self.proc = subprocess.Popen([sys.executable, "-m", "flywheel.bench.peers.cpprb_peer", json.dumps(config)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.filled = self._answer()
+
+    def _answer(self) -> dict[str, Any]:
+        import json
+
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise BenchError(f"cpprb peer failed: {err.strip().splitlines()[-1:] or 'no output'}")
+        return json.loads(line)
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.ask("quit")
+            except (BenchError, OSError, ValueError):
+                pass
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -20,7 +19,15 @@ from typing import Any
 import numpy as np
 
 from flywheel.bench.peers.replay_data import mario_frames
-from flywheel.bench.peers.replay_harness import SPAWN, ReplayService, Sender, cpu_split, insert_rate, sample_run
+from flywheel.bench.peers.replay_harness import (
+    SPAWN,
+    CpprbPeer,
+    ReplayService,
+    Sender,
+    cpu_split,
+    insert_rate,
+    sample_run,
+)
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
 from flywheel.bench.suites._harness import pyplot, save_figure
 
@@ -54,8 +61,8 @@ def run(ctx: BenchContext) -> SuiteResult:
         result.notes.append(f"Mario data: {source}; 16 streams per actor, 3-step rows, episodes of 200-1000 steps, "
                             f"{MARIO_ROWS}-row messages; CartPole: {CARTPOLE_ROWS}-row messages.")
         _inserts(ctx, result, work, frames_file, seconds, replay_cpu, other_cpus)
-        _big_buffer(ctx, result, work, frames_file, big, seconds, other_cpus)
-        _peers(ctx, result, work, frames_file, big, seconds, replay_cpu)
+        _big_buffer(ctx, result, work, frames_file, big, seconds, replay_cpu, other_cpus)
+        _peers(ctx, result, frames_file, seconds)
         result.plots = _plot(ctx, result)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -67,39 +74,71 @@ def run(ctx: BenchContext) -> SuiteResult:
 
 def _inserts(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Path, seconds: float,
              replay_cpu: list[int], other_cpus: list[int]) -> None:
-    for kind, rows, capacity, goal in (("mario", MARIO_ROWS, 50_000, 20_000), ("cartpole", CARTPOLE_ROWS, 1_000_000,
-                                                                                100_000)):
-        service = ReplayService(work, f"insert-{kind}", capacity, cpus=replay_cpu)
+    """Insert rates, Flywheel and cpprb measured in turns (the same load for both), both on the same core."""
+    mario_capacity = 10_000 if ctx.quick else 50_000
+    for kind, rows, capacity, goal in (("mario", MARIO_ROWS, mario_capacity, 20_000),
+                                       ("cartpole", CARTPOLE_ROWS, 1_000_000, 100_000)):
+        service = ReplayService(work, f"insert-{kind}", capacity, cpus=replay_cpu, checkpoint_dir=str(work / kind))
+        peer = CpprbPeer({"kind": kind, "frames": str(frames_file), "fill": capacity, "batch_rows": rows,
+                          "cpus": replay_cpu, "tmp": str(work)})
         try:
-            for transport, endpoint in (("ipc", service.transitions_ipc), ("tcp", service.transitions_tcp)):
-                ctx.progress(f"insert {kind} over {transport}: {ctx.warmup} warm-up + {ctx.runs} runs")
-                args = {"endpoint": endpoint, "kind": kind, "frames_file": frames_file, "rows": rows,
-                        "cpus": other_cpus, "seed": ctx.seed}
-                measured = [insert_rate(service, args, capacity if i == 0 else rows * 50, seconds)
-                            for i in range(ctx.warmup + ctx.runs)][ctx.warmup:]
-                per_cpu = [m[1] for m in measured]
-                wall = [m[0] for m in measured]
+            ctx.progress(f"insert {kind} over ipc and tcp, and cpprb in-process: {ctx.warmup} warm-up + "
+                         f"{ctx.runs} runs each")
+            flywheel: dict[str, list[tuple[float, float]]] = {"ipc": [], "tcp": []}
+            cpprb: list[dict[str, float]] = []
+            for i in range(ctx.warmup + ctx.runs):
+                for transport, endpoint in (("ipc", service.transitions_ipc), ("tcp", service.transitions_tcp)):
+                    args = {"endpoint": endpoint, "kind": kind, "frames_file": frames_file, "rows": rows,
+                            "cpus": other_cpus, "seed": ctx.seed + i}
+                    flywheel[transport].append(insert_rate(service, args, capacity if i == 0 else rows * 50,
+                                                           seconds))
+                cpprb.append(peer.ask(f"insert {seconds}"))
+            cpprb = cpprb[ctx.warmup:]
+            for transport, measured in flywheel.items():
+                measured = measured[ctx.warmup:]
+                per_cpu, wall = [m[1] for m in measured], [m[0] for m in measured]
+                peer_cpu = [c["insert_rate_cpu"] for c in cpprb] if transport == "ipc" else []
+                peer_wall = [c["insert_rate"] for c in cpprb] if transport == "ipc" else []
+                name = "cpprb (in-process, same core)" if transport == "ipc" else ""
                 result.rows.append(Row(f"insert {kind} ({transport}), per CPU-second of the replay", "inserts",
-                                       "transitions/s", median(per_cpu), goal=f">= {goal:,} on one core",
-                                       flywheel_runs=per_cpu))
+                                       "transitions/s", median(per_cpu), median(peer_cpu) if peer_cpu else None, name,
+                                       goal=f">= {goal:,} on one core", flywheel_runs=per_cpu, peer_runs=peer_cpu))
                 result.rows.append(Row(f"insert {kind} ({transport}), wall clock, replay pinned to a shared core",
-                                       "inserts", "transitions/s", median(wall), flywheel_runs=wall))
-            service.poll()
+                                       "inserts", "transitions/s", median(wall),
+                                       median(peer_wall) if peer_wall else None, name, flywheel_runs=wall,
+                                       peer_runs=peer_wall))
             if kind == "mario":
-                result.extra["insert_frames_per_transition"] = service.gauges.get("frames_per_transition")
+                ctx.progress(f"checkpoint of {capacity:,} Mario transitions: Flywheel (fork) and cpprb (blocking)")
+                _checkpoint_once(service)
+                saved = peer.ask("checkpoint")
+                result.rows.append(Row(f"checkpoint {capacity:,} Mario: traffic stopped", "pause", "ms",
+                                       1e3 * service.gauges.get("checkpoint_max_pause_seconds", 0.0),
+                                       1e3 * saved["checkpoint_s"], "cpprb save_transitions (blocks)",
+                                       higher_is_better=False))
         finally:
+            peer.close()
             service.close(kill=True)
 
 
+def _checkpoint_once(service: ReplayService) -> None:
+    service.poll()
+    before = service.counters.get("checkpoints_total", 0)
+    service.command("checkpoint", tag="bench")
+    service.wait(lambda: service.counters.get("checkpoints_total", 0) > before, 3600, "the checkpoint")
+
+
 def _big_buffer(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Path, big: int, seconds: float,
-                other_cpus: list[int]) -> None:
+                replay_cpu: list[int], other_cpus: list[int]) -> None:
     service = ReplayService(work, "big", big, checkpoint_dir=str(work / "ckpt"))
     try:
-        ctx.progress(f"filling the replay with {big:,} Mario transitions")
-        sender = Sender(service.transitions_ipc, "mario", frames_file, MARIO_ROWS, int(big * 1.01), 7200, other_cpus,
-                        ctx.seed)
-        service.wait(lambda: _progress(ctx, service, big), 7200, f"{big:,} stored transitions")
+        # 12% more than the capacity: the frame ring wraps once, so every page it will ever use is resident.
+        target = int(big * 1.12)
+        ctx.progress(f"inserting {target:,} Mario transitions into a {big:,}-transition replay")
+        sender = Sender(service.transitions_ipc, "mario", frames_file, MARIO_ROWS, target + MARIO_ROWS, 7200,
+                        other_cpus, ctx.seed)
+        service.wait(lambda: _progress(ctx, service, target), 7200, f"{target:,} inserted transitions")
         sender.join(60)
+        service.wait(lambda: True, 5, "telemetry")
         rss = service.rss()
         gauges = dict(service.gauges)
         result.extra["big"] = {"transitions": big, "rss_bytes": rss, "gauges": gauges}
@@ -107,41 +146,65 @@ def _big_buffer(ctx: BenchContext, result: SuiteResult, work: Path, frames_file:
                                rss / 2**30, higher_is_better=False, goal="<= 8 GiB" if big >= 1_000_000 else ""))
         result.notes.append(f"Frames stored per transition at {big:,}: {gauges.get('frames_per_transition', 0):.3f} "
                             "(whole stacks would be 8).")
-        for transport in ("shm", "tcp"):
-            ctx.progress(f"sampling {BATCH}-batches over {transport}: {ctx.warmup} warm-up + {ctx.runs} runs")
-            runs = [sample_run(service.sample_tcp, transport, BATCH, seconds, other_cpus)["rate"]
-                    for _ in range(ctx.warmup + ctx.runs)][ctx.warmup:]
-            result.rows.append(Row(f"sample 512 Mario ({transport}, client in another process, + priority update)",
-                                   "batches", "batches/s", median(runs), goal=">= 100" if transport == "shm" else "",
-                                   flywheel_runs=runs))
-        _checkpoint(ctx, result, service, seconds, other_cpus, big)
+        _sampling(ctx, result, service, frames_file, big, seconds, replay_cpu, other_cpus)
+        _checkpoint(ctx, result, service, other_cpus, big)
     finally:
         service.close(kill=True)
+    ctx.progress(f"cpprb PrioritizedReplayBuffer (stack_compress, next_of): memory with {big:,} Mario transitions")
+    peer = CpprbPeer({"kind": "mario", "frames": str(frames_file), "fill": big, "batch_rows": MARIO_ROWS,
+                      "cpus": replay_cpu})
+    peer.close()
+    result.extra["cpprb_memory"] = peer.filled
+    row = next(r for r in result.rows if r.case.startswith("memory"))
+    row.peer, row.peer_name = peer.filled["rss_growth_bytes"] / 2**30, "cpprb (stack_compress, next_of)"
 
 
-def _progress(ctx: BenchContext, service: ReplayService, big: int) -> bool:
-    size = service.gauges.get("size_transitions", 0)
-    if int(size) // max(1, big // 10) != getattr(_progress, "last", -1):
-        _progress.last = int(size) // max(1, big // 10)  # type: ignore[attr-defined]
-        ctx.progress(f"  {int(size):,} stored, resident {service.rss() / 2**30:.2f} GiB")
-    return size >= big
+def _sampling(ctx: BenchContext, result: SuiteResult, service: ReplayService, frames_file: Path, big: int,
+              seconds: float, replay_cpu: list[int], other_cpus: list[int]) -> None:
+    """512-batches with priority updates: Flywheel over shm and TCP and cpprb in-process, in turns."""
+    fill = min(big, 200_000)
+    ctx.progress(f"filling cpprb with {fill:,} transitions for sampling")
+    peer = CpprbPeer({"kind": "mario", "frames": str(frames_file), "fill": fill, "batch_rows": MARIO_ROWS,
+                      "cpus": replay_cpu})
+    try:
+        ctx.progress(f"sampling 512-batches (shm, tcp, cpprb): {ctx.warmup} warm-up + {ctx.runs} runs each")
+        runs: dict[str, list[float]] = {"shm": [], "tcp": [], "cpprb": []}
+        for _ in range(ctx.warmup + ctx.runs):
+            for transport in ("shm", "tcp"):
+                runs[transport].append(sample_run(service.sample_tcp, transport, BATCH, seconds, other_cpus)["rate"])
+            runs["cpprb"].append(peer.ask(f"sample {seconds}")["sample_rate"])
+        runs = {k: v[ctx.warmup:] for k, v in runs.items()}
+    finally:
+        peer.close()
+    for transport in ("shm", "tcp"):
+        result.rows.append(Row(f"sample 512 Mario ({transport}, client in another process, + priority update)",
+                               "batches", "batches/s", median(runs[transport]), median(runs["cpprb"]),
+                               f"cpprb (in-process, {fill:,} stored)", goal=">= 100" if transport == "shm" else "",
+                               flywheel_runs=runs[transport], peer_runs=runs["cpprb"]))
 
 
-def _checkpoint(ctx: BenchContext, result: SuiteResult, service: ReplayService, seconds: float,
-                other_cpus: list[int], big: int) -> None:
+def _progress(ctx: BenchContext, service: ReplayService, target: int) -> bool:
+    count = service.counters.get("transitions_received_total", 0)
+    step = int(count) // max(1, target // 10)
+    if step != getattr(_progress, "last", -1):
+        _progress.last = step  # type: ignore[attr-defined]
+        ctx.progress(f"  {int(count):,} inserted, {int(service.gauges.get('size_transitions', 0)):,} stored, "
+                     f"resident {service.rss() / 2**30:.2f} GiB")
+    return count >= target
+
+
+def _checkpoint(ctx: BenchContext, result: SuiteResult, service: ReplayService, other_cpus: list[int],
+                big: int) -> None:
     """Checkpoint the big buffer while a client samples; the pause the client sees against its usual gap."""
     ctx.progress(f"checkpoint of {big:,} transitions while sampling")
     out: dict[str, Any] = {}
     stop = SPAWN.Event()
-    sampler = threading.Thread(target=lambda: out.update(sample_run(service.sample_tcp, "shm", BATCH, 3600,
+    sampler = threading.Thread(target=lambda: out.update(sample_run(service.sample_tcp, "shm", BATCH, 7200,
                                                                     other_cpus, stop)))
     sampler.start()
-    time.sleep(seconds)
-    service.poll()
-    before = service.counters.get("checkpoints_total", 0)
+    time.sleep(10)
     began = time.monotonic()
-    service.command("checkpoint", tag="bench")
-    service.wait(lambda: service.counters.get("checkpoints_total", 0) > before, 3600, "the checkpoint")
+    _checkpoint_once(service)
     ended = time.monotonic()
     time.sleep(1.0)
     stop.set()
@@ -149,65 +212,30 @@ def _checkpoint(ctx: BenchContext, result: SuiteResult, service: ReplayService, 
     gauges = service.gauges
     arrivals = np.array(out.get("arrivals", []))
     gaps = np.diff(arrivals) if arrivals.size > 1 else np.zeros(1)
-    during = gaps[(arrivals[1:] >= began) & (arrivals[1:] <= ended)] if arrivals.size > 1 else gaps
+    inside = (arrivals[1:] >= began) & (arrivals[1:] <= ended) if arrivals.size > 1 else np.ones(1, bool)
+    during, usual = gaps[inside], gaps[~inside] if (~inside).any() else gaps
     result.extra["checkpoint"] = {"duration_s": gauges.get("checkpoint_duration_seconds"),
-                                  "gaps_during": during.tolist()}
+                                  "gaps_during_ms": (1e3 * during).tolist()}
     result.rows.append(Row(f"checkpoint {big:,} Mario: longest loop pause (fork)", "pause", "ms",
                            1e3 * gauges.get("checkpoint_max_pause_seconds", 0.0), higher_is_better=False))
-    result.rows.append(Row(f"checkpoint {big:,} Mario: longest gap between batches at the client", "gap", "ms",
-                           1e3 * float(during.max() if during.size else 0.0), higher_is_better=False,
-                           goal=f"usual gap {1e3 * float(np.median(gaps)):.0f} ms"))
+    pct = np.percentile(1e3 * during, [50, 99]) if during.size else np.zeros(2)
+    result.rows.append(Row(f"checkpoint {big:,} Mario: gap between batches at the client, p99 during it", "gap",
+                           "ms", float(pct[1]), higher_is_better=False,
+                           goal=f"p99 without a checkpoint {np.percentile(1e3 * usual, 99):.0f} ms"))
     duration = gauges.get("checkpoint_duration_seconds", 0.0)
-    result.notes.append(f"Checkpoint of {big:,} transitions written in {duration:.1f} s by a forked child while "
-                        f"{len(during)} batches were served; longest loop turn during it "
-                        f"{1e3 * gauges.get('checkpoint_max_loop_turn_seconds', 0):.0f} ms.")
+    longest = 1e3 * float(during.max() if during.size else 0.0)
+    turn = 1e3 * gauges.get("checkpoint_max_loop_turn_seconds", 0.0)
+    result.notes.append(f"Checkpoint of {big:,} transitions: written in {duration:.1f} s by a forked child while "
+                        f"{len(during)} batches were served (gap p50 {pct[0]:.0f} ms, usual "
+                        f"{np.median(1e3 * usual):.0f} ms; longest {longest:.0f} ms); longest loop turn during it "
+                        f"{turn:.0f} ms.")
 
 
-def _peers(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Path, big: int, seconds: float,
-           replay_cpu: list[int]) -> None:
-    ctx.progress(f"cpprb PrioritizedReplayBuffer (stack_compress, next_of) with {big:,} Mario transitions")
-    cpprb = _run_json([sys.executable, "-m", "flywheel.bench.peers.cpprb_peer", json.dumps(
-        {"kind": "mario", "frames": str(frames_file), "fill": big, "batch_rows": MARIO_ROWS, "seconds": seconds,
-         "cpus": replay_cpu})])
-    small = 5_000 if ctx.quick else 50_000
-    ctx.progress(f"cpprb checkpoint (save_transitions) of {small:,} Mario transitions")
-    cpprb_small = _run_json([sys.executable, "-m", "flywheel.bench.peers.cpprb_peer", json.dumps(
-        {"kind": "mario", "frames": str(frames_file), "fill": small, "batch_rows": MARIO_ROWS, "seconds": 0.5,
-         "cpus": replay_cpu, "checkpoint": True, "tmp": str(work)})])
-    cartpole = _run_json([sys.executable, "-m", "flywheel.bench.peers.cpprb_peer", json.dumps(
-        {"kind": "cartpole", "fill": 1_000_000, "batch_rows": CARTPOLE_ROWS, "cpus": replay_cpu})])
-    result.extra["cpprb"] = {"big": cpprb, "small": cpprb_small, "cartpole": cartpole}
-    peers = {"insert mario (ipc), per CPU": ("cpprb (in-process), per CPU-second", cpprb["insert_rate_cpu"]),
-             "insert mario (ipc), wall": ("cpprb (in-process)", cpprb["insert_rate"]),
-             "insert cartpole (ipc), per CPU": ("cpprb (in-process), per CPU-second", cartpole["insert_rate_cpu"]),
-             "insert cartpole (ipc), wall": ("cpprb (in-process)", cartpole["insert_rate"]),
-             "memory": ("cpprb (stack_compress)", cpprb["rss_growth_bytes"] / 2**30),
-             "sample 512 Mario (shm": ("cpprb (in-process)", cpprb["sample_rate"]),
-             "sample 512 Mario (tcp": ("cpprb (in-process)", cpprb["sample_rate"])}
-    for row in result.rows:
-        for prefix, (name, value) in peers.items():
-            if row.case.startswith(prefix):
-                row.peer, row.peer_name = value, name
-    result.rows.append(Row(f"checkpoint {small:,} Mario: traffic stopped", "pause", "ms",
-                           _small_flywheel_pause(ctx, work, frames_file, small), peer=1e3 * cpprb_small["checkpoint_s"],
-                           peer_name="cpprb save_transitions (blocks)", higher_is_better=False))
+def _peers(ctx: BenchContext, result: SuiteResult, frames_file: Path, seconds: float) -> None:
     result.notes.append("cpprb gets one in-order stream (its stack_compress/next_of need consecutive adds of one "
-                        "episode); Flywheel gets 16 interleaved streams, as actors send them.")
+                        "episode); Flywheel gets 16 interleaved streams, as actors send them. Each Flywheel run is "
+                        "followed by the cpprb run of the same case, so both see the same machine load.")
     _reverb(ctx, result, frames_file, seconds)
-
-
-def _small_flywheel_pause(ctx: BenchContext, work: Path, frames_file: Path, small: int) -> float:
-    _, other = cpu_split()
-    service = ReplayService(work, "small", small, checkpoint_dir=str(work / "ckpt-small"))
-    try:
-        sender = Sender(service.transitions_ipc, "mario", frames_file, MARIO_ROWS, int(small * 1.01), 3600, other)
-        service.wait(lambda: service.gauges.get("size_transitions", 0) >= small, 3600, f"{small:,} transitions")
-        sender.join(60)
-        service.command("checkpoint")
-        service.wait(lambda: service.counters.get("checkpoints_total", 0) >= 1, 600, "the checkpoint")
-        return 1e3 * service.gauges.get("checkpoint_max_pause_seconds", 0.0)
-    finally:
-        service.close(kill=True)
 
 
 def _reverb(ctx: BenchContext, result: SuiteResult, frames_file: Path, seconds: float) -> None:
