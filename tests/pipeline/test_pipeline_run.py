@@ -78,3 +78,26 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     def gone() -> bool:
         return not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in children)
     wait_until(gone, 60, "children to exit after the parent was killed", [log])
+
+
+def test_bench_harness_measures_a_real_run(tmp_path: Path) -> None:
+    """The benchmarks' view of ``flywheel run``: every service up, counters and per-process CPU that grow."""
+    from flywheel.bench.suites._harness import FlywheelRun
+
+    run = FlywheelRun("CartPole-v1", tmp_path, actors=1, envs_per_actor=4,
+                      sets=["replay.min_size_to_sample=200"], progress_interval=1.0)
+    with run:
+        assert run.alive() and set(run.children()) == {"gateway-0", "replay-0", "learner-0", "actor-0"}
+        first = run.wait_for(lambda: (s := run.snapshot()) and s.total("learner", "updates_total") > 0 and s, 120,
+                             "the learner's first update")
+        time.sleep(3)
+        last = run.snapshot()
+        assert last is not None and last.t > first.t
+        assert last.total("actor", "env_steps_total") > first.total("actor", "env_steps_total")
+        assert last.total("replay", "transitions_received_total") > 0
+        assert all(last.cpu[name] >= first.cpu.get(name, 0.0) for name in last.cpu)
+        assert last.cpu["actor-0"] > 0 and last.cpu["learner-0"] > 0
+        pids = [p.pid for p in run.children().values()]
+    assert run.proc is not None and run.proc.returncode == 0
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert "stopped; checkpoints in" in run.log.read_text()
