@@ -24,11 +24,13 @@ STOP_ORDER = ("actor", "learner", "replay", "gateway")
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
 
 # Presets by observation kind; FLYWHEEL_* variables in the environment and --set override them.
-VECTOR_PRESET = {
-    "actor": {"num_envs": "16", "n_step": "3", "gamma": "0.99", "send_hwm": "64"},
+VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` (docs/benchmarks/sb3.md)
+    # send_hwm/transitions_hwm 1: a few small transitions per message, so deeper queues let the actors run tens of
+    # thousands of stale transitions ahead of the replay's rate limiter.
+    "actor": {"num_envs": "16", "n_step": "3", "gamma": "0.99", "send_hwm": "1", "hidden": "128"},
     "replay": {"capacity": "100000", "min_size_to_sample": "1000", "samples_per_insert": "8",
-               "error_buffer": "2000", "alpha": "0.6", "block_inserts": "true"},
-    "learner": {"batch_size": "128", "lr": "0.0005", "target_update_interval": "500", "adam_eps": "0.0001",
+               "error_buffer": "2000", "alpha": "0.6", "block_inserts": "true", "transitions_hwm": "1"},
+    "learner": {"batch_size": "256", "lr": "0.001", "tau": "0.01", "adam_eps": "0.0001", "hidden": "128",
                 "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
                 "torch_threads": "1"},
 }

@@ -113,6 +113,7 @@ class SuiteResult:
     plots: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     sections: list[str] = field(default_factory=list)  # more Markdown (e.g. a model's table), after the notes
+    method: str = ""  # how the figures were taken, when not "median of --runs runs after --warmup warm-up"
 
 
 def median(values: list[float]) -> float:
@@ -210,7 +211,7 @@ def render_markdown(result: SuiteResult, ctx: BenchContext, command: str, machin
         f"Command: `{command}`  ",
         f"Machine: {machine.get('cpus')} CPUs ({machine.get('cpu_model')}), {machine.get('memory_gib')} GiB, "
         f"GPU: {machine.get('gpu') or 'none'}; torch {machine.get('torch')}; "
-        f"median of {ctx.runs} runs after {ctx.warmup} warm-up; load average (1 min) "
+        f"{result.method or f'median of {ctx.runs} runs after {ctx.warmup} warm-up'}; load average (1 min) "
         f"{_fmt(ctx.load_at_start[0])} at the start, {_fmt(machine.get('load_average', [math.nan])[0])} at the end.",
         "",
         markdown_table(result),

@@ -157,6 +157,7 @@ def summarize(env_id: str, actors: int, minutes: float, random_d: list[float], b
               points: list[dict[str, Any]], evals: list[dict[str, Any]], eval_eps: float) -> SuiteResult:
     """Rows, notes and the scale model's table from what the run recorded; no plotting."""
     result = SuiteResult(suite="mario", title=f"{env_id}: {minutes:g} minutes of flywheel run vs a random policy")
+    result.method = f"one run of {minutes:g} min; {len(random_d)} random-policy episodes"
     late = [d for e in evals if e["t"] >= 0.75 * 60 * minutes for d in e["distances"]] or \
         [d for e in evals[-1:] for d in e["distances"]]
     if late:

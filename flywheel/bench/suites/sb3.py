@@ -213,6 +213,7 @@ def summarize(results: list[dict[str, Any]], cap_s: float, opts: dict[str, Any])
     censored_sb = sum(r["reached"] is None for r in sb)
     target = opts["target"]
     result = SuiteResult(suite="sb3", title=f"CartPole-v1: time to a greedy {target:g}, Flywheel vs Stable-Baselines3")
+    result.method = f"median of {max(len(fw), len(sb))} seeds per side, sides alternating first"
     met = None if sb_med is None or not fw else fw_med <= 0.5 * sb_med and censored_fw * 2 < len(fw)
     result.rows.append(Row(case=f"{ENV_ID}, {max(len(fw), len(sb))} seeds", metric=f"time to greedy {target:g}",
                            unit="s", flywheel=fw_med, peer=sb_med, peer_name="SB3 DQN (zoo)", higher_is_better=False,
