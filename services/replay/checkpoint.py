@@ -85,6 +85,8 @@ def save(state: dict[str, np.ndarray | list[np.ndarray]], directory: Path, info:
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
     old = directory / f".replay.old-{os.getpid()}"
+    if not (final / "manifest.json").exists() and (old / "manifest.json").exists():
+        os.replace(old, final)  # the fallback a killed save left (same pid after a container restart): keep it
     shutil.rmtree(old, ignore_errors=True)  # a stale one (same pid after a container restart) blocks the rename
     if final.exists():
         os.replace(final, old)
@@ -92,7 +94,26 @@ def save(state: dict[str, np.ndarray | list[np.ndarray]], directory: Path, info:
     os.replace(tmp, final)
     _fsync_dir(directory)
     shutil.rmtree(old, ignore_errors=True)
+    _remove_stale(directory)
     return final
+
+
+def _remove_stale(directory: Path) -> None:
+    """Temp and fallback folders that killed writers left behind (their process no longer runs)."""
+    for path in [*directory.glob(".replay.tmp-*"), *directory.glob(".replay.old-*")]:
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _current(directory: Path) -> Path:
