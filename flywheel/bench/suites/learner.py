@@ -349,17 +349,20 @@ def _plot(ctx: BenchContext, rows: list[Row]) -> list[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    main = [r for r in rows if r.metric.startswith("updates/s, learner + replay")]
-    if not main:
+    paired = [r for r in rows if "median of paired runs" in r.metric]
+    if not paired:
         return []
-    fig, ax = plt.subplots(figsize=(8, 0.8 + 0.6 * len(main)))
-    y = np.arange(len(main))
-    ax.barh(y - 0.2, [r.peer or 0 for r in main], 0.4, label="bare PyTorch loop")
-    ax.barh(y + 0.2, [r.flywheel for r in main], 0.4, label="learner + replay (TCP)")
-    ax.set_yticks(y, [r.case for r in main])
-    ax.set_xscale("log")
-    ax.set_xlabel("updates per second (log)")
-    ax.legend(loc="lower right")
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.5 * len(paired)))
+    y = np.arange(len(paired))
+    for i, row in enumerate(paired):  # every run's ratio as a dot, the median as a bar
+        ax.scatter(row.flywheel_runs, [i] * len(row.flywheel_runs), color="black", s=12, zorder=3)
+    ax.barh(y, [r.flywheel for r in paired], 0.5, color="tab:orange")
+    ax.axvline(RATIO_GOAL, color="tab:red", linestyle="--")
+    ax.axvline(1.0, color="grey", linewidth=0.8)
+    ax.set_yticks(y, [r.case for r in paired])
+    ax.set_xlim(0, max(1.3, max(max(r.flywheel_runs, default=0) for r in paired) + 0.05))
+    ax.set_xlabel("updates/s: learner fed by replay over TCP ÷ bare loop, same run")
+    ax.set_title(f"bar: median, dots: runs, dashed: goal {RATIO_GOAL:.2f}", fontsize=9)
     fig.tight_layout()
     path = ctx.plot_path("updates")
     fig.savefig(path, dpi=110)
