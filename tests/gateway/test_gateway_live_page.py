@@ -156,8 +156,9 @@ def test_live_page_shows_live_numbers_and_a_curve(fed_gateway: str, tmp_path: Pa
     assert t["error"].strip() == ""
     assert t["gateway"].startswith("gateway gateway-test v") and "control on" in t["gateway"]
     # the reporters advance 1000 env steps per actor, 900 inserts and 3600 samples every 0.2 s
-    assert 5_000 < number(t["env_steps_per_s"]) < 15_000
-    assert 2_000 < number(t["transitions_received_per_s"]) < 7_000 and 9_000 < number(t["samples_per_s"]) < 27_000
+    # rates come from real report intervals, which stretch on a loaded machine: bounds are loose on purpose
+    assert 1_000 < number(t["env_steps_per_s"]) < 15_000
+    assert 400 < number(t["transitions_received_per_s"]) < 7_000 and 1_800 < number(t["samples_per_s"]) < 27_000
     assert t["replay_size"] == "1234 / 5000"
     assert t["weight_version"] == "42" and t["policy_lag"] == "2"
     assert t["data_wait_ratio"] == "25 %" and t["loss"] == "0.1250"

@@ -17,6 +17,7 @@ def test_process_stats_count_children_and_stay_monotonic() -> None:
     counters, gauges = stats.sample()
     assert counters["process_cpu_seconds_total"] > 0 and gauges["process_resident_memory_bytes"] > 10e6
     assert gauges["process_threads"] >= 1
+    baseline = stats.sample()[1]["process_children"]  # children other tests of this process left running
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
     child = subprocess.Popen([sys.executable, "-c", busy])
     try:
@@ -26,13 +27,13 @@ def test_process_stats_count_children_and_stay_monotonic() -> None:
             if during["process_children_cpu_seconds_total"] >= 0.25:
                 break
             time.sleep(0.1)
-        assert gauges["process_children"] >= 1 and gauges["process_children_resident_memory_bytes"] > 1e6
+        assert gauges["process_children"] >= baseline + 1 and gauges["process_children_resident_memory_bytes"] > 1e6
         assert during["process_children_cpu_seconds_total"] >= 0.25
     finally:
         child.kill()
         child.wait()
     after, gauges = stats.sample()
-    assert gauges["process_children"] == 0
+    assert gauges["process_children"] <= baseline
     assert after["process_children_cpu_seconds_total"] >= during["process_children_cpu_seconds_total"]  # kept
     assert after["process_cpu_seconds_total"] >= counters["process_cpu_seconds_total"]
 
