@@ -38,7 +38,7 @@ OPTIONS = {
                    "(default 1000000, quick 30000)",
     "seconds": "seconds per rate measurement (default 6, quick 2)",
     "frames": "distinct Mario frames recorded from the emulator for the data (default 2000, quick 300)",
-    "reverb": "run the Reverb peer when /work/main/.venv-reverb (or REVERB_PYTHON) exists: 1/0 (default 1)",
+    "reverb": "run the Reverb peer when .venv-reverb in the repository (or REVERB_PYTHON) exists: 1/0 (default 1)",
     "reverb_fill": "items Reverb is filled with (default 30000, quick 3000): it inserts ~3k Mario items/s",
 }
 REVERB_PYTHON = Path(__file__).resolve().parents[3] / ".venv-reverb" / "bin" / "python"
