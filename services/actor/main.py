@@ -100,7 +100,7 @@ def main(settings: ActorSettings) -> int:
     row_bytes = 2 * math.prod(spec.obs_shape) * np.dtype(spec.obs_dtype).itemsize  # obs and next_obs
     batch_rows = settings.send_batch or auto_batch_rows(settings.num_envs, row_bytes)
     sender = TransitionSender(ctx, settings.transitions_endpoint, settings.instance, hwm=settings.send_hwm,
-                              on_full=settings.on_full, batch_rows=batch_rows)
+                              on_full=settings.on_full, batch_rows=batch_rows, sndbuf=settings.send_buffer_kb << 10)
     weights = WeightsReceiver(ctx, settings.weights_endpoint, net, faults, interval_s=settings.weights_interval_s)
     lease = LeaseClient(ctx, settings.lease_endpoint, settings.instance, faults)
     state: dict[str, Any] = {"running": True, "paused": False, "epsilon_override": settings.epsilon,

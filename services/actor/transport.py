@@ -41,8 +41,8 @@ class TransitionSender:
     """Batches emitted rows into TransitionBatch messages and PUSHes them to replay."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, actor: str, *, hwm: int, on_full: str,
-                 batch_rows: int, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.sock = make_socket(ctx, zmq.PUSH, sndhwm=hwm)
+                 batch_rows: int, clock: Callable[[], float] = time.perf_counter, sndbuf: int = 0) -> None:
+        self.sock = make_socket(ctx, zmq.PUSH, sndhwm=hwm, sndbuf=sndbuf)
         connect(self.sock, endpoint)
         self.actor, self.on_full, self.batch_rows = actor, on_full, batch_rows
         self.buffer: list[Emitted] = []

@@ -79,6 +79,7 @@ def main(settings: ReplaySettings) -> int:
         telemetry=telemetry, control=control, faults=faults, transitions_hwm=settings.transitions_hwm,
         max_pending=settings.max_pending_requests, max_message_bytes=settings.max_message_mb << 20,
         snapshotter=snapshotter, checkpoint_interval_s=settings.checkpoint_interval_s, shm=shm,
+        transitions_rcvbuf=settings.transitions_buffer_kb << 10,
     )
     install_stop_signals(server.stop)
     log.info("replay %s: capacity %d, %s sampling, transitions on %s, sampling on %s%s",

@@ -31,6 +31,8 @@ class ReplaySettings(CommonSettings):
                                   "(comma-separated, e.g. ipc:///tmp/flywheel-replay.ipc,tcp://*:5555)")
     sample_bind: str = Field("tcp://*:5556", description="ROUTER endpoint(s) learners sample from")
     transitions_hwm: int = Field(64, ge=1, description="receive high-water mark for transition batches")
+    transitions_buffer_kb: int = Field(0, ge=0, le=1 << 20, description="kernel receive buffer of each transitions "
+                                       "connection, KiB (0: the OS default, which TCP grows to a few MiB)")
     max_pending_requests: int = Field(256, ge=1, description="sample requests queued while the limiter waits")
     max_message_mb: int = Field(256, ge=1, le=4096, description="largest inbound message accepted")
     shm: bool = Field(True, description="answer same-host clients through shared-memory slots in /dev/shm")

@@ -40,11 +40,13 @@ class ReplayServer:
         self, core: ReplayCore, ctx: zmq.Context, *, transitions_bind: str, sample_bind: str,
         telemetry: TelemetryReporter, control: ControlSubscriber, faults: FaultCounter,
         transitions_hwm: int = 64, max_pending: int = 256, max_message_bytes: int = 256 << 20,
+        transitions_rcvbuf: int = 0,
         snapshotter: Snapshotter | None = None, checkpoint_interval_s: float = 0.0, shm: ShmSlots | None = None,
     ) -> None:
         self.core, self.telemetry, self.control, self.faults = core, telemetry, control, faults
         self.limits = proto.Limits(max_total_bytes=max_message_bytes, max_array_bytes=max_message_bytes)
-        self.pull = make_socket(ctx, zmq.PULL, rcvhwm=transitions_hwm, max_msg_bytes=max_message_bytes)
+        self.pull = make_socket(ctx, zmq.PULL, rcvhwm=transitions_hwm, max_msg_bytes=max_message_bytes,
+                                rcvbuf=transitions_rcvbuf)
         self.router = make_socket(ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=64 << 20)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.shm = shm
