@@ -8,6 +8,7 @@ device->host copies have landed.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -28,28 +29,31 @@ from .staging import DeviceBatch, HostCopy
 log = logging.getLogger("flywheel.learner")
 IDLE_POLL_MS = 100
 PRIORITY_POLL_MS = 2  # while priorities wait for their device->host copy
+MAX_COALESCED = 64  # batches' priorities sent in one PriorityUpdate at most
 
 
 @dataclass
 class ReadyBatch:
-    """A checked batch: the decoded message (indices, replay size) and its tensors on the learner's device."""
+    """One training batch, checked: its replay indices and replay size, and its tensors on the device."""
 
-    msg: proto.SampleBatch
+    index: np.ndarray
+    replay_size: int
     tensors: DeviceBatch
 
 
 class Feeder:
     """Owns the sampling client and the control subscriber in one thread; ``events`` yields what arrived.
 
-    ``events`` holds ``ReadyBatch`` and ``proto.Control`` items. Up to ``in_flight`` requests are outstanding,
-    and requested plus received-but-not-yet-``taken`` batches never exceed ``2 * in_flight``: the update loop
-    always has a batch ready while the next ones travel. ``beta`` and ``paused`` are set by the update loop;
+    ``events`` holds ``ReadyBatch`` and ``proto.Control`` items; each reply of ``group * train_batch``
+    transitions becomes ``group`` training batches. Up to ``in_flight`` requests are outstanding, and requests
+    plus received-but-not-yet-``taken`` replies never exceed ``2 * in_flight``: the update loop always has a
+    batch ready while the next ones travel. ``beta`` and ``paused`` are set by the update loop;
     plain attribute writes are safe across threads.
     """
 
     def __init__(self, ctx: zmq.Context, client: SampleClient, control: ControlSubscriber, faults: FaultCounter,
                  *, check: Callable[[proto.SampleBatch], None], stage: Callable[[proto.SampleBatch], DeviceBatch],
-                 beta: float) -> None:
+                 beta: float, train_batch: int, group: int = 1) -> None:
         self.client, self.control, self.faults = client, control, faults
         # the update loop's doorbell: one byte per trained batch wakes this thread to top up and send priorities
         address = f"inproc://learner-feeder-{id(self)}"
@@ -61,30 +65,41 @@ class Feeder:
         self._bell_tx.setsockopt(zmq.SNDHWM, 16)
         self._bell_tx.connect(address)
         self.check, self.stage = check, stage
+        self.train_batch, self.group = train_batch, group  # each reply is split into `group` training batches
         self.events: queue.SimpleQueue[ReadyBatch | proto.Control] = queue.SimpleQueue()
         self.beta = beta
         self.paused = False
         self.delivered = 0  # written by this thread only
         self.taken = 0  # written by the update loop only
         self._priorities: deque[tuple[np.ndarray, HostCopy]] = deque()
+        self._poller = zmq.Poller()
+        for sock in (self.client.sock, self.control.sock, self._bell_rx):
+            self._poller.register(sock, zmq.POLLIN)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="learner-feeder", daemon=True)
+        self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def start(self) -> None:
-        self._thread.start()
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
+    def start(self, *, thread: bool = True) -> None:
+        """Run in a thread, or (``thread=False``) be driven by the update loop calling ``pump``."""
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="learner-feeder", daemon=True)
+            self._thread.start()
 
     def done(self, index: np.ndarray, copy: HostCopy) -> None:
         """The update loop trained on one delivered batch: send its |TD| priorities once the copy has landed.
 
-        The thread is woken only when no reply is on its way (one would wake it anyway) and half the buffered
-        batches are used up, so it then sends ``in_flight`` requests at once: waking a thread costs a context switch,
-        which on a busy machine can cost the update loop its time slice. ``taken`` is counted before
-        ``outstanding`` is read, so a wake-up is never lost.
+        A thread is woken only when no reply is on its way (one would wake it anyway) and half the buffered
+        batches are used up, so it then sends ``in_flight`` requests at once: waking a thread costs a context
+        switch. ``taken`` is counted before ``outstanding`` is read, so a wake-up is never lost.
         """
         self._priorities.append((index, copy))
         self.taken += 1
-        if self.client.outstanding == 0 and self.delivered - self.taken <= self.client.in_flight:
+        if (self._thread is not None and self.client.outstanding == 0
+                and self.delivered - self.taken <= self.client.in_flight * self.group):
             self.ring()
 
     def ring(self) -> None:
@@ -94,55 +109,64 @@ class Feeder:
         except zmq.Again:
             pass
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
     def stop(self) -> None:
-        """Stop the thread after it has sent every queued priority update; the sockets are then free to close."""
+        """Stop (joining the thread) after every queued priority update is sent; the sockets are then free."""
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self.ring()
             self._thread.join(timeout=30)
-        if not self._thread.is_alive():
+        elif self._thread is None:
+            self._flush_priorities(wait=True)
+        if self._thread is None or not self._thread.is_alive():
             self._bell_rx.close(0)
             self._bell_tx.close(0)
 
-    # ---- the thread -----------------------------------------------------------------------------------------
+    # ---- the work -------------------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self._loop()
+            while not self._stop.is_set():
+                waiting_copy = bool(self._priorities) and not self._priorities[0][1].ready()  # GPU copy in flight
+                self.pump(PRIORITY_POLL_MS if waiting_copy else IDLE_POLL_MS)
         except BaseException as exc:  # surfaced by the update loop, which stops with a clear error
             self.error = exc
             log.exception("learner: the sampling thread failed")
         finally:
             self._flush_priorities(wait=True)
 
-    def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.client.sock, zmq.POLLIN)
-        poller.register(self.control.sock, zmq.POLLIN)
-        poller.register(self._bell_rx, zmq.POLLIN)
-        while not self._stop.is_set():
-            if not self.paused:
-                self.client.top_up(self.beta, self._request_limit())
-            waiting_copy = bool(self._priorities) and not self._priorities[0][1].ready()  # GPU copy in flight
-            timeout = PRIORITY_POLL_MS if waiting_copy else IDLE_POLL_MS
-            events = dict(poller.poll(timeout))
-            if self._bell_rx in events:
-                self._drain_bell()
-            if self.control.sock in events:
-                for command in self.control.drain():
-                    self.events.put(command)
-            if self.client.sock in events:
-                self._take_batches()
-            self._flush_priorities(wait=False)
-            if not self.paused:
-                self.client.resend_stale(time.monotonic(), self.beta, self._request_limit())
+    def pump_inline(self, timeout_ms: int) -> None:
+        """``pump`` called by the update loop itself: a failure is kept in ``error`` and logged, as in a thread."""
+        if self.error is not None:
+            return
+        try:
+            self.pump(timeout_ms)
+        except Exception as exc:
+            self.error = exc
+            log.exception("learner: sampling failed")
+
+    def pump(self, timeout_ms: int) -> None:
+        """One turn: top up requests, wait up to ``timeout_ms`` for replies or commands, queue them, send priorities.
+
+        With ``timeout_ms`` 0 (the update loop's call between updates) priorities wait until a whole group's are
+        there, so they leave in one message per request.
+        """
+        if not self.paused:
+            self.client.top_up(self.beta, self._request_limit())
+        self._flush_priorities(wait=False, at_least=self.group if timeout_ms == 0 else 1)
+        events = dict(self._poller.poll(timeout_ms))
+        if self._bell_rx in events:
+            self._drain_bell()
+        if self.control.sock in events:
+            for command in self.control.drain():
+                self.events.put(command)
+        if self.client.sock in events:
+            self._take_batches()
+        if not self.paused:
+            self.client.top_up(self.beta, self._request_limit())
+            self.client.resend_stale(time.monotonic(), self.beta, self._request_limit())
 
     def _request_limit(self) -> int:
-        """How many requests may be outstanding now: 2 * in_flight minus the batches waiting to be trained on."""
-        return 2 * self.client.in_flight - (self.delivered - self.taken)
+        """How many requests may be outstanding now: 2 * in_flight minus the replies waiting to be trained on."""
+        return 2 * self.client.in_flight - math.ceil((self.delivered - self.taken) / self.group)
 
     def _drain_bell(self) -> None:
         while True:
@@ -161,11 +185,25 @@ class Feeder:
             except BadBatch as exc:
                 self.faults.record("sample", exc)
                 continue
-            self.delivered += 1
-            self.events.put(ReadyBatch(batch, self.stage(batch)))
+            size = self.train_batch
+            for i, part in enumerate(self.stage(batch).split(size)):
+                self.delivered += 1
+                self.events.put(ReadyBatch(batch.index[i * size:(i + 1) * size], batch.replay_size, part))
 
-    def _flush_priorities(self, *, wait: bool) -> None:
-        while self._priorities and (wait or self._priorities[0][1].ready()):
+    def _flush_priorities(self, *, wait: bool, at_least: int = 1) -> None:
+        """Send every priority update whose copy has landed, as one message (fewer sends, fewer GIL hand-offs)."""
+        if not wait and len(self._priorities) < at_least:
+            return
+        indices: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        while self._priorities and (wait or self._priorities[0][1].ready()) and len(indices) < MAX_COALESCED:
             index, copy = self._priorities.popleft()
             copy.wait()
-            self.client.send_priorities(index, finite_priorities(copy.numpy()["p"]))
+            indices.append(index)
+            values.append(finite_priorities(copy.numpy()["p"]))
+        if len(indices) == 1:
+            self.client.send_priorities(indices[0], values[0])
+        elif indices:
+            self.client.send_priorities(np.concatenate(indices), np.concatenate(values))
+        if wait and self._priorities:
+            self._flush_priorities(wait=True)

@@ -27,8 +27,28 @@ def batch_limits(batch_size: int, obs_shape: tuple[int, ...]) -> proto.Limits:
     return proto.Limits(max_total_bytes=max_batch, max_array_bytes=max_batch)
 
 
+TARGET_REQUEST_TRANSITIONS = 1024  # auto grouping: small batches are fetched this many transitions at a time
+MAX_AUTO_GROUP = 8
+
+
+def batches_per_request(choice: int, batch_size: int, obs_shape: tuple[int, ...]) -> int:
+    """Training batches per sample request: ``choice``, or for 0 (auto) 1 with pixels, else ~1024 transitions.
+
+    Every request, reply and priority message costs tens of microseconds on each side; for small vector
+    batches that is a noticeable share of an update, so several are fetched at once.
+    """
+    if choice > 0:
+        group = choice
+    elif len(obs_shape) == 3:
+        group = 1
+    else:
+        group = max(1, min(MAX_AUTO_GROUP, TARGET_REQUEST_TRANSITIONS // batch_size))
+    return max(1, min(group, 65536 // batch_size))
+
+
 class SampleClient:
-    """Keeps ``in_flight`` SampleRequests outstanding at the replay and hands back decoded SampleBatches.
+    """Keeps ``in_flight`` SampleRequests (of ``batch_size`` transitions) outstanding at the replay and hands
+    back decoded SampleBatches.
 
     ``sock`` is what the caller polls; ``receive`` never blocks. Replies that do not decode are counted in
     ``faults`` (and free their request slot); requests unanswered for ``request_timeout_s`` are re-sent.

@@ -52,6 +52,14 @@ class DeviceBatch:
     def size(self) -> int:
         return int(self.action.shape[0])
 
+    def split(self, size: int) -> list[DeviceBatch]:
+        """Consecutive sub-batches of ``size`` rows (views, no copies; the last may be smaller)."""
+        if self.size <= size:
+            return [self]
+        names = ("obs", "action", "reward", "discount", "next_obs", "weight")
+        return [DeviceBatch(**{n: getattr(self, n)[i:i + size] for n in names}, ready=self.ready)
+                for i in range(0, self.size, size)]
+
     def use_on_current_stream(self) -> None:
         """CUDA: make the current stream wait for the copies (on the GPU, not the host) and tell the caching
         allocator these tensors are used there, so their memory is not handed out again too early."""

@@ -20,7 +20,7 @@ from .core import LearnerCore, beta_at
 from .feeder import Feeder, ReadyBatch
 from .metrics import GpuProbe, MetricsWindow, flops_per_update
 from .publishing import WeightsSnapshots
-from .sampling import SampleClient
+from .sampling import SampleClient, batches_per_request
 from .settings import LearnerSettings
 from .staging import HostCopy
 
@@ -36,7 +36,8 @@ class LearnerService:
                  start_version: int = 0) -> None:
         self.settings, self.core, self.ctx = settings, core, ctx
         self.faults = FaultCounter(SERVICE)
-        self.sampler = SampleClient(ctx, settings.sample_endpoint, batch_size=settings.batch_size,
+        self.group = batches_per_request(settings.batches_per_request, settings.batch_size, core.obs_shape)
+        self.sampler = SampleClient(ctx, settings.sample_endpoint, batch_size=settings.batch_size * self.group,
                                     obs_shape=core.obs_shape, in_flight=settings.requests_in_flight,
                                     request_timeout_s=settings.request_timeout_s, faults=self.faults)
         self.pub = make_socket(ctx, zmq.PUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
@@ -50,7 +51,8 @@ class LearnerService:
                                            settings.telemetry_interval_s)
         self.control = ControlSubscriber(ctx, settings.control_endpoint, SERVICE, settings.instance, self.faults)
         self.feeder = Feeder(ctx, self.sampler, self.control, self.faults, check=core.check_batch,
-                             stage=core.stager.stage, beta=self.beta)
+                             stage=core.stager.stage, beta=self.beta, train_batch=settings.batch_size,
+                             group=self.group)
 
         self.snapshots = WeightsSnapshots(core.online, core.name, start_version=start_version,
                                           every_updates=settings.publish_interval_updates,
@@ -110,18 +112,25 @@ class LearnerService:
                 log.info("learner: reached max_updates=%d, stopping", self.settings.max_updates)
                 break
             if self.feeder.error is not None:
-                log.error("learner: stopping, the sampling thread failed: %s", self.feeder.error)
+                log.error("learner: stopping, sampling failed: %s", self.feeder.error)
                 code = 1
                 break
             self.step(MAX_POLL_MS)
         self.finish()
         return code
 
+    @property
+    def uses_sampling_thread(self) -> bool:
+        """A thread pays off when updates are long enough to hide decoding and staging (GPU, pixels); for small
+        vector networks on a CPU its GIL hand-offs cost more than doing the same work between updates."""
+        choice = self.settings.sampling_thread
+        return choice == "on" or (choice == "auto" and (self.core.cuda or len(self.core.obs_shape) == 3))
+
     def start(self) -> None:
-        """Publish the starting weights (so actors get some early) and start the sampling thread."""
+        """Publish the starting weights (so actors get some early) and start sampling."""
         self.snapshots.begin(self.core.steps)
         self._publish_ready(wait=True)
-        self.feeder.start()
+        self.feeder.start(thread=self.uses_sampling_thread)
 
     def finish(self) -> None:
         """Send the last priorities and telemetry and leave a checkpoint when a directory is set."""
@@ -138,7 +147,10 @@ class LearnerService:
         else:
             start = time.monotonic()
             try:
-                item = self.feeder.events.get(timeout=timeout_ms / 1000)
+                if self.feeder.threaded:
+                    item = self.feeder.events.get(timeout=timeout_ms / 1000)
+                else:
+                    item = self._take_inline(timeout_ms)
             except queue.Empty:
                 pass
             if not self.paused:
@@ -152,8 +164,18 @@ class LearnerService:
                 self._held.append(item)
             else:
                 self.train(item)
+        if not self.feeder.threaded:
+            self.feeder.pump_inline(0)  # between updates: priorities out, requests topped up, arrived batches queued
         self._publish_ready(wait=False)
         self._timers()
+
+    def _take_inline(self, timeout_ms: int) -> ReadyBatch | proto.Control:
+        """Without a sampling thread: the next queued item, else wait for one on the sockets (raises Empty)."""
+        try:
+            return self.feeder.events.get_nowait()
+        except queue.Empty:
+            self.feeder.pump_inline(timeout_ms)
+            return self.feeder.events.get_nowait()
 
     def close(self) -> None:
         self.feeder.stop()
@@ -165,11 +187,10 @@ class LearnerService:
     # ---- data path -------------------------------------------------------------------------------------------
     def train(self, ready: ReadyBatch) -> None:
         """Update on one batch; hand its priorities to the sampling thread; publish weights when due."""
-        batch = ready.msg
         self.feeder.beta = self.beta
         result = self.core.update(ready.tensors)
-        self.feeder.done(batch.index, HostCopy({"p": result.td_abs}, copy=False))
-        self.replay_size = float(batch.replay_size)
+        self.feeder.done(ready.index, HostCopy({"p": result.td_abs}, copy=False))
+        self.replay_size = float(ready.replay_size)
         self.counters["samples_total"] += result.batch_size
         self.window.samples += result.batch_size
         if not result.stepped:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import pytest
 
 from flywheel import proto
@@ -97,16 +98,30 @@ def test_priorities_reach_the_replay_for_every_batch(harness) -> None:
     h.service.start()
     h.drive(lambda: h.core.steps >= 15)
     h.replay.answer = False
-    h.drive(lambda: len(h.replay.priorities) >= h.core.steps)
-    assert all(isinstance(u, proto.PriorityUpdate) and u.priority.shape == (32,) for u in h.replay.priorities)
+    h.drive(lambda: sum(len(u.index) for u in h.replay.priorities) >= 32 * h.core.steps)
+    assert len(h.replay.priorities) < h.core.steps  # coalesced: one message per request's batches, not per batch
+    indices = np.concatenate([u.index for u in h.replay.priorities])
+    assert len(indices) == 32 * h.core.steps and len(np.unique(indices)) == len(indices)  # each batch once
+    assert set(indices.tolist()) <= set(np.concatenate(list(h.replay.sent_index.values())).tolist())
 
 
-def test_a_failed_sampling_thread_stops_the_learner_with_a_checkpoint(harness, tmp_path, caplog) -> None:
+def test_one_batch_per_request_when_asked(harness) -> None:
+    h = harness(batches_per_request=1, sampling_thread="on")
+    h.service.start()
+    assert h.service.group == 1 and h.service.feeder.threaded
+    h.drive(lambda: h.core.steps >= 10 and sum(len(u.index) for u in h.replay.priorities) >= 320)
+    assert all(len(sent) == 32 for sent in h.replay.sent_index.values())  # one training batch per request
+    assert all(len(u.index) % 32 == 0 for u in h.replay.priorities)
+    assert h.replay.max_pending == 3
+
+
+@pytest.mark.parametrize("thread", ["on", "off"])
+def test_failed_sampling_stops_the_learner_with_a_checkpoint(harness, tmp_path, caplog, thread: str) -> None:
     import threading
 
     from flywheel.services.learner.checkpoint import CHECKPOINT_FILE
 
-    h = harness()
+    h = harness(sampling_thread=thread)
 
     def broken_check(batch: proto.SampleBatch) -> None:
         raise MemoryError("simulated failure while checking a batch")
@@ -122,6 +137,6 @@ def test_a_failed_sampling_thread_stops_the_learner_with_a_checkpoint(harness, t
             time.sleep(0.005)
         thread.join(timeout=5)
     assert codes == [1]
-    assert any("sampling thread failed" in r.getMessage() and "simulated" in r.getMessage()
+    assert any("sampling failed" in r.getMessage() and "simulated" in r.getMessage()
                for r in caplog.records)
     assert (tmp_path / CHECKPOINT_FILE).exists()
