@@ -61,6 +61,7 @@ class LearnerService:
         self.paused = False
         self._stop = False
         self._held: deque[ReadyBatch] = deque()  # batches that arrived while paused
+        self._since_pump = 0
         self._weights_frames: list | None = None
         self._last_send = 0.0
         self._metrics_step = core.steps
@@ -165,7 +166,10 @@ class LearnerService:
             else:
                 self.train(item)
         if not self.feeder.threaded:
-            self.feeder.pump_inline(0)  # between updates: priorities out, requests topped up, arrived batches queued
+            self._since_pump += 1
+            if self._since_pump >= self.group:  # once per request's worth of batches: priorities out (one
+                self._since_pump = 0  # message), requests topped up, arrived replies queued
+                self.feeder.pump_inline(0)
         self._publish_ready(wait=False)
         self._timers()
 
