@@ -44,8 +44,14 @@ def _preset(env_id: str) -> dict[str, Any]:
     return {"pixel": pixel, "batch": batch, "spi": spi, "learn_every": max(1, round(batch / spi)),
             "min_size": int(preset["replay"]["min_size_to_sample"]), "lr": float(preset["learner"]["lr"]),
             "hidden": int(preset["learner"].get("hidden", preset["actor"].get("hidden", 256))),
-            "target_update_interval": int(preset["learner"]["target_update_interval"]),
+            "target_update_interval": _target_interval(preset["learner"]),
             "capacity": 10_000 if pixel else int(preset["replay"]["capacity"])}  # 000's original buffer for pixels
+
+
+def _target_interval(learner: dict[str, str]) -> int:
+    """The loop copies its target network; Polyak averaging with tau matches a copy about every 1/tau updates."""
+    tau = float(learner.get("tau", 0))
+    return max(1, round(1 / tau)) if tau > 0 else int(learner.get("target_update_interval", 2500))
 
 
 def _loop_run(ctx: BenchContext, env_id: str, seconds: float, seed: int, min_size: int | None) -> dict[str, Any]:
