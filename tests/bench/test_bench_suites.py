@@ -158,3 +158,14 @@ def test_origin_loop_measures_a_short_cartpole_run() -> None:
     assert 0 < r["learn_s"] < r["seconds"] and 0 < r["act_s"] < r["seconds"] and r["sync_s"] > 0
     assert len(r["epoch_times"]) == r["env_steps"] // 64 and all(t > 0 for t in r["epoch_times"])
     assert r["lock_wait_s"] >= 0 and r["drops"] == 0 and not math.isnan(r["seconds"])
+
+
+def test_origin_loop_does_the_presets_work_per_step() -> None:
+    from flywheel.run import PIXEL_PRESET, VECTOR_PRESET
+
+    for env_id, preset in (("CartPole-v1", VECTOR_PRESET), ("SuperMarioBros-1-1-v0", PIXEL_PRESET)):
+        p = origins._preset(env_id)
+        assert p["batch"] == int(preset["learner"]["batch_size"])
+        assert p["spi"] == float(preset["replay"]["samples_per_insert"])
+        assert p["learn_every"] * p["spi"] == pytest.approx(p["batch"], rel=0.1)
+        assert p["target_update_interval"] >= 1 and p["min_size"] >= 1
