@@ -45,7 +45,7 @@ OPTIONS = {
 }
 GPU_GOAL = 300.0
 GPU_UPDATES = 300
-ROUNDS = 8  # chunks per run, alternating between the loops
+ROUNDS = 20  # chunks per run, alternating between the loops (finer: load swings hit every loop alike)
 RATIO_GOAL = 0.95
 
 
