@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+import zmq.utils.z85
 
 log = logging.getLogger("flywheel.security")
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -254,7 +255,14 @@ class ZapHandler:
                 try:
                     events = dict(poller.poll(1000))
                     if self.sock in events:
-                        self.sock.send_multipart(self.answer(self.sock.recv_multipart()))
+                        request = self.sock.recv_multipart()
+                        try:
+                            reply = self.answer(request)
+                        except Exception as exc:  # a refusal, never a dead handler (every handshake would hang)
+                            log.exception("ZAP handler: refusing a request it could not answer: %s", exc)
+                            reply = [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"internal error",
+                                     b"", b""]
+                        self.sock.send_multipart(reply)
                     for mon in monitors:
                         if mon in events:
                             self._monitor_event(mon.recv_multipart())

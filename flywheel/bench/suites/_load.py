@@ -12,8 +12,8 @@ from pathlib import Path
 
 from flywheel.bench.suites._cluster import Cluster, ClusterError
 
-# A learner that is slow on purpose: a 1024-wide MLP (the actors use the same) on batches of 512, one CPU thread.
-HIDDEN = "1024"
+# A learner that is slow on purpose: a 512-wide MLP (the actors use the same) on batches of 512, one CPU thread.
+HIDDEN = "512"
 SLOW_LEARNER = {"BATCH_SIZE": "512", "HIDDEN": HIDDEN, "TORCH_THREADS": "1", "PUBLISH_INTERVAL_UPDATES": "5",
                 "REQUESTS_IN_FLIGHT": "4"}
 MAX_PENDING = 256
@@ -32,14 +32,25 @@ class LoadRun:
         return [(s["t"], s[key]) for s in self.samples if key in s]
 
 
-def load_cluster(workdir: Path, actors: int = 8, envs: int = 16) -> Cluster:
-    """Gateway, a rate-limited replay, the slow learner and ``actors`` actors (half block, half drop when full)."""
+def load_cluster(workdir: Path, actors: int = 8, envs: int = 16, *, tight: bool = False) -> Cluster:
+    """Gateway, a rate-limited replay, the slow learner and ``actors`` actors (half block, half drop when full).
+
+    ``tight`` bounds what travels between actors and replay to a few hundred transitions per actor (small
+    messages, high-water marks of 2, 16 KiB kernel buffers), so the back-pressure reaches the actors in seconds;
+    without it the defaults hold (TCP buffers of a few MiB per actor, filled in minutes at CartPole's 60-byte rows).
+    """
+    hwm, actor_extra, replay_extra = str(TRANSITIONS_HWM), {}, {}
+    if tight:
+        hwm = "2"
+        actor_extra = {"SEND_BATCH": "32", "SEND_BUFFER_KB": "16"}
+        replay_extra = {"TRANSITIONS_BUFFER_KB": "16"}
     cluster = Cluster(workdir, settings={
         "replay": {"CAPACITY": "200000", "MIN_SIZE_TO_SAMPLE": "2000", "SAMPLES_PER_INSERT": "8",
-                   "ERROR_BUFFER": "4000", "BLOCK_INSERTS": "true", "TRANSITIONS_HWM": str(TRANSITIONS_HWM),
-                   "MAX_PENDING_REQUESTS": str(MAX_PENDING)},
+                   "ERROR_BUFFER": "4000", "BLOCK_INSERTS": "true", "TRANSITIONS_HWM": hwm,
+                   "MAX_PENDING_REQUESTS": str(MAX_PENDING), **replay_extra},
         "learner": dict(SLOW_LEARNER),
-        "actor": {"NUM_ENVS": str(envs), "HIDDEN": HIDDEN, "SEND_HWM": "16", "WEIGHTS_INTERVAL_S": "2"},
+        "actor": {"NUM_ENVS": str(envs), "HIDDEN": HIDDEN, "SEND_HWM": hwm, "WEIGHTS_INTERVAL_S": "2",
+                  **actor_extra},
     })
     for name in ("gateway", "replay", "learner"):
         cluster.add(name)
@@ -133,6 +144,9 @@ def summarize(run: LoadRun) -> dict[str, float]:
     out["env_steps_per_s"] = (b["actor.env_steps"] - a["actor.env_steps"]) / wall
     out["updates_per_s"] = (b["learner.updates"] - a["learner.updates"]) / wall
     out["inserts_per_s"] = (b["replay.received"] - a["replay.received"]) / wall
+    in_flight = [s["actor.sent"] - s["replay.received"] for s in run.samples]  # sent by actors, not yet taken
+    out["in_flight_first_half_max"] = max(in_flight[: len(first)])
+    out["in_flight_second_half_max"] = max(in_flight[len(first):])
     out["actor_blocked_share"] = (b["actor.blocked_s"] - a["actor.blocked_s"]) / max(wall * ((actors + 1) // 2), 1e-9)
     out["actor_dropped_per_s"] = (b["actor.dropped"] - a["actor.dropped"]) / wall
     out["replay_insert_wait_share"] = (b["replay.insert_wait_s"] - a["replay.insert_wait_s"]) / wall
