@@ -68,7 +68,8 @@ class SampleClient:
         self._outstanding: dict[int, float] = {}
         self._last_progress = time.monotonic()
         self.counters = {"priority_updates_dropped_total": 0.0, "requests_resent_total": 0.0,
-                         "sample_batches_total": 0.0, "replay_reconnects_total": 0.0}
+                         "sample_batches_total": 0.0, "replay_reconnects_total": 0.0,
+                         "replies_unrequested_total": 0.0}
 
     @property
     def outstanding(self) -> int:
@@ -102,7 +103,14 @@ class SampleClient:
                 self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
             return None
         assert isinstance(batch, proto.SampleBatch)
-        self._outstanding.pop(batch.request_id, None)
+        if self._outstanding.pop(batch.request_id, None) is None:
+            # An answer to a request re-sent after request_timeout_s (the replay had held it back, not lost it):
+            # it stands in for the oldest one still outstanding; with none left it is one more than was asked
+            # for and is dropped, so received-but-untrained batches stay within 2 x requests_in_flight.
+            if not self._outstanding:
+                self.counters["replies_unrequested_total"] += 1
+                return None
+            self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
         self.counters["sample_batches_total"] += 1
         return batch
 

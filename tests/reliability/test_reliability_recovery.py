@@ -75,6 +75,50 @@ def test_sample_requests_are_resent_as_soon_as_a_restarted_replay_is_back() -> N
         ctx.term()
 
 
+def _reply(request_id: int, rows: int = 8) -> list[bytes]:
+    obs = np.zeros((rows, 4), np.float32)
+    return proto.encode(proto.SampleBatch(
+        request_id=request_id, replay_size=100, obs=obs, action=np.zeros(rows, np.int64),
+        reward=np.zeros(rows, np.float32), discount=np.ones(rows, np.float32), next_obs=obs,
+        index=np.arange(rows, dtype=np.int64), weight=np.ones(rows, np.float32)))
+
+
+def test_replies_beyond_the_requests_in_flight_are_not_handed_on() -> None:
+    """A replay that held requests back (its rate limiter) longer than request_timeout_s answers both the
+    originals and the re-sent ones: the client hands on one batch per request it still counts as outstanding,
+    so the learner's queue of staged batches stays within 2 x requests_in_flight."""
+    ctx = zmq.Context()
+    router = make_socket(ctx, zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    client = SampleClient(ctx, f"tcp://127.0.0.1:{port}", batch_size=8, obs_shape=(4,), in_flight=2,
+                          request_timeout_s=0.3, faults=FaultCounter("learner"))
+    try:
+        client.top_up(0.4)
+        time.sleep(0.5)
+        assert client.resend_stale(time.monotonic(), 0.4) == 2  # the replay is silent: re-send
+        received = []
+        deadline = time.monotonic() + 5
+        while len(received) < 4 and time.monotonic() < deadline:
+            if router.poll(100):
+                frames = router.recv_multipart()
+                msg = proto.decode(frames[1:])
+                received.append(msg.request_id)
+                router.send_multipart([frames[0], *_reply(msg.request_id)])
+        assert sorted(received) == [1, 2, 3, 4]  # it answers every request it got
+        batches, deadline = [], time.monotonic() + 3
+        while time.monotonic() < deadline:
+            if client.sock.poll(100):
+                batch = client.receive()
+                if batch is not None:
+                    batches.append(batch.request_id)
+        assert len(batches) == 2 and client.outstanding == 0
+        assert client.counters["replies_unrequested_total"] == 2
+    finally:
+        client.close()
+        router.close(0)
+        ctx.term()
+
+
 def test_versions_are_reserved_ahead_so_a_resumed_learner_publishes_above_a_killed_one(tmp_path: Path) -> None:
     net = torch.nn.Linear(4, 2)
     published: list[int] = []
