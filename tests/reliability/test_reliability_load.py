@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.bench.suites._load import MAX_PENDING, load_cluster, run_load, summarize
+from flywheel.services.learner.sampling import batches_per_request
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -28,7 +29,8 @@ def test_eight_actors_against_a_slow_learner_stay_bounded(tmp_path: Path) -> Non
         assert second <= first * 1.15 + 64, (name, first, second)
     # Queues: bounded by their settings.
     assert figures["replay_pending_max"] <= MAX_PENDING
-    assert figures["learner_in_flight_max"] <= 2 * 4 and figures["learner_batches_waiting_max"] <= 2 * 4
+    group = batches_per_request(0, 512, (4,))  # training batches per reply (the learner's auto grouping)
+    assert figures["learner_in_flight_max"] <= 4 and figures["learner_batches_waiting_max"] <= 2 * 4 * group
     # Back-pressure: the learner is the bottleneck (rarely waits for data); the replay's rate limiter holds
     # inserts back, so the blocking actors wait and the dropping ones drop, each counted.
     assert figures["updates_per_s"] > 0 and figures["learner_data_wait_share"] < 0.5
