@@ -60,6 +60,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local-transport", choices=("ipc", "tcp"), default="ipc",
                         help="how the local actors and learner reach the replay: Unix sockets (default; the "
                              "replay also listens on TCP for actors from other hosts) or TCP loopback only")
+    parser.add_argument("--curve-keys-dir", type=Path, default=None,
+                        help="ZeroMQ CURVE keys (flywheel keys generate DIR) for every service: TCP connections, "
+                             "e.g. from actors on other hosts, encrypted and authenticated; local Unix sockets stay "
+                             "plain")
     parser.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE",
                         help="override one service setting, e.g. --set learner.lr=0.0005 (repeatable)")
 
@@ -154,6 +158,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     for service, values in preset.items():
         for key, value in values.items():
             env[service].setdefault(key.upper(), value)
+    if getattr(args, "curve_keys_dir", None) is not None:
+        for values in env.values():
+            values["CURVE_KEYS_DIR"] = str(args.curve_keys_dir.resolve())
     if args.envs_per_actor is not None:
         env["actor"]["NUM_ENVS"] = str(args.envs_per_actor)
     wired = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}
@@ -178,6 +185,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 def _validate(env: dict[str, dict[str, str]]) -> None:
     """Build each service's settings from the planned values so a bad value fails before anything starts."""
     from flywheel.cli import _settings_class
+    from flywheel.security import CurveKeyError, keys_from_settings
     from flywheel.settings import build_settings
 
     for service, values in env.items():
@@ -187,7 +195,11 @@ def _validate(env: dict[str, dict[str, str]]) -> None:
             if key.lower() not in known:
                 raise SettingsError(f"flywheel run: {service} has no setting {key.lower()!r} "
                                     f"(known: {', '.join(sorted(known))})")
-        build_settings(cls, {k.lower(): v for k, v in values.items()}, f"run ({service})")
+        settings = build_settings(cls, {k.lower(): v for k, v in values.items()}, f"run ({service})")
+        try:
+            keys_from_settings(settings, service)
+        except CurveKeyError as exc:
+            raise SettingsError(f"flywheel run ({service}): {exc}") from None
 
 
 def _start(service: str, name: str, values: dict[str, str], log_dir: Path) -> Child:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from pipeline_helpers import clean_env, get_text, metric_values
+from pipeline_helpers import clean_env, free_port_block, get_text, metric_values
 from reliability_helpers import closed_by_peer, transitions
 
 from flywheel import proto, security
@@ -214,3 +214,48 @@ def test_a_curve_pipeline_refuses_every_client_without_an_authorized_key(keys_di
         ctx.destroy(0)
         codes = cluster.stop()
     assert all(code == 0 for code in codes.values()), codes
+
+
+def test_one_socket_serves_plain_unix_sockets_and_curve_tcp(keys_dir: Path, tmp_path: Path) -> None:
+    """As ``flywheel run`` binds the replay: local actors on a Unix socket (plain), remote ones on TCP (CURVE)."""
+    keys = load_keys(keys_dir)
+    ctx = zmq.Context()
+    ipc = f"ipc://{tmp_path}/transitions"
+    try:
+        with curve(keys):
+            pull = make_socket(ctx, zmq.PULL)
+            bind(pull, ipc, "test", "-")
+            bind(pull, "tcp://127.0.0.1:*", "test", "-")
+            tcp = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+            local, remote = make_socket(ctx, zmq.PUSH), make_socket(ctx, zmq.PUSH)
+            connect(local, ipc)
+            connect(remote, tcp)
+        plain = make_socket(ctx, zmq.PUSH)
+        connect(plain, tcp)  # no keys: refused
+        for sock, name in ((local, "local"), (remote, "remote"), (plain, "plain")):
+            sock.send_multipart(proto.encode(transitions(2, actor=name)), flags=zmq.NOBLOCK)
+        got = set()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if pull.poll(100):
+                msg = proto.decode(pull.recv_multipart(), expect=proto.TransitionBatch)
+                got.add(msg.actor)
+        assert got == {"local", "remote"}
+    finally:
+        ctx.destroy(0)
+
+
+def test_flywheel_run_hands_the_keys_to_every_service(keys_dir: Path, tmp_path: Path) -> None:
+    from flywheel.cli import build_parser
+    from flywheel.run import make_plan
+    from flywheel.settings import SettingsError
+
+    base = free_port_block(7)
+    args = build_parser().parse_args(["run", "--env", "CartPole-v1", "--curve-keys-dir", str(keys_dir),
+                                      "--checkpoint-dir", str(tmp_path), "--base-port", str(base),
+                                      "--http-port", str(base + 6)])
+    plan = make_plan(args)
+    assert {values["CURVE_KEYS_DIR"] for values in plan.env.values()} == {str(keys_dir.resolve())}
+    args.curve_keys_dir = keys_dir / "clients" / "remote"  # a client's folder: the replay could not bind
+    with pytest.raises(SettingsError, match="server secret key"):
+        make_plan(args)
