@@ -107,6 +107,9 @@ class TransitionSender:
             if not running():
                 self.dropped += count
                 break
+            now = time.monotonic()  # counted as it goes, so reports show an actor that is blocked right now
+            self.blocked_s += now - start
+            start = now
             idle()  # telemetry and control keep flowing while replay pushes back
         self.blocked_s += time.monotonic() - start
 

@@ -150,3 +150,24 @@ def test_a_damaged_versions_note_is_refused_with_one_line(tmp_path: Path) -> Non
     (tmp_path / VERSIONS_FILE).write_text("{trunc")
     with pytest.raises(CheckpointError, match="unreadable"):
         reserved_version(tmp_path)
+
+
+def test_a_blocked_actor_reports_its_blocked_time_while_still_blocked() -> None:
+    """The replay is away: a blocking actor's send_blocked_seconds_total must grow during the wait (its reports
+    go on from the idle callback), not only once the wait ends, or a stuck actor would look idle."""
+    from flywheel.services.actor.nstep import Emitted
+    from flywheel.services.actor.transport import TransitionSender
+
+    ctx = zmq.Context()
+    sender = TransitionSender(ctx, "tcp://127.0.0.1:1", "a0", hwm=1, on_full="block", batch_rows=1)
+    seen: list[float] = []
+    row = Emitted(obs=np.zeros((1, 4), np.float32), action=np.zeros(1, np.int64), reward=np.zeros(1, np.float32),
+                  discount=np.ones(1, np.float32), next_obs=np.zeros((1, 4), np.float32),
+                  priority=np.ones(1, np.float32))
+    try:
+        for _ in range(4):  # the queue takes the first ones; then a send waits
+            sender.add([row], 1, lambda: len(seen) < 4, lambda: seen.append(sender.blocked_s))
+        assert len(seen) == 4 and seen[0] > 0.1 and all(b > a for a, b in zip(seen, seen[1:], strict=False))
+    finally:
+        sender.close()
+        ctx.term()
