@@ -61,9 +61,8 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                         help="how the local actors and learner reach the replay: Unix sockets (default; the "
                              "replay also listens on TCP for actors from other hosts) or TCP loopback only")
     parser.add_argument("--curve-keys-dir", type=Path, default=None,
-                        help="ZeroMQ CURVE keys (flywheel keys generate DIR) for every service: TCP connections, "
-                             "e.g. from actors on other hosts, encrypted and authenticated; local Unix sockets stay "
-                             "plain")
+                        help="ZeroMQ CURVE keys (flywheel keys generate DIR) for every service: its TCP "
+                             "connections encrypted and authenticated (Unix sockets stay plain)")
     parser.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE",
                         help="override one service setting, e.g. --set learner.lr=0.0005 (repeatable)")
 
