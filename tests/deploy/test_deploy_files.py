@@ -183,10 +183,8 @@ def test_compose_and_configmap_defaults_follow_the_vector_preset() -> None:
         env = {k: compose_default(v) for k, v in environment(services[service]).items()}
         for field, value in values.items():
             key = f"FLYWHEEL_{service.upper()}_{field.upper()}"
-            if key in env:
-                assert env[key] == value, f"docker-compose.yml {key}={env[key]}, `flywheel run` uses {value}"
-            if key in configmap:
-                assert configmap[key] == value, f"k8s ConfigMap {key}={configmap[key]}, `flywheel run` uses {value}"
+            assert env.get(key) == value, f"docker-compose.yml {key}={env.get(key)}, `flywheel run` uses {value}"
+            assert configmap.get(key) == value, f"k8s ConfigMap {key}={configmap.get(key)}, `flywheel run` uses {value}"
 
 
 # ---- Kubernetes ------------------------------------------------------------------------------------------------
