@@ -1,6 +1,16 @@
-"""Demonstrations: the versioned file format replay loads its demonstrations table from."""
+"""Demonstrations: the versioned file format replay and the learner's pretraining load demonstrations from."""
 
-from .format import FORMAT, VERSION, DemoEpisode, DemoFileError, DemoSet, DemoWriter, nstep_transitions, open_demos
+from .format import (
+    FORMAT,
+    VERSION,
+    DemoEpisode,
+    DemoFileError,
+    DemoFrames,
+    DemoSet,
+    DemoWriter,
+    nstep_transitions,
+    open_demos,
+)
 
-__all__ = ["FORMAT", "VERSION", "DemoEpisode", "DemoFileError", "DemoSet", "DemoWriter", "nstep_transitions",
-           "open_demos"]
+__all__ = ["FORMAT", "VERSION", "DemoEpisode", "DemoFileError", "DemoFrames", "DemoSet", "DemoWriter",
+           "nstep_transitions", "open_demos"]

@@ -59,6 +59,18 @@ class DemoEpisode:
     next_obs: np.ndarray
 
 
+@dataclass
+class DemoFrames:
+    """One episode as stored: observations o_0..o_T once, transitions as row indices into them."""
+
+    observations: np.ndarray
+    obs_index: np.ndarray
+    next_index: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    discount: np.ndarray
+
+
 def nstep_transitions(rewards: np.ndarray, terminated: bool, n_step: int, gamma: float,
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(obs_index, next_index, n-step return, discount) for every step of an episode of len(rewards) steps."""
@@ -240,7 +252,16 @@ class DemoSet:
         for entry in self.manifest["episodes"]:
             yield self._load(entry)
 
+    def episode_frames(self, number: int) -> DemoFrames:
+        """Episode ``number`` (0-based, in manifest order) as played, validated; observations are not duplicated."""
+        return self._read(self.manifest["episodes"][number])
+
     def _load(self, entry: dict[str, Any]) -> DemoEpisode:
+        f = self._read(entry)
+        return DemoEpisode(obs=f.observations[f.obs_index], action=f.action, reward=f.reward, discount=f.discount,
+                           next_obs=f.observations[f.next_index])
+
+    def _read(self, entry: dict[str, Any]) -> DemoFrames:
         file = self.path / entry["file"]
         data = file.read_bytes()
         if zlib.crc32(data) != entry.get("crc32"):
@@ -273,8 +294,8 @@ class DemoSet:
         if not (np.all((discount >= 0) & (discount <= 1)) and np.all(np.isfinite(reward))
                 and np.all(arrays["action"] >= 0)):
             raise DemoFileError(f"{file}: rewards, discounts or actions out of range")
-        return DemoEpisode(obs=obs[arrays["obs_index"]], action=arrays["action"], reward=reward, discount=discount,
-                           next_obs=obs[arrays["next_index"]])
+        return DemoFrames(observations=obs, obs_index=arrays["obs_index"], next_index=arrays["next_index"],
+                          action=arrays["action"], reward=reward, discount=discount)
 
 
 def open_demos(path: Path | str) -> DemoSet:

@@ -1,7 +1,7 @@
-"""DQN loss terms as pure tensor functions: n-step double-DQN targets, TD Huber and QR-DQN quantile Huber loss.
+"""DQN loss terms as pure tensor functions: n-step double-DQN TD Huber, QR-DQN quantile Huber, DQfD large margin.
 
-Each term returns per-sample losses (the core applies importance weights and averages), so further terms
-(e.g. a DQfD large-margin loss on demonstration samples) can be added beside these without touching them.
+Each term returns per-sample losses (the core applies importance weights and averages), so terms add up per row:
+the DQfD large-margin loss and behaviour cloning's cross-entropy apply to demonstration rows beside the TD loss.
 """
 
 from __future__ import annotations
@@ -77,3 +77,26 @@ def quantile_td_loss(z_all: torch.Tensor, action: torch.Tensor, reward: torch.Te
     per_sample = quantile_huber(z_taken, target, kappa)
     q_taken = z_taken.detach().mean(dim=1)
     return LossTerms(per_sample=per_sample, td_abs=(target.mean(dim=1) - q_taken).abs(), q_taken=q_taken)
+
+
+def action_values(out: torch.Tensor) -> torch.Tensor:
+    """Q-values (B, A) from a network's outputs: Q itself, or the quantiles' means (B, A, N) -> (B, A)."""
+    return out.float().mean(dim=2) if out.dim() == 3 else out.float()
+
+
+def large_margin_loss(q_all: torch.Tensor, expert_action: torch.Tensor, margin: float = 0.8) -> torch.Tensor:
+    """DQfD's supervised loss per sample: J_E = max_a [Q(s, a) + l(a_E, a)] - Q(s, a_E), l = margin for a != a_E.
+
+    It is 0 once the expert's action leads every other by at least ``margin`` and never negative; the gradient
+    raises Q(s, a_E) and lowers the best rival. ``q_all`` (B, A) or quantiles (B, A, N); returns (B,).
+    """
+    q = action_values(q_all)
+    penalty = torch.full_like(q, float(margin))
+    penalty.scatter_(1, expert_action.view(-1, 1), 0.0)
+    best = (q + penalty).max(dim=1).values
+    return best - q.gather(1, expert_action.view(-1, 1)).squeeze(1)
+
+
+def cross_entropy_loss(q_all: torch.Tensor, expert_action: torch.Tensor) -> torch.Tensor:
+    """Behaviour cloning per sample: cross-entropy of softmax(Q(s, .)) against the expert's action, (B,)."""
+    return F.cross_entropy(action_values(q_all), expert_action, reduction="none")

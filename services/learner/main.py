@@ -9,10 +9,12 @@ from typing import Any
 import torch
 import zmq
 
+from flywheel.demos.format import DemoFileError
 from flywheel.transport import EndpointInUse, install_stop_signals
 
 from .checkpoint import CheckpointError, load_checkpoint, reserved_version
 from .core import CoreConfig, LearnerCore, pick_device, resolve_precision
+from .pretrain import pretrain_from_settings
 from .settings import LearnerSettings
 from .transport import LearnerService
 
@@ -84,6 +86,19 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
         start_version = max(info.weight_version, reserved)  # above anything the last run may have published
         log.info("learner: resumed from %s at update %d, weight version %d; publishing from version %d on",
                  info.path, info.updates, info.weight_version, start_version + 1)
+        if settings.pretrain_updates:
+            log.info("learner: resuming, so the %d pretraining updates are not run again", settings.pretrain_updates)
+    pretrained = 0
+    if settings.pretrain_updates and not settings.resume:
+        assert settings.demos_path is not None  # the settings validator guarantees it
+        try:
+            pretrained = pretrain_from_settings(
+                core, settings.demos_path, settings.pretrain_updates, settings.batch_size,
+                loss=settings.pretrain_loss, margin=settings.demo_margin, margin_weight=settings.demo_loss_weight,
+                workers=settings.demos_load_workers, seed=settings.seed).updates
+        except (DemoFileError, ValueError) as exc:
+            log.error("learner: cannot pretrain on %s: %s", settings.demos_path, str(exc).splitlines()[0])
+            return 2
     ctx = zmq.Context()
     try:
         service = LearnerService(settings, core, ctx, start_version=start_version)
@@ -91,6 +106,7 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
         log.error("learner: %s", exc)
         ctx.term()
         return 2
+    service.counters["pretrain_updates_total"] = float(pretrained)  # the first weights published are these
     install_stop_signals(service.stop)
     log.info("learner: device %s (%d threads, %s%s), network %s, %s head, batch %d x %d accumulated, "
              "samples from %s, weights on %s, telemetry to %s, control from %s", device, torch.get_num_threads(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from flywheel.settings import CommonSettings
@@ -71,6 +71,18 @@ class LearnerSettings(CommonSettings):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         "default", description="torch.compile mode")
     seed: int | None = Field(None, ge=0, description="torch seed for network initialisation (unset = random)")
+    demos_path: str | None = Field(None, description="demonstrations set (flywheel demos collect) to pretrain on "
+                                                     "before RL starts (docs/DEMOS.md)")
+    pretrain_updates: int = Field(0, ge=0, le=10_000_000, description="behaviour-cloning updates on demos_path "
+                                                                      "before the first weights go out (0 = none)")
+    pretrain_loss: Literal["dqfd", "bc"] = Field(
+        "dqfd", description="pretraining loss: dqfd = n-step TD + demo_loss_weight x large-margin loss (DQfD); "
+                            "bc = cross-entropy of softmax(Q) against the expert's actions")
+    demo_margin: float = Field(0.8, gt=0, le=1000, description="margin l(a_E, a) of the large-margin loss")
+    demo_loss_weight: float = Field(1.0, ge=0, le=1000,
+                                    description="weight (lambda) of the large-margin loss on rows the replay marks "
+                                                "as demonstrations, in pretraining and RL (0 = off)")
+    demos_load_workers: int = Field(0, ge=0, le=256, description="threads reading demonstration files (0 = cores)")
 
     @field_validator("compile", mode="before")
     @classmethod
@@ -87,3 +99,12 @@ class LearnerSettings(CommonSettings):
         if value and not info.data.get("checkpoint_dir"):
             raise ValueError("resume needs --checkpoint-dir")
         return value
+
+    @model_validator(mode="after")
+    def _pretraining_needs_demos(self) -> LearnerSettings:
+        if self.pretrain_updates > 0 and not self.demos_path:
+            raise ValueError("pretrain_updates > 0 needs --demos-path (a set written by flywheel demos collect)")
+        if self.demos_path and self.pretrain_updates == 0:
+            raise ValueError("demos_path is read only for pretraining: set --pretrain-updates (the replay's "
+                             "--demo-path feeds demonstrations during RL)")
+        return self
