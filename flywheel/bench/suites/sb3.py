@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._harness import FlywheelRun, WeightsWatcher, clean_env, greedy_returns, pyplot, save_figure
+from flywheel.bench.suites._harness import clean_env, greedy_returns, pyplot, save_figure
+from flywheel.bench.suites._time_to_target import EVAL_SEED, flywheel_time_to_target
 
 DESCRIPTION = "CartPole-v1 time to a greedy 475: Stable-Baselines3 DQN (zoo hyperparameters) vs flywheel run"
 OPTIONS = {
@@ -45,7 +46,6 @@ ZOO_CARTPOLE: dict[str, Any] = {
     "exploration_fraction": 0.16, "exploration_final_eps": 0.04, "policy_kwargs": {"net_arch": [256, 256]},
 }
 ZOO_TIMESTEPS = 50_000
-EVAL_SEED = 10_000  # evaluation k uses seeds EVAL_SEED + 100 k + i on both sides
 
 
 def _sb3_worker(config: dict[str, Any]) -> None:
@@ -134,39 +134,7 @@ def _run_sb3(ctx: BenchContext, seed: int, cap_s: float, opts: dict[str, Any], w
 
 
 def _run_flywheel(ctx: BenchContext, seed: int, cap_s: float, opts: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    run = FlywheelRun(ENV_ID, workdir / f"flywheel-seed{seed}", actors=int(opts["actors"]), sets=opts["sets"])
-    curve: list[tuple[float, float, float]] = []
-    out: dict[str, Any] = {"side": "flywheel", "seed": seed, "reached": None, "first_step_s": None}
-    interval, evals = float(opts["eval_interval_s"]), 0
-    with run:
-        watcher = WeightsWatcher(run.weights_endpoint, (4,), 2)
-        try:
-            next_eval = run.started + interval
-            while time.monotonic() - run.started < cap_s:
-                run.check_alive()
-                watcher.poll(max(0, int(1000 * (next_eval - time.monotonic()))))
-                now = time.monotonic()
-                if now < next_eval:
-                    continue
-                next_eval = now + interval
-                snap = run.snapshot()
-                steps = snap.total("actor", "env_steps_total") if snap else 0.0
-                if out["first_step_s"] is None and steps > 0:
-                    out["first_step_s"] = now - run.started
-                if watcher.version == 0:
-                    continue
-                returns = greedy_returns(watcher.q_values, ENV_ID, int(opts["eval_episodes"]), EVAL_SEED + 100 * evals)
-                evals += 1
-                curve.append((now - run.started, steps, float(returns.mean())))
-                ctx.progress(f"flywheel seed {seed}: {curve[-1][0]:6.1f} s, {steps:,.0f} steps, weights "
-                             f"v{watcher.version}, greedy {returns.mean():.1f}")
-                if returns.mean() >= float(opts["target"]):
-                    out["reached"] = {"s": curve[-1][0], "steps": steps}
-                    break
-        finally:
-            watcher.close()
-    out["curve"] = curve
-    return out
+    return flywheel_time_to_target(ctx, ENV_ID, seed, cap_s, opts, workdir)
 
 
 def _seconds(result: dict[str, Any], cap_s: float) -> float:
