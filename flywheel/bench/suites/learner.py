@@ -272,7 +272,16 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
         bare_runs, learner_runs, wait_runs, core_runs, resident_runs = [], [], [], [], []
         waits: list[tuple[float, float]] = []  # (elapsed, waiting for data) of each learner chunk
         cpu = [0.0, 0.0, 0.0]  # CPU seconds of the update loop, of this process's other threads, of the replay
+        run_cpu = {"bare": 0.0, "learner": 0.0}  # this run's CPU seconds: bare loop thread, whole learner process
+        bare_cpu_runs: list[float] = []
+        learner_cpu_runs: list[float] = []
         replay_proc = psutil.Process(replay.proc.pid)
+
+        def bare_chunk(k: int) -> float:
+            start = time.thread_time()
+            elapsed = bare.seconds(k)
+            run_cpu["bare"] += time.thread_time() - start
+            return elapsed
 
         def service_chunk(k: int) -> float:
             main0, proc0, rep0 = time.thread_time(), time.process_time(), sum(replay_proc.cpu_times()[:2])
@@ -280,17 +289,20 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
             main = time.thread_time() - main0
             cpu[0] += main
             cpu[1] += time.process_time() - proc0 - main
+            run_cpu["learner"] += time.process_time() - proc0  # all its threads: update loop, sampling, ZeroMQ
             cpu[2] += sum(replay_proc.cpu_times()[:2]) - rep0
             return waits[-1][0]
 
         loops: dict[str, Callable[[int], float]] = {
-            "bare": bare.seconds, "learner": service_chunk, "core": lambda k: _core_seconds(core, host_batch, k)}
+            "bare": bare_chunk, "learner": service_chunk, "core": lambda k: _core_seconds(core, host_batch, k)}
         if gpu:
             loops["resident"] = lambda k: _core_seconds(core, device_batch, k)
         for i in range(ctx.warmup + ctx.runs):
             kept = i >= ctx.warmup
             waits.clear()
+            run_cpu.update(bare=0.0, learner=0.0)
             rates = _interleaved(loops, n, ROUNDS)
+            done = max(1, n // ROUNDS) * ROUNDS  # updates per loop in this run (_interleaved)
             b, u, c = rates["bare"], rates["learner"], rates["core"]
             r = rates.get("resident", c)
             w = sum(x[1] for x in waits) / sum(x[0] for x in waits)
@@ -298,6 +310,8 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
                          f"{b:.1f}, learner+replay {u:.1f} (data wait {100 * w:.0f}%), core {c:.1f} updates/s")
             if kept:
                 bare_runs.append(b)
+                bare_cpu_runs.append(done / max(run_cpu["bare"], 1e-9))
+                learner_cpu_runs.append(done / max(run_cpu["learner"], 1e-9))
                 learner_runs.append(u)
                 wait_runs.append(100 * w)
                 core_runs.append(c)
@@ -309,12 +323,19 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
     main_cpu = max(cpu[0], 1e-9)
     peer = {"peer": median(bare_runs), "peer_name": "bare PyTorch loop", "peer_runs": bare_runs}
     paired = [u / b for u, b in zip(learner_runs, bare_runs, strict=True)]  # same run, same machine load
+    cpu_paired = [u / b for u, b in zip(learner_cpu_runs, bare_cpu_runs, strict=True)]
     rows = [
         Row(label, "updates/s, learner + replay over TCP", "1/s", median(learner_runs), **peer,
             flywheel_runs=learner_runs),
         Row(label, "learner + replay ÷ bare loop, median of paired runs", "x", median(paired),
             goal="" if gpu else f">= {RATIO_GOAL:.2f}", flywheel_runs=paired,
             met=None if gpu else median(paired) >= RATIO_GOAL),
+        Row(label, "updates per CPU-second: learner process (all threads) vs bare loop thread", "1/s",
+            median(learner_cpu_runs), peer=median(bare_cpu_runs), peer_name="bare PyTorch loop",
+            flywheel_runs=learner_cpu_runs, peer_runs=bare_cpu_runs),
+        Row(label, "learner + replay ÷ bare loop per CPU-second (a dedicated core), median of paired runs", "x",
+            median(cpu_paired), goal="" if gpu else f">= {RATIO_GOAL:.2f}", flywheel_runs=cpu_paired,
+            met=None if gpu else median(cpu_paired) >= RATIO_GOAL),
         Row(label, "updates/s, learner core on in-memory host batches", "1/s", median(core_runs), **peer,
             flywheel_runs=core_runs),
         Row(label, "time waiting for data", "%", median(wait_runs), higher_is_better=False, flywheel_runs=wait_runs),
