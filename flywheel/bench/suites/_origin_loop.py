@@ -64,7 +64,8 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
     from flywheel.envs import env_spec, make_env
     from flywheel.nets import build_q_network
 
-    torch.set_num_threads(int(config.get("threads", 1)))
+    if int(config.get("threads", 1)) > 0:  # 0: torch's default (all cores)
+        torch.set_num_threads(int(config.get("threads", 1)))
     seed = int(config.get("seed", 0))
     random.seed(seed)
     torch.manual_seed(seed)
@@ -141,6 +142,7 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
     measuring = True
     memory.lock_wait_s = 0.0
     started = epoch_start = time.perf_counter()
+    cpu_started = time.process_time()
     step = 0
     while time.perf_counter() - started < float(config["seconds"]):
         act_once()
@@ -155,12 +157,13 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
             if len(epoch_times) % sync_epochs == 0:
                 sync()
     elapsed = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     env.close()
     return {
         "seconds": elapsed, "env_steps": counts["steps"], "updates": counts["updates"],
         "samples": counts["updates"] * batch, "episodes": counts["episodes"],
         "act_s": t["act"], "learn_s": t["learn"], "sync_s": t["sync"], "lock_wait_s": memory.lock_wait_s,
-        "epoch_times": epoch_times, "drops": 0,
+        "epoch_times": epoch_times, "drops": 0, "cpu_s": cpu_s, "threads": torch.get_num_threads(),
     }
 
 
