@@ -4,45 +4,22 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
 from flywheel import proto
-
-NATURE_MIN_SIDE = 36  # smallest H/W the Nature CNN's 8/4, 4/2, 3/1 convolutions accept
-HEADS = ("q", "quantile")
-Head = Literal["q", "quantile"]
-
-
-class WeightsMismatch(ValueError):
-    """A Weights message does not fit the network (name, keys, shapes, dtypes or values)."""
-
-
-def _kind(obs_shape: tuple[int, ...]) -> str:
-    if len(obs_shape) == 3 and min(obs_shape[1:]) >= NATURE_MIN_SIDE:
-        return "nature"
-    if len(obs_shape) == 3:
-        return "conv"  # small grids (Snake, MettaGrid): 3x3 convolutions
-    return "mlp"  # vectors; other ranks are flattened
-
-
-def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 0) -> str:
-    """E.g. "mlp-4-2-dueling", "nature-4x84x84-7-dueling" or "nature-4x84x84-7-dueling-qr51".
-
-    "-h<N>" is appended when hidden is not 256 (it has no effect on the Nature CNN), "-qr<N>" for a quantile head,
-    so an actor built with another head refuses the learner's weights by name.
-    """
-    kind = _kind(tuple(obs_shape))
-    name = f"{kind}-{'x'.join(str(int(d)) for d in obs_shape)}-{int(n_actions)}-{'dueling' if dueling else 'plain'}"
-    if kind != "nature" and hidden != 256:
-        name += f"-h{hidden}"
-    if head == "quantile":
-        name += f"-qr{int(num_quantiles)}"
-    return name
+from flywheel.netspec import (  # noqa: F401  (re-exported: flywheel.nets is where users look for them)
+    HEADS,
+    NATURE_MIN_SIDE,
+    Head,
+    WeightsMismatch,
+    check_spec,
+    check_weights,
+    network_kind,
+    network_name,
+)
 
 
 class QNetwork(nn.Module):
@@ -55,12 +32,7 @@ class QNetwork(nn.Module):
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
                  head: str = "q", num_quantiles: int = 51) -> None:
         super().__init__()
-        if n_actions < 1 or not obs_shape or any(d < 1 for d in obs_shape):
-            raise ValueError(f"bad network spec: obs_shape={obs_shape}, n_actions={n_actions}")
-        if head not in HEADS:
-            raise ValueError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
-        if head == "quantile" and not 2 <= num_quantiles <= 1024:
-            raise ValueError(f"num_quantiles must be in 2..1024, got {num_quantiles}")
+        check_spec(tuple(obs_shape), n_actions, head, num_quantiles)
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.n_actions = int(n_actions)
         self.dueling = bool(dueling)
@@ -69,7 +41,7 @@ class QNetwork(nn.Module):
         self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
         self.name = network_name(self.obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
                                  num_quantiles=self.num_quantiles)
-        self.kind = _kind(self.obs_shape)
+        self.kind = network_kind(self.obs_shape)
         if self.kind == "nature":
             c = self.obs_shape[0]
             self.torso: nn.Module = nn.Sequential(
@@ -164,20 +136,8 @@ def weights_message(net: QNetwork, version: int, name: str) -> proto.Weights:
 
 def load_weights(net: QNetwork, msg: proto.Weights, expected_name: str) -> None:
     """Copy a Weights message into ``net``; raises WeightsMismatch before touching the net if anything differs."""
-    if msg.network != expected_name:
-        raise WeightsMismatch(f"weights are for network {msg.network!r}, this one is {expected_name!r}")
     own = net.state_dict()
-    missing, extra = sorted(set(own) - set(msg.tensors)), sorted(set(msg.tensors) - set(own))
-    if missing or extra:
-        raise WeightsMismatch(f"weights keys differ: missing {missing[:3]}, unexpected {extra[:3]}")
-    for key, param in own.items():
-        array = msg.tensors[key]
-        if tuple(array.shape) != tuple(param.shape):
-            raise WeightsMismatch(f"weights {key!r} has shape {tuple(array.shape)}, expected {tuple(param.shape)}")
-        if array.dtype != np.float32:
-            raise WeightsMismatch(f"weights {key!r} has dtype {array.dtype}, expected float32")
-        if not np.isfinite(array).all():
-            raise WeightsMismatch(f"weights {key!r} holds NaN or infinite values")
+    check_weights(msg, expected_name, {key: tuple(param.shape) for key, param in own.items()})
     with torch.no_grad():
         for key, param in own.items():
             param.copy_(as_tensor(msg.tensors[key]))

@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import torch
 
 from flywheel.envs import EpisodeEnd, VectorEnv, make_vector_env
-from flywheel.nets import QNetwork
 
 from .nstep import Emitted, NStepAccumulator
+from .policy import Policy
 
 
 @dataclass
@@ -57,7 +56,7 @@ class TimeSplit:
 
 
 class ActorCore:
-    """Steps a :class:`VectorEnv` with one network, one slot group per call.
+    """Steps a :class:`VectorEnv` with one policy (its Q-network), one slot group per call.
 
     With a double-buffered (subprocess) vector, group B's forward pass runs while the workers
     step group A. An optional greedy evaluation vector (epsilon 0, never sent) is stepped with
@@ -65,13 +64,13 @@ class ActorCore:
     order.
     """
 
-    def __init__(self, vec: VectorEnv, net: QNetwork, *, n_step: int, gamma: float,
+    def __init__(self, vec: VectorEnv, policy: Policy, *, n_step: int, gamma: float,
                  eval_vec: VectorEnv | None = None, seed: int | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock  # what the time split counts: wall time (telemetry) or thread CPU time (benchmarks)
         self.vec = vec
         self.eval_vec = eval_vec
-        self.net = net
+        self.policy = policy
         self.rng = np.random.default_rng(seed)
         self.n_actions = vec.n_actions
         self.groups = vec.groups
@@ -95,8 +94,7 @@ class ActorCore:
 
     def _q_values(self, obs: np.ndarray) -> np.ndarray:
         start = self.clock()
-        with torch.inference_mode():
-            q = self.net(torch.from_numpy(obs)).float().numpy()
+        q = self.policy.q_values(obs)
         self.times.inference += self.clock() - start
         return q
 
@@ -167,7 +165,7 @@ class ActorCore:
             self.eval_vec.close()
 
 
-def build_core(env_id: str, num_envs: int, net: QNetwork, *, n_step: int, gamma: float, eval_envs: int = 0,
+def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int, gamma: float, eval_envs: int = 0,
                seed: int | None = None, vector_mode: Literal["inprocess", "subprocess"] = "inprocess",
                workers: int | None = None) -> ActorCore:
     """An ActorCore over ``num_envs`` slots of ``env_id``; ``eval_envs`` adds one greedy env (one simulation)."""
@@ -178,7 +176,7 @@ def build_core(env_id: str, num_envs: int, net: QNetwork, *, n_step: int, gamma:
             from flywheel.envs import env_spec
 
             eval_vec = make_vector_env(env_id, env_spec(env_id).agents, None if seed is None else seed + 10_000)
-        return ActorCore(vec, net, n_step=n_step, gamma=gamma, eval_vec=eval_vec, seed=seed)
+        return ActorCore(vec, policy, n_step=n_step, gamma=gamma, eval_vec=eval_vec, seed=seed)
     except BaseException:
         vec.close()
         if eval_vec is not None:

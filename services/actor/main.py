@@ -8,17 +8,16 @@ import time
 from typing import Any
 
 import numpy as np
-import torch
 import zmq
 
 from flywheel.envs import UnknownEnvironmentError, env_spec
-from flywheel.nets import build_q_network
 from flywheel.settings import fail
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, install_stop_signals
 
 from .core import ActorCore, build_core
 from .malloc import keep_freed_frames
 from .nstep import ControlArgError, apex_epsilon, apply_exploration_command
+from .policy import build_policy, resolve_backend
 from .settings import ActorSettings
 from .transport import LeaseClient, TransitionSender, WeightsReceiver, auto_batch_rows
 
@@ -31,12 +30,13 @@ def _mean(values: object) -> float:
 
 
 def _build(settings: ActorSettings) -> tuple[ActorCore, Any]:
-    """The network and the acting core; a bad env id or option stops the actor with one line."""
+    """The network (one thread) and the acting core; a bad env id or option stops the actor with one line."""
     try:
         spec = env_spec(settings.env_id)
-        net = build_q_network(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden)
-        net.eval()
-        core = build_core(settings.env_id, settings.num_envs, net, n_step=settings.n_step, gamma=settings.gamma,
+        policy = build_policy(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden,
+                              head=settings.head, num_quantiles=settings.num_quantiles, backend=settings.inference,
+                              threads=1, seed=settings.seed)
+        core = build_core(settings.env_id, settings.num_envs, policy, n_step=settings.n_step, gamma=settings.gamma,
                           eval_envs=settings.eval_envs, seed=settings.seed, vector_mode=settings.vector_mode,
                           workers=settings.workers or None)
     except UnknownEnvironmentError:
@@ -88,10 +88,9 @@ def _telemetry(core: ActorCore, sender: TransitionSender, weights: WeightsReceiv
 
 
 def main(settings: ActorSettings) -> int:
-    torch.set_num_threads(1)
     keep_freed_frames()
     core, spec = _build(settings)  # before any ZeroMQ context: env workers are started first
-    net = core.net
+    policy = core.policy
     ctx = zmq.Context()
     faults = FaultCounter("actor")
     telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, "actor", settings.instance,
@@ -101,7 +100,7 @@ def main(settings: ActorSettings) -> int:
     batch_rows = settings.send_batch or auto_batch_rows(settings.num_envs, row_bytes)
     sender = TransitionSender(ctx, settings.transitions_endpoint, settings.instance, hwm=settings.send_hwm,
                               on_full=settings.on_full, batch_rows=batch_rows, sndbuf=settings.send_buffer_kb << 10)
-    weights = WeightsReceiver(ctx, settings.weights_endpoint, net, faults, interval_s=settings.weights_interval_s)
+    weights = WeightsReceiver(ctx, settings.weights_endpoint, policy, faults, interval_s=settings.weights_interval_s)
     lease = LeaseClient(ctx, settings.lease_endpoint, settings.instance, faults)
     state: dict[str, Any] = {"running": True, "paused": False, "epsilon_override": settings.epsilon,
                              "base": settings.epsilon_base, "alpha": settings.epsilon_alpha}
@@ -121,9 +120,10 @@ def main(settings: ActorSettings) -> int:
     if settings.epsilon is None and not lease.wait_first(3.0):
         log.warning("no lease from %s yet: acting as actor 0 of 1 until one arrives", settings.lease_endpoint)
     set_epsilon()
-    log.info("actor %s: %d x %s (%s, %d actions, %s, %d slot group(s)), epsilon %.4f, sending %d rows a message "
-             "to %s", settings.instance, settings.num_envs, settings.env_id, net.name, spec.n_actions,
-             settings.vector_mode, len(core.groups), core.epsilon, batch_rows, settings.transitions_endpoint)
+    log.info("actor %s: %d x %s (%s, %s inference, %d actions, %s, %d slot group(s)), epsilon %.4f, sending %d rows "
+             "a message to %s", settings.instance, settings.num_envs, settings.env_id, policy.name,
+             resolve_backend(spec.obs_shape, settings.inference), spec.n_actions, settings.vector_mode,
+             len(core.groups), core.epsilon, batch_rows, settings.transitions_endpoint)
     rate = {"since": time.monotonic(), "steps": 0.0, "per_s": 0.0}
 
     def report() -> None:
@@ -131,7 +131,7 @@ def main(settings: ActorSettings) -> int:
         if telemetry.due(now):
             counters, gauges = _telemetry(core, sender, weights, lease, state, rate, now)
             counters["telemetry_dropped_total"] = telemetry.dropped
-            telemetry.send(counters, gauges, {"env_id": settings.env_id, "network": net.name,
+            telemetry.send(counters, gauges, {"env_id": settings.env_id, "network": policy.name,
                                               "vector_mode": settings.vector_mode})
 
     def idle() -> None:

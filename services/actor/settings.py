@@ -26,6 +26,11 @@ class ActorSettings(CommonSettings):
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     dueling: bool = Field(True, description="dueling network head (must match the learner)")
     hidden: int = Field(256, ge=8, le=8192, description="hidden units of the MLP (vector observations)")
+    head: Literal["q", "quantile"] = Field("q", description="q or quantile (QR-DQN) head (must match the learner)")
+    num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
+    inference: Literal["auto", "numpy", "torch"] = Field(
+        "auto", description="forward pass in NumPy (MLP only: the actor then never imports torch) or torch "
+        "(auto: NumPy for vector observations, torch for convolutional networks)")
     epsilon: float | None = Field(None, ge=0, le=1, description="fixed exploration rate (unset: Ape-X lease)")
     epsilon_base: float = Field(0.4, gt=0, lt=1, description="Ape-X base: eps_i = base^(1 + alpha*i/(N-1))")
     epsilon_alpha: float = Field(7.0, ge=0, description="Ape-X alpha")

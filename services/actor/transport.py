@@ -10,10 +10,11 @@ import numpy as np
 import zmq
 
 from flywheel import proto
-from flywheel.nets import QNetwork, WeightsMismatch, load_weights
+from flywheel.netspec import WeightsMismatch
 from flywheel.transport import FaultCounter, connect, make_socket
 
 from .nstep import Emitted
+from .policy import Policy
 
 log = logging.getLogger("flywheel.actor")
 
@@ -127,12 +128,12 @@ class WeightsReceiver:
     and logged once per kind; acting goes on with the weights it has.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, net: QNetwork, faults: FaultCounter, *,
+    def __init__(self, ctx: zmq.Context, endpoint: str, policy: Policy, faults: FaultCounter, *,
                  interval_s: float = 0.0) -> None:
         self.sock = make_socket(ctx, zmq.SUB, rcvhwm=2, max_msg_bytes=512 << 20)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         connect(self.sock, endpoint)
-        self.net, self.faults = net, faults
+        self.policy, self.faults = policy, faults
         self.interval_s = interval_s
         self.version = 0  # the version acting now
         self.newest_seen = 0  # the newest version that arrived (loaded or waiting for the interval)
@@ -182,7 +183,7 @@ class WeightsReceiver:
         newest, self.pending = self.pending, None
         began = time.perf_counter()
         try:
-            load_weights(self.net, newest, self.net.name)
+            self.policy.load(newest)
         except WeightsMismatch as exc:
             exc.fault = "mismatch"  # type: ignore[attr-defined]
             self._refuse("weights", exc)

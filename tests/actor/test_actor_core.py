@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel.nets import build_q_network
 from flywheel.services.actor.core import ActorCore, build_core
 from flywheel.services.actor.nstep import Emitted
+from flywheel.services.actor.policy import Backend, TorchPolicy, build_policy
 
 
 @pytest.fixture(autouse=True)
@@ -17,15 +17,14 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def make_core(num_envs: int = 4, n_step: int = 3, eval_envs: int = 0, seed: int | None = 1) -> ActorCore:
-    net = build_q_network((4,), 2, hidden=32)
-    net.eval()
-    return build_core("CartPole-v1", num_envs, net, n_step=n_step, gamma=0.99, eval_envs=eval_envs, seed=seed)
+def make_core(num_envs: int = 4, n_step: int = 3, eval_envs: int = 0, seed: int | None = 1,
+              backend: Backend = "auto") -> ActorCore:
+    policy = build_policy((4,), 2, hidden=32, backend=backend, seed=0)  # the same initial weights every time
+    return build_core("CartPole-v1", num_envs, policy, n_step=n_step, gamma=0.99, eval_envs=eval_envs, seed=seed)
 
 
 def greedy(core: ActorCore, obs: np.ndarray) -> np.ndarray:
-    with torch.inference_mode():
-        return core.net(torch.from_numpy(obs)).argmax(dim=1).numpy()
+    return core.policy.q_values(obs).argmax(axis=1)
 
 
 def test_shapes_counting_and_episode_stats() -> None:
@@ -72,8 +71,10 @@ def test_eval_env_produces_eval_returns() -> None:
         core.close()
 
 
-def test_epsilon_zero_acts_greedily() -> None:
-    core = make_core(n_step=1)
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_epsilon_zero_acts_greedily(backend: Backend) -> None:
+    core = make_core(n_step=1, backend=backend)
+    assert isinstance(core.policy, TorchPolicy) == (backend == "torch")
     core.epsilon = 0.0
     try:
         rows: list[Emitted] = []
@@ -104,7 +105,6 @@ def test_epsilon_one_explores() -> None:
 
 def test_same_seed_same_trajectory() -> None:
     a, b = make_core(seed=5), make_core(seed=5)
-    b.net.load_state_dict(a.net.state_dict())
     try:
         for _ in range(30):
             ra, rb = a.step(), b.step()
@@ -139,8 +139,8 @@ def test_streams_are_env_slots_in_step_order(env_id: str, num_envs: int) -> None
     from flywheel.envs import env_spec
 
     spec = env_spec(env_id)
-    net = build_q_network(spec.obs_shape, spec.n_actions, hidden=32)
-    core = build_core(env_id, num_envs, net, n_step=3, gamma=0.9, seed=2)
+    policy = build_policy(spec.obs_shape, spec.n_actions, hidden=32)
+    core = build_core(env_id, num_envs, policy, n_step=3, gamma=0.9, seed=2)
     core.epsilon = 0.5
     calls = 300
     try:
@@ -161,9 +161,9 @@ def test_streams_are_env_slots_in_step_order(env_id: str, num_envs: int) -> None
 
 
 def test_subprocess_double_buffered_core_equals_inprocess() -> None:
-    net = build_q_network((4,), 2, hidden=32)
-    a = build_core("CartPole-v1", 8, net, n_step=3, gamma=0.99, seed=4)
-    b = build_core("CartPole-v1", 8, net, n_step=3, gamma=0.99, seed=4, vector_mode="subprocess", workers=2)
+    policy = build_policy((4,), 2, hidden=32)
+    a = build_core("CartPole-v1", 8, policy, n_step=3, gamma=0.99, seed=4)
+    b = build_core("CartPole-v1", 8, policy, n_step=3, gamma=0.99, seed=4, vector_mode="subprocess", workers=2)
     a.epsilon = b.epsilon = 0.0  # greedy: both take the same actions from the same observations
     try:
         assert len(a.groups) == 1 and len(b.groups) == 2
@@ -188,8 +188,9 @@ def test_mettagrid_agents_share_one_policy() -> None:
     from flywheel.envs import env_spec
 
     spec = env_spec("MettaGrid-v0?max_steps=20")
-    net = build_q_network(spec.obs_shape, spec.n_actions, hidden=32)
-    core = build_core("MettaGrid-v0?max_steps=20", 8, net, n_step=3, gamma=0.99, seed=0, eval_envs=1)
+    policy = build_policy(spec.obs_shape, spec.n_actions, hidden=32)
+    assert isinstance(policy, TorchPolicy)  # grids need the convolutional network
+    core = build_core("MettaGrid-v0?max_steps=20", 8, policy, n_step=3, gamma=0.99, seed=0, eval_envs=1)
     try:
         rows = collect(core, 50)
         assert sorted(by_stream(rows)) == list(range(8))

@@ -14,7 +14,9 @@ import zmq
 
 from flywheel import proto
 from flywheel.nets import QNetwork, build_q_network, weights_message
+from flywheel.nets_numpy import NumpyQNetwork
 from flywheel.services.actor.nstep import Emitted
+from flywheel.services.actor.policy import Backend, Policy, TorchPolicy, build_policy
 from flywheel.services.actor.transport import LeaseClient, TransitionSender, WeightsReceiver, auto_batch_rows
 from flywheel.transport import FaultCounter
 
@@ -120,19 +122,24 @@ def test_block_mode_stops_when_asked_and_final_flush_still_tries(ctx: zmq.Contex
         sock.close()
 
 
-def params(net: QNetwork) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in net.state_dict().items()}
+def params(net: QNetwork | Policy) -> dict[str, np.ndarray]:
+    if isinstance(net, NumpyQNetwork):
+        return net.state_dict()
+    module = net.net if isinstance(net, TorchPolicy) else net
+    assert isinstance(module, QNetwork)
+    return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
 
 
-def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+def same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context) -> None:
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context, backend: Backend) -> None:
     torch.manual_seed(0)
     pub = ctx.socket(zmq.PUB)
     pub.bind("tcp://127.0.0.1:*")
-    actor_net = build_q_network((4,), 2, hidden=32)
+    actor_net = build_policy((4,), 2, hidden=32, backend=backend)
     faults = FaultCounter("actor")
     receiver = WeightsReceiver(ctx, pub.getsockopt_string(zmq.LAST_ENDPOINT), actor_net, faults)
     learner = [build_q_network((4,), 2, hidden=32) for _ in range(4)]

@@ -23,9 +23,9 @@ import zmq
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median, rate
 from flywheel.envs import env_spec, make_env, make_vector_env
-from flywheel.nets import build_q_network
 from flywheel.services.actor.core import ActorCore
 from flywheel.services.actor.malloc import keep_freed_frames
+from flywheel.services.actor.policy import build_policy
 from flywheel.services.actor.transport import TransitionSender, auto_batch_rows
 
 DESCRIPTION = "actor loop vs bare env loop (Mario, Pong) on one core, raw emulator speed, CartPole/Snake x64"
@@ -198,11 +198,10 @@ def actor_loop(env_id: str, num_envs: int, seconds: float, seed: int, ctx: zmq.C
     """The real acting loop (ActorCore + TransitionSender), its parts timed in thread CPU time."""
     spec = env_spec(env_id)
     torch.manual_seed(seed)
-    net = build_q_network(spec.obs_shape, spec.n_actions)
-    net.eval()
+    policy = build_policy(spec.obs_shape, spec.n_actions, threads=1, seed=seed)  # as the service builds it
     vec = make_vector_env(env_id, num_envs, seed, mode=mode)  # type: ignore[arg-type]
     clock = time.perf_counter if mode == "subprocess" else time.thread_time
-    core = ActorCore(vec, net, n_step=3, gamma=0.99, seed=seed, clock=clock)
+    core = ActorCore(vec, policy, n_step=3, gamma=0.99, seed=seed, clock=clock)
     core.epsilon = 0.4  # Ape-X actor 0
     row_bytes = 2 * int(np.prod(spec.obs_shape)) * np.dtype(spec.obs_dtype).itemsize
     sender = TransitionSender(ctx, endpoint, "bench", hwm=64, on_full="block",

@@ -1,0 +1,99 @@
+"""QNetwork's MLP (vector observations) in NumPy, loaded from Weights messages: acting without importing torch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from flywheel import proto
+from flywheel.netspec import check_spec, check_weights, mlp_parameter_shapes, network_kind, network_name
+
+
+class NumpyQNetwork:
+    """The forward pass of ``flywheel.nets.QNetwork`` for the "mlp" kind, in float32 NumPy.
+
+    Same parameters (the state_dict keys and shapes of the torch network), same name, same outputs up to float
+    rounding: Linear-ReLU, Linear-ReLU, then the advantage stream, the dueling value stream when ``dueling``, and
+    for ``head="quantile"`` per-action quantiles whose mean is Q. Before the first ``load`` it holds torch's
+    default initialisation (uniform in +-1/sqrt(fan_in)), drawn from ``seed``.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
+                 head: str = "q", num_quantiles: int = 51, seed: int | None = None) -> None:
+        obs_shape = tuple(int(d) for d in obs_shape)
+        check_spec(obs_shape, n_actions, head, num_quantiles)
+        if network_kind(obs_shape) != "mlp":
+            raise ValueError(f"NumpyQNetwork covers vector observations only; {obs_shape} needs flywheel.nets.QNetwork")
+        self.obs_shape = obs_shape
+        self.n_actions = int(n_actions)
+        self.dueling = bool(dueling)
+        self.hidden = int(hidden)
+        self.head = head
+        self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
+        self.name = network_name(obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
+                                 num_quantiles=self.num_quantiles)
+        self.kind = "mlp"
+        self.shapes = mlp_parameter_shapes(obs_shape, self.n_actions, dueling=self.dueling, hidden=self.hidden,
+                                           outputs_per_action=self.num_quantiles)
+        rng = np.random.default_rng(seed)
+        params: dict[str, np.ndarray] = {}
+        for key, shape in self.shapes.items():
+            fan_in = self.shapes[key.rsplit(".", 1)[0] + ".weight"][1]
+            bound = 1.0 / math.sqrt(fan_in)
+            params[key] = rng.uniform(-bound, bound, size=shape).astype(np.float32)
+        self._set(params)
+
+    def _set(self, params: dict[str, np.ndarray]) -> None:
+        # Weights are kept transposed, (in, out) and C-contiguous, so each layer is one x @ W (a BLAS sgemm).
+        def layer(prefix: str) -> tuple[np.ndarray, np.ndarray]:
+            weight = np.ascontiguousarray(np.asarray(params[prefix + ".weight"], dtype=np.float32).T)
+            return weight, np.array(params[prefix + ".bias"], dtype=np.float32)
+
+        self._torso = layer("torso.1")
+        self._fc = layer("fc.0")
+        self._advantage = layer("advantage")
+        self._value = layer("value") if self.dueling else None
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the parameters under QNetwork's state_dict keys and shapes."""
+        out: dict[str, np.ndarray] = {}
+        layers = {"torso.1": self._torso, "fc.0": self._fc, "advantage": self._advantage}
+        if self._value is not None:
+            layers["value"] = self._value
+        for prefix, (weight, bias) in layers.items():
+            out[prefix + ".weight"] = np.ascontiguousarray(weight.T)
+            out[prefix + ".bias"] = bias.copy()
+        return out
+
+    def load(self, msg: proto.Weights) -> None:
+        """Take a Weights message; raises WeightsMismatch before changing anything if it does not fit."""
+        check_weights(msg, self.name, self.shapes)
+        self._set(msg.tensors)
+
+    def outputs(self, obs: np.ndarray) -> np.ndarray:
+        """The head's own output: (B, A) Q-values, or (B, A, N) quantiles for the quantile head."""
+        obs = np.asarray(obs)
+        x = obs.reshape(len(obs), -1)
+        x = x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x.astype(np.float32, copy=False)
+        h = x @ self._torso[0]
+        h += self._torso[1]
+        np.maximum(h, 0, out=h)
+        h2 = h @ self._fc[0]
+        h2 += self._fc[1]
+        np.maximum(h2, 0, out=h2)
+        adv = h2 @ self._advantage[0]
+        adv += self._advantage[1]
+        if self.head == "quantile":
+            adv = adv.reshape(len(obs), self.n_actions, self.num_quantiles)
+        if self._value is None:
+            return adv
+        value = h2 @ self._value[0]
+        value += self._value[1]
+        value = value.reshape(len(obs), 1, self.num_quantiles) if self.head == "quantile" else value
+        return value + adv - adv.mean(axis=1, keepdims=True)
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """(B, n_actions) float32 Q-values for a (B, *obs_shape) batch (the quantile head's mean)."""
+        out = self.outputs(obs)
+        return out if self.head == "q" else out.mean(axis=2)

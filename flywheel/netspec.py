@@ -1,0 +1,85 @@
+"""Q-network names, kinds, parameter shapes and weights checks, shared by the torch and NumPy networks (no torch)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+
+from flywheel import proto
+
+NATURE_MIN_SIDE = 36  # smallest H/W the Nature CNN's 8/4, 4/2, 3/1 convolutions accept
+HEADS = ("q", "quantile")
+Head = Literal["q", "quantile"]
+
+
+class WeightsMismatch(ValueError):
+    """A Weights message does not fit the network (name, keys, shapes, dtypes or values)."""
+
+
+def network_kind(obs_shape: tuple[int, ...]) -> str:
+    """"nature" (3-D, H and W >= 36), "conv" (smaller 3-D grids) or "mlp" (vectors; other ranks are flattened)."""
+    if len(obs_shape) == 3 and min(obs_shape[1:]) >= NATURE_MIN_SIDE:
+        return "nature"
+    if len(obs_shape) == 3:
+        return "conv"  # small grids (Snake, MettaGrid): 3x3 convolutions
+    return "mlp"
+
+
+def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, hidden: int = 256,
+                 head: str = "q", num_quantiles: int = 0) -> str:
+    """E.g. "mlp-4-2-dueling", "nature-4x84x84-7-dueling" or "nature-4x84x84-7-dueling-qr51".
+
+    "-h<N>" is appended when hidden is not 256 (it has no effect on the Nature CNN), "-qr<N>" for a quantile head,
+    so an actor built with another head refuses the learner's weights by name.
+    """
+    kind = network_kind(tuple(obs_shape))
+    name = f"{kind}-{'x'.join(str(int(d)) for d in obs_shape)}-{int(n_actions)}-{'dueling' if dueling else 'plain'}"
+    if kind != "nature" and hidden != 256:
+        name += f"-h{hidden}"
+    if head == "quantile":
+        name += f"-qr{int(num_quantiles)}"
+    return name
+
+
+def check_spec(obs_shape: tuple[int, ...], n_actions: int, head: str, num_quantiles: int) -> None:
+    """Raise ValueError for a network that cannot be built."""
+    if n_actions < 1 or not obs_shape or any(d < 1 for d in obs_shape):
+        raise ValueError(f"bad network spec: obs_shape={obs_shape}, n_actions={n_actions}")
+    if head not in HEADS:
+        raise ValueError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+    if head == "quantile" and not 2 <= num_quantiles <= 1024:
+        raise ValueError(f"num_quantiles must be in 2..1024, got {num_quantiles}")
+
+
+def mlp_parameter_shapes(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool, hidden: int,
+                         outputs_per_action: int = 1) -> dict[str, tuple[int, ...]]:
+    """The state_dict keys and shapes of QNetwork's MLP: torso.1 (in -> hidden), fc.0, advantage, value."""
+    features, outputs = math.prod(obs_shape), n_actions * outputs_per_action
+    shapes: dict[str, tuple[int, ...]] = {
+        "torso.1.weight": (hidden, features), "torso.1.bias": (hidden,),
+        "fc.0.weight": (hidden, hidden), "fc.0.bias": (hidden,),
+        "advantage.weight": (outputs, hidden), "advantage.bias": (outputs,),
+    }
+    if dueling:
+        shapes["value.weight"] = (outputs_per_action, hidden)
+        shapes["value.bias"] = (outputs_per_action,)
+    return shapes
+
+
+def check_weights(msg: proto.Weights, expected_name: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raise WeightsMismatch unless ``msg`` is called ``expected_name`` and holds exactly ``shapes``, finite float32."""
+    if msg.network != expected_name:
+        raise WeightsMismatch(f"weights are for network {msg.network!r}, this one is {expected_name!r}")
+    missing, extra = sorted(set(shapes) - set(msg.tensors)), sorted(set(msg.tensors) - set(shapes))
+    if missing or extra:
+        raise WeightsMismatch(f"weights keys differ: missing {missing[:3]}, unexpected {extra[:3]}")
+    for key, shape in shapes.items():
+        array = msg.tensors[key]
+        if tuple(array.shape) != tuple(shape):
+            raise WeightsMismatch(f"weights {key!r} has shape {tuple(array.shape)}, expected {tuple(shape)}")
+        if array.dtype != np.float32:
+            raise WeightsMismatch(f"weights {key!r} has dtype {array.dtype}, expected float32")
+        if not np.isfinite(array).all():
+            raise WeightsMismatch(f"weights {key!r} holds NaN or infinite values")

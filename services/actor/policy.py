@@ -1,0 +1,85 @@
+"""The actor's acting network: NumPy for MLPs (the actor then never imports torch), torch for convolutional nets."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+
+from flywheel import proto
+from flywheel.netspec import network_kind
+
+if TYPE_CHECKING:
+    from flywheel.nets import QNetwork
+
+Backend = Literal["auto", "numpy", "torch"]
+
+
+class Policy(Protocol):
+    """Q-values for a batch of observations, and newer weights from the learner."""
+
+    name: str  # the network name weights must carry, e.g. "mlp-4-2-dueling-h128"
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """(B, n_actions) float32 Q-values for a (B, *obs_shape) batch."""
+        ...
+
+    def load(self, msg: proto.Weights) -> None:
+        """Take a Weights message; raises flywheel.netspec.WeightsMismatch, changing nothing, if it does not fit."""
+        ...
+
+
+class TorchPolicy:
+    """A ``flywheel.nets.QNetwork`` in eval mode, run under ``torch.inference_mode`` on the CPU."""
+
+    def __init__(self, net: QNetwork) -> None:
+        import torch
+
+        self._torch = torch
+        self.net = net.eval()
+        self.name = net.name
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        with self._torch.inference_mode():
+            return self.net(self._torch.from_numpy(np.asarray(obs))).float().numpy()
+
+    def load(self, msg: proto.Weights) -> None:
+        from flywheel.nets import load_weights
+
+        load_weights(self.net, msg, self.name)
+
+
+def resolve_backend(obs_shape: tuple[int, ...], backend: Backend = "auto") -> Literal["numpy", "torch"]:
+    """"auto": NumPy for vector observations (the MLP), torch for images and grids (convolutions)."""
+    mlp = network_kind(tuple(obs_shape)) == "mlp"
+    if backend == "numpy" and not mlp:
+        raise ValueError(f"inference=numpy covers the MLP of vector observations; {tuple(obs_shape)} needs torch")
+    if backend == "auto":
+        return "numpy" if mlp else "torch"
+    return backend
+
+
+def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
+                 head: str = "q", num_quantiles: int = 51, backend: Backend = "auto", threads: int | None = 1,
+                 seed: int | None = None) -> Policy:
+    """The acting network for ``obs_shape``; ``threads`` (unless None) caps the math library's threads.
+
+    ``seed`` draws the NumPy network's initial weights (torch's come from torch's global generator).
+    """
+    if resolve_backend(obs_shape, backend) == "numpy":
+        from flywheel.nets_numpy import NumpyQNetwork
+
+        from .blas import limit_blas_threads
+
+        if threads is not None:
+            limit_blas_threads(threads)
+        return NumpyQNetwork(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head,
+                             num_quantiles=num_quantiles, seed=seed)
+    import torch
+
+    from flywheel.nets import build_q_network
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return TorchPolicy(build_q_network(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head,
+                                       num_quantiles=num_quantiles))
