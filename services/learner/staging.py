@@ -47,6 +47,7 @@ class DeviceBatch:
     next_obs: torch.Tensor
     weight: torch.Tensor
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream once the tensors are there
+    is_demo: torch.Tensor | None = None  # uint8, 1 for rows from the replay's demonstrations table (DQfD)
 
     @property
     def size(self) -> int:
@@ -57,7 +58,8 @@ class DeviceBatch:
         if self.size <= size:
             return [self]
         names = ("obs", "action", "reward", "discount", "next_obs", "weight")
-        return [DeviceBatch(**{n: getattr(self, n)[i:i + size] for n in names}, ready=self.ready)
+        return [DeviceBatch(**{n: getattr(self, n)[i:i + size] for n in names}, ready=self.ready,
+                            is_demo=None if self.is_demo is None else self.is_demo[i:i + size])
                 for i in range(0, self.size, size)]
 
     def use_on_current_stream(self) -> None:
@@ -69,6 +71,8 @@ class DeviceBatch:
         stream.wait_event(self.ready)
         for tensor in (self.obs, self.action, self.reward, self.discount, self.next_obs, self.weight):
             tensor.record_stream(stream)
+        if self.is_demo is not None:
+            self.is_demo.record_stream(stream)
         self.ready = None
 
 
@@ -92,11 +96,14 @@ class BatchStager:
         _silence_read_only_warning()
 
     def stage(self, batch: Batch) -> DeviceBatch:
+        """The batch on the device; its optional ``is_demo`` column comes along when present."""
         self.staged += 1
+        is_demo = getattr(batch, "is_demo", None)
         if not self.cuda:  # zero-copy views; the update never writes to its inputs
             return DeviceBatch(obs=torch.from_numpy(batch.obs), action=torch.from_numpy(batch.action),
                                reward=torch.from_numpy(batch.reward), discount=torch.from_numpy(batch.discount),
-                               next_obs=torch.from_numpy(batch.next_obs), weight=torch.from_numpy(batch.weight))
+                               next_obs=torch.from_numpy(batch.next_obs), weight=torch.from_numpy(batch.weight),
+                               is_demo=None if is_demo is None else torch.from_numpy(is_demo))
         slot = self._next
         self._next = (slot + 1) % len(self._slots)
         event = self._events[slot]
@@ -104,8 +111,9 @@ class BatchStager:
             event.synchronize()  # the copies out of this slot's buffers were enqueued `slots` batches ago
         buffers = self._slots[slot]
         tensors: dict[str, torch.Tensor] = {}
+        names = FIELDS if is_demo is None else (*FIELDS, "is_demo")
         with torch.cuda.stream(self._stream):
-            for name in FIELDS:
+            for name in names:
                 array = np.asarray(getattr(batch, name))
                 pinned = buffers.get(name)
                 if pinned is None or tuple(pinned.shape) != array.shape or pinned.numpy().dtype != array.dtype:
