@@ -127,7 +127,7 @@ def _mario_run(ctx: BenchContext, workdir: Path, label: str, minutes: float, set
                                rolling=float(np.mean(rolling)) if rolling else None)
                     ctx.progress(f"Mario {label}: {(snap.t - run.started) / 60:4.1f} min, {out['steps']:,.0f} steps, "
                                  f"{out['updates']:,.0f} updates, weights v{watcher.version}, rolling distance "
-                                 f"{out['rolling'] if out['rolling'] is not None else '-'}")
+                                 f"{'-' if out['rolling'] is None else format(out['rolling'], '.0f')}")
         if watcher.net is None:
             raise BenchError(f"Mario {label}: no weights arrived in {minutes:g} min; log {run.log}")
         out["version"] = watcher.version
