@@ -31,10 +31,10 @@ OPTIONS = {
     "parts": "comma-separated parts to run: collect, cartpole, mario (default all three)",
     "seeds": "CartPole seeds per side (default: --runs; --quick 1)",
     "cap_s": "give up on a CartPole seed after this many seconds (censored) (default 240; --quick 90)",
-    "cartpole_episodes": "expert episodes collected for CartPole (default 20; --quick 6)",
-    "mario_episodes": "expert episodes collected for Mario (default 6; --quick 2)",
+    "cartpole_episodes": "expert episodes collected for CartPole (default 40; --quick 6)",
+    "mario_episodes": "expert episodes collected for Mario (default 16; --quick 2)",
     "pretrain_updates": "CartPole behaviour-cloning updates (default 1000)",
-    "mario_pretrain_updates": "Mario behaviour-cloning updates (default 1500; --quick 100)",
+    "mario_pretrain_updates": "Mario behaviour-cloning updates (default 500; --quick 100)",
     "pretrain_loss": "dqfd (TD + large margin, default) or bc (cross-entropy)",
     "demo_ratio": "share of every batch drawn from the demonstrations table (default 0.25)",
     "margin_weight": "lambda of the large-margin loss during RL (default 1.0)",
@@ -149,8 +149,8 @@ def run(ctx: BenchContext) -> SuiteResult:
     if not parts <= {"collect", "cartpole", "mario"}:
         raise BenchError(f"--opt parts: expected collect, cartpole and/or mario, got {sorted(parts)}")
     quick = ctx.quick
-    episodes = {CARTPOLE: ctx.option_int("cartpole_episodes", 6 if quick else 20),
-                MARIO: ctx.option_int("mario_episodes", 2 if quick else 6)}
+    episodes = {CARTPOLE: ctx.option_int("cartpole_episodes", 6 if quick else 40),
+                MARIO: ctx.option_int("mario_episodes", 2 if quick else 16)}
     seeds = ctx.option_int("seeds", 1 if quick else ctx.runs)
     cap_s = ctx.option_float("cap_s", 90.0 if quick else 240.0)
     loss = ctx.option("pretrain_loss", "dqfd")
@@ -177,7 +177,7 @@ def run(ctx: BenchContext) -> SuiteResult:
             _cartpole_rows(result, runs, cap_s, with_sets)
             result.plots.append(_plot(ctx, runs))
         if "mario" in parts:
-            with_sets = demo_sets(Path(sets[MARIO]), ctx.option_int("mario_pretrain_updates", 100 if quick else 1500),
+            with_sets = demo_sets(Path(sets[MARIO]), ctx.option_int("mario_pretrain_updates", 100 if quick else 500),
                                   loss, ratio, margin_weight)
             sides = [_mario_run(ctx, workdir, label, minutes, extra, mario_eval)
                      for label, extra in (("without", []), ("with", with_sets))]
