@@ -35,7 +35,8 @@ def _build(settings: ActorSettings) -> tuple[ActorCore, Any]:
         spec = env_spec(settings.env_id)
         policy = build_policy(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden,
                               head=settings.head, num_quantiles=settings.num_quantiles, backend=settings.inference,
-                              threads=1, seed=settings.seed)
+                              threads=1, seed=settings.seed, freeze=settings.torch_freeze,
+                              obs_dtype=spec.obs_dtype)
         core = build_core(settings.env_id, settings.num_envs, policy, n_step=settings.n_step, gamma=settings.gamma,
                           eval_envs=settings.eval_envs, seed=settings.seed, vector_mode=settings.vector_mode,
                           workers=settings.workers or None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -30,23 +30,37 @@ class Policy(Protocol):
 
 
 class TorchPolicy:
-    """A ``flywheel.nets.QNetwork`` in eval mode, run under ``torch.inference_mode`` on the CPU."""
+    """A ``flywheel.nets.QNetwork`` in eval mode, run under ``torch.inference_mode`` on the CPU.
 
-    def __init__(self, net: QNetwork) -> None:
+    With ``freeze`` the forward pass runs as a frozen TorchScript trace of the network (traced for ``obs_dtype``):
+    the same operations and results, with the weights as graph constants, which makes the Nature CNN's forward
+    pass cheaper on CPU (see docs/benchmarks/actor.md). The constants share storage with the network's
+    parameters, and ``load`` copies new weights into those in place, so the trace never has to be rebuilt.
+    """
+
+    def __init__(self, net: QNetwork, *, freeze: bool = False, obs_dtype: str = "float32") -> None:
         import torch
 
         self._torch = torch
         self.net = net.eval()
         self.name = net.name
+        self.obs_dtype = np.dtype(obs_dtype)
+        self.frozen: Any = None
+        if freeze:
+            example = torch.zeros((1, *net.obs_shape), dtype=getattr(torch, self.obs_dtype.name))
+            with torch.no_grad():
+                self.frozen = torch.jit.freeze(torch.jit.trace(net, example))
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs)
+        forward = self.frozen if self.frozen is not None and obs.dtype == self.obs_dtype else self.net
         with self._torch.inference_mode():
-            return self.net(self._torch.from_numpy(np.asarray(obs))).float().numpy()
+            return forward(self._torch.from_numpy(obs)).float().numpy()
 
     def load(self, msg: proto.Weights) -> None:
         from flywheel.nets import load_weights
 
-        load_weights(self.net, msg, self.name)
+        load_weights(self.net, msg, self.name)  # in place: the frozen trace's constants follow
 
 
 def resolve_backend(obs_shape: tuple[int, ...], backend: Backend = "auto") -> Literal["numpy", "torch"]:
@@ -61,10 +75,11 @@ def resolve_backend(obs_shape: tuple[int, ...], backend: Backend = "auto") -> Li
 
 def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
                  head: str = "q", num_quantiles: int = 51, backend: Backend = "auto", threads: int | None = 1,
-                 seed: int | None = None) -> Policy:
+                 seed: int | None = None, freeze: bool = False, obs_dtype: str = "float32") -> Policy:
     """The acting network for ``obs_shape``; ``threads`` (unless None) caps the math library's threads.
 
-    ``seed`` draws the NumPy network's initial weights (torch's come from torch's global generator).
+    ``seed`` draws the NumPy network's initial weights (torch's come from torch's global generator); ``freeze``
+    and ``obs_dtype`` (the observations' dtype) apply to torch networks (see :class:`TorchPolicy`).
     """
     if resolve_backend(obs_shape, backend) == "numpy":
         from flywheel.nets_numpy import NumpyQNetwork
@@ -81,5 +96,6 @@ def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = 
 
     if threads is not None:
         torch.set_num_threads(threads)
-    return TorchPolicy(build_q_network(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head,
-                                       num_quantiles=num_quantiles))
+    net = build_q_network(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head,
+                          num_quantiles=num_quantiles)
+    return TorchPolicy(net, freeze=freeze, obs_dtype=obs_dtype)

@@ -143,3 +143,22 @@ def test_cartpole_actor_process_never_imports_torch(tmp_path: object) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "reached 2000 env steps" in proc.stderr and "numpy inference" in proc.stderr
     assert proc.stderr.strip().endswith("NO_TORCH"), proc.stderr[-2000:]
+
+
+def test_frozen_torch_trace_gives_the_same_q_and_follows_loaded_weights() -> None:
+    torch.manual_seed(0)
+    frozen = build_policy((4, 36, 36), 5, threads=None, freeze=True, obs_dtype="uint8")
+    assert isinstance(frozen, TorchPolicy) and frozen.frozen is not None
+    eager = TorchPolicy(frozen.net, freeze=False)  # the same module, run eagerly
+    obs = np.random.default_rng(0).integers(0, 256, size=(9, 4, 36, 36), dtype=np.uint8)
+    assert np.array_equal(frozen.q_values(obs), eager.q_values(obs))
+    learner = random_torch_net((4, 36, 36), 5, True, 256, "q", seed=3)
+    before = frozen.q_values(obs)
+    frozen.load(weights_message(learner, 1, frozen.name))  # copied in place: the trace is not rebuilt
+    with torch.inference_mode():
+        want = learner(torch.from_numpy(obs)).numpy()
+    assert not np.allclose(before, want)
+    assert np.array_equal(frozen.q_values(obs), want)
+    assert np.array_equal(frozen.q_values(obs[:1]), eager.q_values(obs[:1]))  # any batch size
+    as_float = obs.astype(np.float32)  # another dtype than traced (floats are not scaled): the eager module runs
+    assert np.array_equal(frozen.q_values(as_float), eager.q_values(as_float))

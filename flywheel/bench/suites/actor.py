@@ -34,6 +34,8 @@ OPTIONS = {
     "pixel_envs": "envs per vector for Mario and Pong (default 8)",
     "cpu": "core to pin to (default: the last usable one)",
     "subprocess": "also measure Mario in double-buffered subprocess mode on all cores (1/0, default 1)",
+    "cases": "which cases to run, comma separated: mario, pong, vector (CartPole, Snake) (default: all)",
+    "freeze": "torch actors run a frozen TorchScript trace (1/0, default 1, as the service does)",
 }
 PIXEL_IDS = ("SuperMarioBros-1-1-v0", "ALE/Pong-v5")
 
@@ -194,11 +196,12 @@ class ActorRun:
 
 
 def actor_loop(env_id: str, num_envs: int, seconds: float, seed: int, ctx: zmq.Context, endpoint: str,
-               mode: str = "inprocess") -> ActorRun:
+               mode: str = "inprocess", freeze: bool = True) -> ActorRun:
     """The real acting loop (ActorCore + TransitionSender), its parts timed in thread CPU time."""
     spec = env_spec(env_id)
     torch.manual_seed(seed)
-    policy = build_policy(spec.obs_shape, spec.n_actions, threads=1, seed=seed)  # as the service builds it
+    policy = build_policy(spec.obs_shape, spec.n_actions, threads=1, seed=seed, freeze=freeze,
+                          obs_dtype=spec.obs_dtype)  # as the service builds it
     vec = make_vector_env(env_id, num_envs, seed, mode=mode)  # type: ignore[arg-type]
     clock = time.perf_counter if mode == "subprocess" else time.thread_time
     core = ActorCore(vec, policy, n_step=3, gamma=0.99, seed=seed, clock=clock)
@@ -224,18 +227,41 @@ def actor_loop(env_id: str, num_envs: int, seconds: float, seed: int, ctx: zmq.C
         core.close()
 
 
+def forward_pair(env_id: str, batch: int, seconds: float, seed: int) -> tuple[float, float]:
+    """CPU seconds per batched forward pass, (frozen TorchScript trace, eager module), same weights, alternating."""
+    spec = env_spec(env_id)
+    torch.manual_seed(seed)
+    frozen = build_policy(spec.obs_shape, spec.n_actions, threads=1, freeze=True, obs_dtype=spec.obs_dtype)
+    eager = build_policy(spec.obs_shape, spec.n_actions, threads=1, freeze=False, obs_dtype=spec.obs_dtype)
+    eager.net.load_state_dict(frozen.net.state_dict())  # type: ignore[attr-defined]
+    obs = np.random.default_rng(seed).integers(0, 256, size=(batch, *spec.obs_shape)).astype(spec.obs_dtype)
+    if not np.array_equal(frozen.q_values(obs), eager.q_values(obs)):
+        raise BenchError("the frozen trace and the eager network disagree")
+    spent = {"frozen": 0.0, "eager": 0.0}
+    calls = 0
+    timer = Timer(seconds)
+    while timer.running():
+        for name, policy in (("frozen", frozen), ("eager", eager)):
+            start = time.thread_time()
+            for _ in range(5):
+                policy.q_values(obs)
+            spent[name] += time.thread_time() - start
+        calls += 5
+    return spent["frozen"] / calls, spent["eager"] / calls
+
+
 def _median_run(runs: list[ActorRun]) -> ActorRun:
     return ActorRun(*(median([getattr(r, f) for r in runs]) for f in ActorRun.__dataclass_fields__))
 
 
 def _pair(ctx: BenchContext, label: str, env_id: str, num_envs: int, seconds: float, runs: int,
-          zctx: zmq.Context, endpoint: str) -> tuple[list[tuple[float, float]], list[ActorRun]]:
+          zctx: zmq.Context, endpoint: str, freeze: bool = True) -> tuple[list[tuple[float, float]], list[ActorRun]]:
     """Bare loop and actor loop, alternately, warm-up runs discarded."""
     bare, actor = [], []
     for i in range(ctx.warmup + runs):
         ctx.progress(f"{label}: bare loop / actor loop, run {i + 1}/{ctx.warmup + runs}")
         b = bare_loop(env_id, num_envs, seconds, ctx.seed)
-        a = actor_loop(env_id, num_envs, seconds, ctx.seed, zctx, endpoint)
+        a = actor_loop(env_id, num_envs, seconds, ctx.seed, zctx, endpoint, freeze=freeze)
         if i >= ctx.warmup:
             bare.append(b)
             actor.append(a)
@@ -248,6 +274,10 @@ def run(ctx: BenchContext) -> SuiteResult:
     cpu = ctx.option("cpu", "")
     with_subprocess = ctx.option("subprocess", "0" if ctx.quick else "1") == "1"
     runs = 1 if ctx.quick else ctx.runs
+    cases = set(ctx.option("cases", "mario,pong,vector").split(","))
+    if not cases <= {"mario", "pong", "vector"}:
+        raise BenchError(f"--opt cases: expected mario, pong and/or vector, got {','.join(sorted(cases))}")
+    freeze = ctx.option("freeze", "1") == "1"
     keep_freed_frames()  # as the actor service does at start; the bare loops get it too
     result = SuiteResult(suite="actor", title="Actor: agent steps per CPU second on one core")
     extra: dict[str, Any] = {}
@@ -257,6 +287,8 @@ def run(ctx: BenchContext) -> SuiteResult:
         with one_core(int(cpu) if cpu else None):
             for env_id in PIXEL_IDS:
                 short = "Mario 1-1" if env_id.startswith("Super") else "Pong"
+                if short.split()[0].lower() not in cases:
+                    continue
                 ctx.progress(f"{short}: raw emulator frames per CPU second")
                 raw = [raw_emulator(env_id, seconds) for _ in range(runs)]
                 result.rows.append(Row(f"{short}: raw emulator, no preprocessing (the ceiling)", "frames per CPU s",
@@ -264,7 +296,7 @@ def run(ctx: BenchContext) -> SuiteResult:
                 result.rows.append(Row(f"{short}: raw emulator / 4, the agent-step ceiling", "steps per CPU s",
                                        "steps/s", median(raw) / 4))
                 bare, actor = _pair(ctx, f"{short} x{pixel_envs}", env_id, pixel_envs, seconds, runs, zctx,
-                                    sink.endpoint)
+                                    sink.endpoint, freeze)
                 m = _median_run(actor)
                 bare_cpu = median([b[0] for b in bare])
                 result.rows.append(Row(
@@ -280,8 +312,18 @@ def run(ctx: BenchContext) -> SuiteResult:
                 result.rows.append(Row(f"{short} x{pixel_envs}: Nature CNN forward pass (batch {pixel_envs})",
                                        "share of a bare step", "%", m.inference / bare_step * 100,
                                        higher_is_better=False))
-                extra[short] = {"bare_steps_per_cpu_s_and_wall_s": bare, "actor": [vars(r) for r in actor]}
+                ctx.progress(f"{short}: forward pass, frozen trace vs eager module")
+                pairs = [forward_pair(env_id, pixel_envs, seconds, ctx.seed) for _ in range(runs)]
+                result.rows.append(Row(
+                    f"{short} x{pixel_envs}: Nature CNN forward (batch {pixel_envs}), same weights and results",
+                    "CPU ms per batch", "ms", median([p[0] * 1e3 for p in pairs]), median([p[1] * 1e3 for p in pairs]),
+                    "eager nn.Module", higher_is_better=False, flywheel_runs=[p[0] * 1e3 for p in pairs],
+                    peer_runs=[p[1] * 1e3 for p in pairs]))
+                extra[short] = {"bare_steps_per_cpu_s_and_wall_s": bare, "actor": [vars(r) for r in actor],
+                                "forward_frozen_eager_s": pairs}
             for env_id, label in (("CartPole-v1", "CartPole x64"), ("Snake-v0", "Snake 10x10 x64")):
+                if "vector" not in cases:
+                    continue
                 bare, actor = _pair(ctx, label, env_id, 64, seconds, runs, zctx, sink.endpoint)
                 m = _median_run(actor)
                 goal = ">= 20,000 steps/s on one core" if env_id == "CartPole-v1" else "natively vectorised"
@@ -290,14 +332,15 @@ def run(ctx: BenchContext) -> SuiteResult:
                     m.steps_per_cpu_s, median([b[0] for b in bare]), "bare random loop (one env at a time)",
                     flywheel_runs=[r.steps_per_cpu_s for r in actor], peer_runs=[b[0] for b in bare], goal=goal))
                 extra[label] = {"bare_steps_per_cpu_s_and_wall_s": bare, "actor": [vars(r) for r in actor]}
-        if with_subprocess:
+        if with_subprocess and "mario" in cases:
             workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
             torch.set_num_threads(1)
             inproc, subproc = [], []
             for i in range(ctx.warmup + runs):
                 ctx.progress(f"Mario x{pixel_envs}: in-process vs subprocess ({workers} workers), run {i + 1}")
-                a = actor_loop(PIXEL_IDS[0], pixel_envs, seconds, ctx.seed, zctx, sink.endpoint)
-                b = actor_loop(PIXEL_IDS[0], pixel_envs, seconds, ctx.seed, zctx, sink.endpoint, mode="subprocess")
+                a = actor_loop(PIXEL_IDS[0], pixel_envs, seconds, ctx.seed, zctx, sink.endpoint, freeze=freeze)
+                b = actor_loop(PIXEL_IDS[0], pixel_envs, seconds, ctx.seed, zctx, sink.endpoint, mode="subprocess",
+                               freeze=freeze)
                 if i >= ctx.warmup:
                     inproc.append(a.steps_per_s)
                     subproc.append(b.steps_per_s)
@@ -315,8 +358,9 @@ def run(ctx: BenchContext) -> SuiteResult:
         "(steps_per_s). The subprocess row is wall-clock, since it is about using more cores.",
         "One core (sched_setaffinity) and one torch thread for the actor; the sink that receives and discards the "
         "messages, standing in for replay, is a separate process on the other core.",
-        "The actor loop is ActorCore + TransitionSender: the Nature CNN forward for the whole vector under "
-        "torch.inference_mode, epsilon 0.4, 3-step returns and priorities, msgpack+raw-frame encoding, ZeroMQ PUSH "
+        "The actor loop is ActorCore + TransitionSender: the Nature CNN forward for the whole vector (a frozen "
+        "TorchScript trace under torch.inference_mode, as the service runs it; --opt freeze=0: the eager module), "
+        "epsilon 0.4, 3-step returns and priorities, msgpack+raw-frame encoding, ZeroMQ PUSH "
         "over TCP loopback, with the service's own batch size. The bare loop steps the same number of envs with "
         "random actions and nothing else.",
         "'Actor overhead besides the forward pass' = (actor CPU per agent step - forward pass - bare CPU per agent "
@@ -336,7 +380,7 @@ def _plot(result: SuiteResult, ctx: BenchContext) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    rows = [r for r in result.rows if r.peer is not None]
+    rows = [r for r in result.rows if r.peer is not None and r.unit == "steps/s"]
     if not rows:
         return
     fig, ax = plt.subplots(figsize=(9, 4))
