@@ -155,6 +155,23 @@ class FlywheelRun:
     def status(self) -> dict[str, Any] | None:
         return fetch_status(self.url, timeout=5.0)
 
+    def wait_until_paced(self, timeout: float) -> bool:
+        """Wait until the replay's rate limiter has held inserts back once, so a window sees the paced state.
+
+        Until then the actors run ahead of the ratio into the replay's error buffer and the ZeroMQ queues, which
+        flatters env steps/s. False (measure anyway) when they were never held back within ``timeout`` seconds:
+        then the learner keeps up with the actors and nothing is paced.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            snap = self.snapshot()
+            if snap is not None and (snap.total("replay", "rate_limiter_insert_wait_seconds_total") > 0
+                                     or snap.total("actor", "send_blocked_seconds_total") > 0):
+                return True
+            time.sleep(0.5)
+        return False
+
     def snapshot(self) -> Snapshot | None:
         """Counters summed over every instance the gateway knows (live or not) and each child's CPU seconds."""
         status = self.status()

@@ -91,24 +91,6 @@ def _loop_run(ctx: BenchContext, env_id: str, seconds: float, seed: int, min_siz
     return out
 
 
-def _wait_until_paced(run: FlywheelRun, timeout: float) -> bool:
-    """Wait until the replay's rate limiter has held inserts back once, so the window sees the paced steady state.
-
-    Until then the actors run ahead of the ratio into the replay's error buffer and the ZeroMQ queues, which
-    would flatter the experience rate. Returns False (and the run is measured anyway) when the actors were never
-    held back within ``timeout`` seconds: then the learner keeps up with them and nothing is paced.
-    """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run.check_alive()
-        snap = run.snapshot()
-        if snap is not None and (snap.total("replay", "rate_limiter_insert_wait_seconds_total") > 0
-                                 or snap.total("actor", "send_blocked_seconds_total") > 0):
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def _flywheel_run(ctx: BenchContext, env_id: str, seconds: float, warmup_s: float, actors: int,
                   min_size: int | None, workdir: Path) -> dict[str, Any]:
     sets = [f"replay.min_size_to_sample={min_size}"] if min_size else []
@@ -119,7 +101,7 @@ def _flywheel_run(ctx: BenchContext, env_id: str, seconds: float, warmup_s: floa
             return snap is not None and snap.total("learner", "updates_total") > 0
 
         run.wait_for(learning, 900, f"flywheel run on {env_id} to start learning")
-        paced = _wait_until_paced(run, PACE_TIMEOUT_S)
+        paced = run.wait_until_paced(PACE_TIMEOUT_S)
         time.sleep(warmup_s)
         first = run.snapshot()
         time.sleep(seconds)

@@ -27,6 +27,7 @@ OPTIONS = {
     "warmup_s": "seconds of learning before the window opens (default 15; --quick 5)",
 }
 MODEL_CORES = (2, 4, 8, 16, 32, 64)
+PACE_TIMEOUT_S = 180.0  # preset mode: the window opens once the rate limiter holds the actors back
 
 
 def _point(run: FlywheelRun, snap: Any) -> dict[str, Any]:
@@ -47,6 +48,7 @@ def _measure(ctx: BenchContext, env_id: str, actors: int, mode: str, seconds: fl
             return snap is not None and snap.total("learner", "updates_total") > 0
 
         run.wait_for(learning, 900, f"flywheel run ({env_id}, {actors} actors) to start learning")
+        paced = run.wait_until_paced(PACE_TIMEOUT_S) if mode == "preset" else False
         time.sleep(warmup_s)
         first = run.snapshot()
         time.sleep(seconds)
@@ -60,7 +62,7 @@ def _measure(ctx: BenchContext, env_id: str, actors: int, mode: str, seconds: fl
     ctx.progress(f"{env_id} {mode} x{actors}: {model.env_steps_per_s:,.0f} env steps/s, "
                  f"{model.transitions_per_s:,.0f} transitions/s, {model.updates_per_s:.1f} updates/s")
     return {"model": model, "env_steps_per_s": model.env_steps_per_s, "transitions_per_s": model.transitions_per_s,
-            "updates_per_s": model.updates_per_s, "samples_per_s": model.samples_per_s}
+            "updates_per_s": model.updates_per_s, "samples_per_s": model.samples_per_s, "paced": paced}
 
 
 def run(ctx: BenchContext) -> SuiteResult:
@@ -95,7 +97,9 @@ def run(ctx: BenchContext) -> SuiteResult:
         f"for {seconds:g} s starting {warmup_s:g} s after the learner's first update; medians of {ctx.runs} runs "
         f"(after {ctx.warmup} warm-up), actor counts in alternating order.",
         "preset: the preset's samples-per-insert ratio holds, so the learner sets the pace (actors wait at the "
-        "replay); free: `--set replay.samples_per_insert=0 --set replay.block_inserts=false`, actors unpaced.",
+        "replay; its window opens only once the replay's rate limiter has held the actors back, since until then "
+        "they run ahead of the ratio into the replay's error buffer and the ZeroMQ queues); free: `--set "
+        "replay.samples_per_insert=0 --set replay.block_inserts=false`, actors unpaced.",
         "Ratios are against 1 actor in the same mode and run. More actors than cores share the cores with the "
         "learner, the replay and the gateway.",
     ]
