@@ -63,9 +63,16 @@ def play_episode(env: Any, policy: Any, seed: int) -> tuple[np.ndarray, np.ndarr
 
 def _worker(job: CollectJob, progress: Any) -> None:
     """Play this worker's episodes into its own shard; report (episodes, transitions, return) per episode."""
-    import torch
+    try:  # one OpenCV thread per worker: the workers are the parallelism, threads on top only contend
+        import cv2
 
-    torch.set_num_threads(1)
+        cv2.setNumThreads(1)
+    except ImportError:  # pragma: no cover - preprocessing falls back to NumPy without cv2
+        pass
+    if job.policy.startswith("checkpoint:"):  # torch only for a network policy: it costs seconds per worker
+        import torch
+
+        torch.set_num_threads(1)
     from flywheel.demos.experts import build_policy
     from flywheel.envs import make_env
 

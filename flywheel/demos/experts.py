@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 Policy = Callable[[np.ndarray, dict[str, Any]], int]
 
@@ -108,6 +107,7 @@ _NAME = re.compile(r"(?P<kind>mlp|conv|nature)-(?P<shape>[0-9x]+)-(?P<actions>\d
 
 def checkpoint_policy(directory: str | Path, obs_shape: tuple[int, ...], n_actions: int) -> Policy:
     """Greedy actions of the online network in a learner checkpoint (safetensors; nothing executed on load)."""
+    import torch  # only here: scripted experts start their workers without it
     from safetensors import safe_open
 
     from flywheel.nets import QNetwork

@@ -31,15 +31,15 @@ OPTIONS = {
     "parts": "comma-separated parts to run: collect, cartpole, mario (default all three)",
     "seeds": "CartPole seeds per side (default: --runs; --quick 1)",
     "cap_s": "give up on a CartPole seed after this many seconds (censored) (default 240; --quick 90)",
-    "cartpole_episodes": "expert episodes collected for CartPole (default 40; --quick 6)",
+    "cartpole_episodes": "expert episodes collected for CartPole (default 200; --quick 6)",
     "mario_episodes": "expert episodes collected for Mario (default 16; --quick 2)",
     "pretrain_updates": "CartPole behaviour-cloning updates (default 1000)",
     "mario_pretrain_updates": "Mario behaviour-cloning updates (default 500; --quick 100)",
     "pretrain_loss": "dqfd (TD + large margin, default) or bc (cross-entropy)",
     "demo_ratio": "share of every batch drawn from the demonstrations table (default 0.25)",
     "margin_weight": "lambda of the large-margin loss during RL (default 1.0)",
-    "mario_minutes": "wall-clock budget of each Mario run (default 8; --quick 1.5)",
-    "mario_eval_episodes": "evaluation episodes after each Mario run (default 4; --quick 1)",
+    "mario_minutes": "wall-clock budget of each Mario run (default 6; --quick 1.5)",
+    "mario_eval_episodes": "evaluation episodes after each Mario run (default 3; --quick 1)",
     "actors": "flywheel actors (default 2, one per core here)",
 }
 CARTPOLE, MARIO = "CartPole-v1", "SuperMarioBros-1-1-v0"
@@ -149,15 +149,15 @@ def run(ctx: BenchContext) -> SuiteResult:
     if not parts <= {"collect", "cartpole", "mario"}:
         raise BenchError(f"--opt parts: expected collect, cartpole and/or mario, got {sorted(parts)}")
     quick = ctx.quick
-    episodes = {CARTPOLE: ctx.option_int("cartpole_episodes", 6 if quick else 40),
+    episodes = {CARTPOLE: ctx.option_int("cartpole_episodes", 6 if quick else 200),
                 MARIO: ctx.option_int("mario_episodes", 2 if quick else 16)}
     seeds = ctx.option_int("seeds", 1 if quick else ctx.runs)
     cap_s = ctx.option_float("cap_s", 90.0 if quick else 240.0)
     loss = ctx.option("pretrain_loss", "dqfd")
     ratio = ctx.option_float("demo_ratio", 0.25)
     margin_weight = ctx.option_float("margin_weight", 1.0)
-    minutes = ctx.option_float("mario_minutes", 1.5 if quick else 8.0)
-    mario_eval = ctx.option_int("mario_eval_episodes", 1 if quick else 4)
+    minutes = ctx.option_float("mario_minutes", 1.5 if quick else 6.0)
+    mario_eval = ctx.option_int("mario_eval_episodes", 1 if quick else 3)
     result = SuiteResult(suite="demos", title="Demonstrations: collection speed and learning with vs without demos")
     result.method = f"collection once per setting; CartPole median of {seeds} seed(s) per side; Mario one run per side"
     with tempfile.TemporaryDirectory(prefix="flywheel-bench-demos-") as tmp:
