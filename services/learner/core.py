@@ -18,7 +18,7 @@ import torch
 
 from flywheel.nets import QNetwork, as_tensor, build_q_network
 
-from .losses import LossTerms, q_td_loss, quantile_td_loss
+from .losses import LossTerms, large_margin_loss, q_td_loss, quantile_td_loss
 from .staging import Batch, BatchStager, DeviceBatch
 
 log = logging.getLogger("flywheel.learner")
@@ -52,6 +52,8 @@ class CoreConfig:
     precision: str = "fp32"  # fp32 | bf16 | fp16 (resolve "auto" with resolve_precision first)
     compile: bool = False
     compile_mode: str = "default"
+    demo_margin: float = 0.8  # DQfD large-margin loss on rows marked is_demo: margin l(a_E, a)
+    demo_loss_weight: float = 1.0  # its weight lambda (0 = off)
 
 
 @dataclass
@@ -95,6 +97,8 @@ class MetricSums:
     q: float
     batches: int
     skipped_total: int
+    demo_rows: int = 0  # demonstration rows trained on
+    margin_loss: float = 0.0  # sum of their large-margin losses
 
 
 def pick_device(choice: str) -> torch.device:
@@ -160,6 +164,7 @@ class LearnerCore:
         # per-batch (loss, |td|, Q of taken actions) kept on the device until drain_metrics: no ops per update
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._sums = torch.zeros(4, device=self.device)  # loss, td, q, batches folded from _pending
+        self._demo_sums = torch.zeros(2, device=self.device)  # demonstration rows and their margin-loss sum
         self._step_losses: list[torch.Tensor] = []  # losses since the last optimizer step
         self.online.train()
         self.target.train()
@@ -234,21 +239,35 @@ class LearnerCore:
         return out, next_target, next_online
 
     def _losses(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
-                next_obs: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """IS-weighted mean loss, |TD| per sample and Q of the taken actions (the networks under autocast)."""
+                next_obs: torch.Tensor, weight: torch.Tensor, is_demo: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """IS-weighted mean loss, |TD| per sample, Q of the taken actions (the networks under autocast) and, with
+        ``is_demo``, (demonstration rows, their large-margin loss sum); those rows add lambda x margin loss."""
         if self.amp_dtype is not None:
             with torch.autocast(self.device.type, dtype=self.amp_dtype):
                 out, next_target, next_online = self._nets(obs, next_obs)
         else:  # no autocast context at all: entering a disabled one costs as much as a small op
             out, next_target, next_online = self._nets(obs, next_obs)
         terms = self._terms(out, action, reward, discount, next_target, next_online)
-        loss = (weight * terms.per_sample).mean()
-        return loss, terms.td_abs, terms.q_taken
+        per_sample, demo_stats = terms.per_sample, None
+        if is_demo is not None:
+            demo = is_demo.float()
+            if self.config.demo_loss_weight > 0:
+                margin = large_margin_loss(out, action, self.config.demo_margin) * demo
+                per_sample = per_sample + self.config.demo_loss_weight * margin
+                demo_stats = torch.stack((demo.sum(), margin.detach().sum()))
+            else:
+                demo_stats = torch.stack((demo.sum(), torch.zeros((), device=demo.device)))
+        loss = (weight * per_sample).mean()
+        return loss, terms.td_abs, terms.q_taken, demo_stats
 
     def _forward_backward(self, b: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        loss, td_abs, q_taken = self._loss_fn(b.obs, b.action, b.reward, b.discount, b.next_obs, b.weight)
+        loss, td_abs, q_taken, demo_stats = self._loss_fn(b.obs, b.action, b.reward, b.discount, b.next_obs,
+                                                          b.weight, b.is_demo)
+        if demo_stats is not None:
+            self._demo_sums += demo_stats
         if self._cuda_graphs:  # graph outputs are overwritten by the next replay; these outlive it
             td_abs, q_taken = td_abs.clone(), q_taken.clone()
         scaled = loss / self.config.grad_accum_steps if self.config.grad_accum_steps > 1 else loss
@@ -350,10 +369,12 @@ class LearnerCore:
         self._fold_metrics()
         state = self.optimizer.state.get(self.params[0], {})
         applied = state["step"].reshape(1).to(self._sums) if "step" in state else torch.zeros(1, device=self.device)
-        loss, td, q, batches, applied_steps = torch.cat((self._sums, applied)).tolist()
+        loss, td, q, batches, applied_steps, demo_rows, margin = torch.cat(
+            (self._sums, applied, self._demo_sums)).tolist()
         self._sums.zero_()
+        self._demo_sums.zero_()
         return MetricSums(loss=loss, td_error=td, q=q, batches=int(batches),
-                          skipped_total=self.steps - int(applied_steps))
+                          skipped_total=self.steps - int(applied_steps), demo_rows=int(demo_rows), margin_loss=margin)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Online Q-values for a batch (float32, on the host); for evaluation and tests."""

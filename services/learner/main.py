@@ -46,7 +46,8 @@ def core_config(settings: LearnerSettings, device: torch.device) -> CoreConfig:
                       num_quantiles=settings.num_quantiles, huber_kappa=settings.huber_kappa,
                       grad_accum_steps=settings.grad_accum_steps,
                       precision=resolve_precision(settings.precision, device), compile=compile_on,
-                      compile_mode=settings.compile_mode)
+                      compile_mode=settings.compile_mode, demo_margin=settings.demo_margin,
+                      demo_loss_weight=settings.demo_loss_weight)
 
 
 def build_core(settings: LearnerSettings, obs_shape: tuple[int, ...], n_actions: int,

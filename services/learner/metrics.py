@@ -21,6 +21,7 @@ class MetricsWindow:
     def __init__(self) -> None:
         self.reset(time.monotonic())
         self.last = {"loss": math.nan, "td_error_mean": math.nan, "q_mean": math.nan}
+        self.last_margin = math.nan  # mean large-margin loss over the demonstration rows of the last window with any
 
     def reset(self, now: float) -> None:
         self.start = now
@@ -29,12 +30,16 @@ class MetricsWindow:
         self.samples = 0
         self.loss = self.td = self.q = 0.0
         self.batches = 0
+        self.demo_rows = 0
+        self.margin = 0.0
 
     def add_sums(self, sums: MetricSums) -> None:
         self.loss += sums.loss
         self.td += sums.td_error
         self.q += sums.q
         self.batches += sums.batches
+        self.demo_rows += sums.demo_rows
+        self.margin += sums.margin_loss
 
     def gauges(self, now: float, paused: bool) -> dict[str, float]:
         """Means over the window (the previous value when no batch was trained) and per-second rates."""
@@ -42,8 +47,11 @@ class MetricsWindow:
         if self.batches:
             n = self.batches
             self.last = {"loss": self.loss / n, "td_error_mean": self.td / n, "q_mean": self.q / n}
+        if self.demo_rows:
+            self.last_margin = self.margin / self.demo_rows
         return {
             **self.last,
+            "margin_loss": self.last_margin,
             "updates_per_second": self.steps / elapsed,
             "samples_per_second": self.samples / elapsed,
             "data_wait_ratio": 0.0 if paused else min(1.0, self.wait_s / elapsed),

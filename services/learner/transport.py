@@ -70,7 +70,7 @@ class LearnerService:
         self.counters = {"updates_total": 0.0, "samples_total": 0.0, "weights_published_total": 0.0,
                          "messages_rejected_total": 0.0, "skipped_updates_total": 0.0,
                          "data_wait_seconds_total": 0.0, "checkpoints_total": 0.0,
-                         "control_rejected_total": 0.0}
+                         "control_rejected_total": 0.0, "demo_samples_total": 0.0}
         self.replay_size = 0.0
         self.window = MetricsWindow()
         self.gpu = GpuProbe(core.device)
@@ -210,6 +210,7 @@ class LearnerService:
         """One device read: loss/TD/Q sums since the last read and the skipped-step total."""
         sums = self.core.drain_metrics()
         self.window.add_sums(sums)
+        self.counters["demo_samples_total"] += sums.demo_rows
         self._skipped_total = sums.skipped_total
         self._metrics_step = self.core.steps
 
