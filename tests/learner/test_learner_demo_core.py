@@ -76,3 +76,22 @@ def test_split_batches_keep_their_demo_rows() -> None:
     batch.is_demo = np.array([0, 0, 0, 0, 0, 0, 1, 1], np.uint8)
     parts = BatchStager(torch.device("cpu")).stage(batch).split(4)
     assert [p.is_demo.tolist() for p in parts] == [[0, 0, 0, 0], [0, 0, 1, 1]]
+
+
+def test_service_reports_demo_rows_and_margin_loss(harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay whose batches end with demonstration rows (as the real one's do): counted, and the margin reported."""
+    import learner_harness
+
+    def with_demo_rows(*args: object, **kwargs: object) -> proto.SampleBatch:
+        batch = make_batch(*args, **kwargs)
+        batch.is_demo = np.zeros(batch.action.shape[0], np.uint8)
+        batch.is_demo[-batch.action.shape[0] // 4:] = 1
+        return batch
+
+    monkeypatch.setattr(learner_harness, "make_batch", with_demo_rows)
+    h = harness(metrics_interval_updates=5)
+    h.service.start()
+    h.drive(lambda: h.counter("demo_samples_total") >= 64 and "margin_loss" in h.reports[-1].gauges, timeout=30)
+    samples = h.counter("samples_total")
+    assert h.counter("demo_samples_total") <= samples / 4 + 32  # a quarter of the rows, up to one unread batch
+    assert h.reports[-1].gauges["margin_loss"] >= 0
