@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -13,6 +15,7 @@ if TYPE_CHECKING:
     from flywheel.nets import QNetwork
 
 Backend = Literal["auto", "numpy", "torch"]
+log = logging.getLogger("flywheel.actor")
 
 
 class Policy(Protocol):
@@ -48,8 +51,12 @@ class TorchPolicy:
         self.frozen: Any = None
         if freeze:
             example = torch.zeros((1, *net.obs_shape), dtype=getattr(torch, self.obs_dtype.name))
-            with torch.no_grad():
-                self.frozen = torch.jit.freeze(torch.jit.trace(net, example))
+            try:
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated in recent torch
+                    self.frozen = torch.jit.freeze(torch.jit.trace(net, example))
+            except (AttributeError, RuntimeError) as exc:  # a torch without TorchScript: the eager module it is
+                log.warning("cannot freeze %s (%s): running the eager module", net.name, exc)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs)
