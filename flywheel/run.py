@@ -34,6 +34,7 @@ VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` 
                 "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
                 "torch_threads": "1"},
 }
+NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES")  # the learner's values go to the actors too
 PIXEL_PRESET = {
     "actor": {"num_envs": "4", "n_step": "3", "gamma": "0.99", "send_hwm": "16"},
     "replay": {"capacity": "50000", "min_size_to_sample": "5000", "samples_per_insert": "4",
@@ -163,11 +164,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.envs_per_actor is not None:
         env["actor"]["NUM_ENVS"] = str(args.envs_per_actor)
     wired = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}
+    chosen: set[tuple[str, str]] = set()  # (service, KEY) the user set: variables or --set
     for service, values in env.items():  # the user's own FLYWHEEL_* variables win over presets
         prefix = f"FLYWHEEL_{service.upper()}_"
         for name, value in os.environ.items():
             if name.startswith(prefix) and name.removeprefix(prefix) not in wired:
                 values[name.removeprefix(prefix)] = value
+                chosen.add((service, name.removeprefix(prefix)))
     for item in args.set:  # and --set wins over both
         service, _, rest = item.partition(".")
         key, eq, value = rest.partition("=")
@@ -175,6 +178,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
             raise SettingsError(f"flywheel run: --set {item!r} must look like SERVICE.FIELD=VALUE "
                                 f"with SERVICE one of {', '.join(env)}")
         env[service][key.upper()] = value
+        chosen.add((service, key.upper()))
+    for key in NETWORK_KEYS:  # actors build the learner's network unless told otherwise (else weights are refused)
+        if key in env["learner"] and ("actor", key) not in chosen:
+            env["actor"][key] = env["learner"][key]
     _validate(env)
     extra = [{"EVAL_ENVS": "1"} if i == 0 else {} for i in range(args.actors)]
     return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,

@@ -162,3 +162,25 @@ def test_frozen_torch_trace_gives_the_same_q_and_follows_loaded_weights() -> Non
     assert np.array_equal(frozen.q_values(obs[:1]), eager.q_values(obs[:1]))  # any batch size
     as_float = obs.astype(np.float32)  # another dtype than traced (floats are not scaled): the eager module runs
     assert np.array_equal(frozen.q_values(as_float), eager.q_values(as_float))
+
+
+def test_flywheel_run_gives_actors_the_learners_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flywheel run --set learner.head=quantile` alone must not leave actors refusing every weights message."""
+    from flywheel.cli import build_parser
+    from flywheel.run import make_plan
+
+    for name in [n for n in os.environ if n.startswith("FLYWHEEL_")]:
+        monkeypatch.delenv(name)
+
+    def plan(*sets: str) -> dict[str, dict[str, str]]:
+        args = build_parser().parse_args(["run", "--env", "CartPole-v1", "--base-port", "39150",
+                                          "--http-port", "39158", *[f"--set={item}" for item in sets]])
+        return make_plan(args).env
+
+    env = plan("learner.head=quantile", "learner.num_quantiles=21", "learner.hidden=64", "learner.dueling=false")
+    assert {k: env["actor"][k] for k in ("HEAD", "NUM_QUANTILES", "HIDDEN", "DUELING")} == {
+        "HEAD": "quantile", "NUM_QUANTILES": "21", "HIDDEN": "64", "DUELING": "false"}
+    assert plan()["actor"]["HIDDEN"] == plan()["learner"]["HIDDEN"] == "128" and "HEAD" not in plan()["actor"]
+    assert plan("learner.hidden=64", "actor.hidden=32")["actor"]["HIDDEN"] == "32"  # the user's own choice stands
+    monkeypatch.setenv("FLYWHEEL_ACTOR_HIDDEN", "48")
+    assert plan("learner.hidden=64")["actor"]["HIDDEN"] == "48"
