@@ -7,6 +7,7 @@ device->host copies have landed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import queue
@@ -28,6 +29,18 @@ from .staging import DeviceBatch, HostCopy
 
 log = logging.getLogger("flywheel.learner")
 IDLE_POLL_MS = 100
+ROW_FIELDS = ("obs", "action", "reward", "discount", "next_obs", "index", "weight", "is_demo")
+
+
+def spread_demos(batch: proto.SampleBatch, size: int) -> proto.SampleBatch:
+    """Reorder a reply that holds demonstration rows (the replay puts them last) so that each consecutive
+    ``size``-row training batch it is split into gets its share: part j takes rows j, j + k, j + 2k, ..."""
+    rows = int(batch.action.shape[0])
+    if batch.is_demo is None or rows <= size or not batch.is_demo.any():
+        return batch
+    parts = math.ceil(rows / size)
+    order = np.concatenate([np.arange(j, rows, parts) for j in range(parts)])
+    return dataclasses.replace(batch, **{name: getattr(batch, name)[order] for name in ROW_FIELDS})
 PRIORITY_POLL_MS = 2  # while priorities wait for their device->host copy
 MAX_COALESCED = 64  # batches' priorities sent in one PriorityUpdate at most
 
@@ -186,6 +199,7 @@ class Feeder:
                 self.faults.record("sample", exc)
                 continue
             size = self.train_batch
+            batch = spread_demos(batch, size)
             for i, part in enumerate(self.stage(batch).split(size)):
                 self.delivered += 1
                 self.events.put(ReadyBatch(batch.index[i * size:(i + 1) * size], batch.replay_size, part))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -95,3 +97,26 @@ def test_service_reports_demo_rows_and_margin_loss(harness, monkeypatch: pytest.
     samples = h.counter("samples_total")
     assert h.counter("demo_samples_total") <= samples / 4 + 32  # a quarter of the rows, up to one unread batch
     assert h.reports[-1].gauges["margin_loss"] >= 0
+
+
+def test_spread_demos_gives_every_training_batch_its_share_of_demonstration_rows() -> None:
+    from flywheel.services.learner.feeder import spread_demos
+
+    rows, size = 1024, 256
+    is_demo = np.zeros(rows, np.uint8)
+    is_demo[-128:] = 1  # the replay appends its demonstration rows after the main table's
+    obs = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    batch = proto.SampleBatch(request_id=1, replay_size=rows, obs=obs, action=np.arange(rows), next_obs=obs + 1,
+                              reward=np.arange(rows, dtype=np.float32), discount=np.ones(rows, np.float32),
+                              index=np.arange(rows), weight=np.linspace(0.1, 1, rows, dtype=np.float32),
+                              is_demo=is_demo)
+    spread = spread_demos(batch, size)
+    assert [int(spread.is_demo[i:i + size].sum()) for i in range(0, rows, size)] == [32, 32, 32, 32]
+    # rows stay whole: every column moved with its row, and none was lost or repeated
+    assert sorted(spread.index.tolist()) == list(range(rows))
+    for name in ("action", "reward", "weight", "is_demo"):
+        assert np.array_equal(getattr(spread, name), getattr(batch, name)[spread.index])
+    assert np.array_equal(spread.obs, obs[spread.index]) and np.array_equal(spread.next_obs, obs[spread.index] + 1)
+    no_demos = dataclasses.replace(batch, is_demo=np.zeros(rows, np.uint8))
+    assert spread_demos(no_demos, size) is no_demos  # nothing to spread: no copy
+    assert spread_demos(batch, rows) is batch  # one training batch per reply: nothing to spread
