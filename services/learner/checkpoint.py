@@ -16,6 +16,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from flywheel.checkpoints import process_running
+
 from .core import LearnerCore
 
 CHECKPOINT_FILE = "learner.safetensors"
@@ -124,18 +126,8 @@ def _remove_stale_temps(directory: Path) -> None:
     """Delete temp files that writers killed mid-write left behind (their process no longer runs)."""
     for tmp in directory.glob(".*.tmp"):
         pid = tmp.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
             tmp.unlink(missing_ok=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.checkpoints import process_running
+
 FORMAT = "flywheel-replay"
 FORMAT_VERSION = 2
 CRC_CHUNK = 64 << 20
@@ -102,18 +104,8 @@ def _remove_stale(directory: Path) -> None:
     """Temp and fallback folders that killed writers left behind (their process no longer runs)."""
     for path in [*directory.glob(".replay.tmp-*"), *directory.glob(".replay.old-*")]:
         pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _current(directory: Path) -> Path:
