@@ -32,7 +32,7 @@ VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` 
                "error_buffer": "2000", "alpha": "0.6", "block_inserts": "true", "transitions_hwm": "1"},
     "learner": {"batch_size": "256", "lr": "0.001", "tau": "0.01", "adam_eps": "0.0001", "hidden": "128",
                 "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
-                "torch_threads": "1"},
+                "batches_per_request": "4", "torch_threads": "1"},
 }
 NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES")  # the learner's values go to the actors too
 PIXEL_PRESET = {

@@ -27,12 +27,12 @@ def batch_limits(batch_size: int, obs_shape: tuple[int, ...]) -> proto.Limits:
     return proto.Limits(max_total_bytes=max_batch, max_array_bytes=max_batch)
 
 
-TARGET_REQUEST_TRANSITIONS = 1024  # auto grouping: small batches are fetched this many transitions at a time
-MAX_AUTO_GROUP = 8
+TARGET_REQUEST_TRANSITIONS = 4096  # auto grouping: small batches are fetched this many transitions at a time
+MAX_AUTO_GROUP = 32
 
 
 def batches_per_request(choice: int, batch_size: int, obs_shape: tuple[int, ...]) -> int:
-    """Training batches per sample request: ``choice``, or for 0 (auto) 1 with pixels, else ~1024 transitions.
+    """Training batches per sample request: ``choice``, or for 0 (auto) 1 with pixels, else ~4096 transitions.
 
     Every request, reply and priority message costs tens of microseconds on each side; for small vector
     batches that is a noticeable share of an update, so several are fetched at once.

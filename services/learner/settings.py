@@ -37,7 +37,7 @@ class LearnerSettings(CommonSettings):
                                                                  "(up to twice as many batches are buffered)")
     batches_per_request: int = Field(
         0, ge=0, le=64, description="training batches fetched per sample request, their priorities sent back in "
-                                    "one message (0 = auto: enough for ~1024 transitions with vector "
+                                    "one message (0 = auto: enough for ~4096 transitions with vector "
                                     "observations, 1 with pixels)")
     sampling_thread: Literal["auto", "on", "off"] = Field(
         "auto", description="receive, decode and stage batches in a thread (auto: on a GPU or for pixels; "

@@ -10,7 +10,9 @@ class RateLimiter:
     """Counts inserted and sampled items; ``samples_per_insert`` 0 means no ratio is enforced.
 
     The learner waits while ``inserts * spi - samples`` would fall below ``min_diff``; when
-    ``block_inserts`` is set, actors wait while it would exceed ``max_diff`` (Reverb's semantics).
+    ``block_inserts`` is set, actors wait while it would exceed ``max_diff`` (Reverb's semantics). Reverb samples
+    one item at a time; a request here takes ``count`` at once, so a request larger than the band
+    (``2 * error_buffer``) is served once inserts are blocked: waiting could not help and would deadlock both sides.
     """
 
     min_size_to_sample: int = 1
@@ -39,7 +41,9 @@ class RateLimiter:
             return False
         if self.samples_per_insert <= 0:
             return True
-        return self.inserts * self.samples_per_insert - (self.samples + count) >= self.min_diff
+        if self.inserts * self.samples_per_insert - (self.samples + count) >= self.min_diff:
+            return True
+        return self.block_inserts and not self.can_insert(1)  # the band is full: no insert can come to wait for
 
     def can_insert(self, count: int) -> bool:
         if not self.block_inserts or self.samples_per_insert <= 0:

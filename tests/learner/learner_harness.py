@@ -51,7 +51,7 @@ class FakeReplay:
         if self.answer:
             for identity, req in self.pending:
                 batch = make_batch(self.rng, req.batch_size, self.obs_shape, request_id=req.request_id)
-                batch.index[:] = np.arange(req.batch_size) + 1000 * req.request_id
+                batch.index[:] = np.arange(req.batch_size) + 100_000 * req.request_id
                 self.sent_index[req.request_id] = batch.index.copy()
                 self.sock.send_multipart([identity, *proto.encode(batch)], copy=False)
             self.pending.clear()

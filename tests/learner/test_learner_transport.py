@@ -20,7 +20,7 @@ def test_trains_keeps_requests_in_flight_and_sends_priorities(harness) -> None:
     h = harness()
     h.service.start()
     h.drive(lambda: h.core.updates >= 20 and len(h.replay.priorities) >= 2)
-    assert h.service.group == 8  # auto: 8 batches of 32 per request for vectors (~1024 transitions, at most 8)
+    assert h.service.group == 32  # auto: 32 batches of 32 per request for vectors (~4096 transitions, at most 32)
     assert h.replay.max_pending == 3  # requests_in_flight, never more
     sent = np.concatenate(list(h.replay.sent_index.values()))
     for update in h.replay.priorities:  # each message: whole training batches of one or more requests

@@ -57,6 +57,25 @@ def test_block_inserts_when_actors_run_ahead() -> None:
     assert not limiter.can_insert(1)
 
 
+
+def test_a_request_larger_than_the_band_is_served_once_inserts_are_blocked() -> None:
+    # spi 2, min size 10, band 10: diff must stay in [20 - 10, 20 + 10]; a request of 50 can never fit the band.
+    limiter = RateLimiter(min_size_to_sample=10, samples_per_insert=2.0, error_buffer=10.0, block_inserts=True)
+    inserts = 0
+    while limiter.can_insert(1):
+        limiter.record_insert(1)
+        inserts += 1
+        assert not limiter.can_sample(50, inserts) or not limiter.can_insert(1)
+    assert inserts == 15 and limiter.can_sample(50, inserts)  # band full: waiting could only deadlock
+    limiter.record_sample(50)
+    assert limiter.can_insert(1) and not limiter.can_sample(50, inserts)  # the ratio is paid back by inserts
+    # Without block_inserts the actors keep inserting, so the same request simply waits for them.
+    free = RateLimiter(min_size_to_sample=10, samples_per_insert=2.0, error_buffer=10.0)
+    free.record_insert(15)
+    assert not free.can_sample(50, 15)
+    free.record_insert(20)  # diff 70: 70 - 50 >= 10
+    assert free.can_sample(50, 35)
+
 def test_without_block_inserts_actors_are_never_blocked() -> None:
     limiter = RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=0.0, block_inserts=False)
     limiter.record_insert(10**6)
