@@ -30,7 +30,7 @@ VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` 
     "actor": {"num_envs": "16", "n_step": "3", "gamma": "0.99", "send_hwm": "1", "hidden": "128"},
     "replay": {"capacity": "100000", "min_size_to_sample": "1000", "samples_per_insert": "8",
                "error_buffer": "2000", "alpha": "0.6", "block_inserts": "true", "transitions_hwm": "1"},
-    "learner": {"batch_size": "256", "lr": "0.001", "tau": "0.01", "adam_eps": "0.0001", "hidden": "128",
+    "learner": {"batch_size": "128", "lr": "0.002", "tau": "0.02", "adam_eps": "0.0001", "hidden": "128",
                 "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
                 "batches_per_request": "4", "torch_threads": "1"},
 }

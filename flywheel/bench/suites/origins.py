@@ -1,7 +1,7 @@
 """The origin reports' comparisons, reproduced: their single-process DQN loop against ``flywheel run``, same machine.
 
 For each environment both sides do the same work per env step: the same network, batch size and replay ratio
-(Flywheel's preset: CartPole 8 samples per insert at batch 256, Mario 4 at batch 32; the loop learns every
+(Flywheel's preset: CartPole 8 samples per insert at batch 128, Mario 4 at batch 32; the loop learns every
 batch/ratio steps). Each run warms up (fills the replay to the preset's minimum, learning under way), then
 measures ``seconds`` of steady state. The figures are the reports' own: experience rate (env steps stored per
 second: for Flywheel the transitions the replay took in, since steps an actor has made but a full queue still
