@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import psutil
 
 from flywheel.bench.runner import BenchError
 from flywheel.bench.suites._harness import clean_env, free_port_block, tail
+from flywheel.checkpoints import process_running
 from flywheel.run import _die_with_parent, fetch_status
 
 PORTS = ("transitions", "sample", "weights", "telemetry", "control", "lease", "http")
@@ -228,12 +228,9 @@ def wait_for_file(path: Path, timeout: float) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """``process_running``, and not a zombie waiting to be reaped."""
+    if not process_running(pid):
         return False
-    except PermissionError:
-        return True
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
