@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -90,6 +92,12 @@ class MarioConfig:
     max_episode_steps: int | None = 4500
     stages: tuple[str, ...] | None = None  # RandomStages only, e.g. ("1-1", "1-2")
     render_mode: str | None = None
+    # Reward shaping (docs/ENVIRONMENTS.md): (built-in reward + flag_bonus at a flag - death_penalty at a death)
+    # x reward_scale, then clipped to +-reward_clip when set.
+    reward_scale: float = 0.1
+    flag_bonus: float = 50.0
+    death_penalty: float = 50.0
+    reward_clip: float | None = None
 
     def __post_init__(self) -> None:
         """Reject invalid option values with a clear message."""
@@ -102,6 +110,21 @@ class MarioConfig:
             raise ValueError(f"max_episode_steps must be >= 1 or None, got {self.max_episode_steps!r}")
         if self.render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {self.render_mode!r}")
+        if not (math.isfinite(self.reward_scale) and self.reward_scale > 0):
+            raise ValueError(f"reward_scale must be a finite number > 0, got {self.reward_scale!r}")
+        for name in ("flag_bonus", "death_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0 (a magnitude), got {value!r}")
+        if self.reward_clip is not None and not (math.isfinite(self.reward_clip) and self.reward_clip > 0):
+            raise ValueError(f"reward_clip must be a finite number > 0 or None, got {self.reward_clip!r}")
+
+    def shape_reward(self, raw: float, flag: bool, death: bool) -> float:
+        """One agent step's reward: the built-in reward plus flag bonus minus death penalty, scaled, clipped."""
+        total = (raw + (self.flag_bonus if flag else 0.0) - (self.death_penalty if death else 0.0)) * self.reward_scale
+        if self.reward_clip is not None:
+            total = min(max(total, -self.reward_clip), self.reward_clip)
+        return total
 
     @classmethod
     def from_options(cls, **options: Any) -> MarioConfig:
@@ -155,8 +178,11 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
 
     ``terminated`` follows gym-super-mario-bros: game over for whole-game ids,
     death or flag for single-stage ids.  ``truncated`` is set after
-    ``max_episode_steps`` agent steps.  Rewards are the library's per-frame
-    rewards (x progress, clock and death penalties) summed over skipped frames.
+    ``max_episode_steps`` agent steps.  The reward is the library's per-frame
+    reward (x progress, clock and a -15 death penalty) summed over skipped frames,
+    plus ``flag_bonus`` on the step that reaches a flag, minus ``death_penalty`` on
+    the step that loses a life, times ``reward_scale`` and optionally clipped
+    (:meth:`MarioConfig.shape_reward`).  ``info["raw_reward"]`` keeps the library's sum.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 60}
@@ -190,8 +216,13 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._stack = FrameStack(self.config.stack, self.config.size, self.config.size)
         self._raw_screens: dict[int, np.ndarray | None] = {}
         self._steps = 0
+        self._life: int | None = None
+        self._flag = False
         self._needs_reset = True
         self._closed = False
+        # Called after every emulator frame, skipped ones included, with the RGB screen (240, 256, 3) as a view
+        # that the next frame overwrites: videos at the game's real frame rate (flywheel play). None: not called.
+        self.frame_hook: Callable[[np.ndarray], None] | None = None
 
     @property
     def _active(self) -> Any:
@@ -232,7 +263,9 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._steps = 0
         self._needs_reset = False
         obs = self._stack.reset(self._observe(self._grey()))
-        return obs, self._info()
+        info = self._info()
+        self._life, self._flag = info.get("life"), bool(info.get("flag_get", False))
+        return obs, info
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Repeat ``action`` for ``frame_skip`` frames; max-pool the last two frames."""
@@ -242,14 +275,14 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
             raise ValueError(f"invalid action {action!r}; expected an int in [0, {self.action_space.n})")
         byte = self._action_bytes[int(action)]
         skip = self.config.frame_skip
-        nes = self._nes
+        nes_step = self._nes.step if self.frame_hook is None else self._hooked_step
         total = 0.0
         done = False
         last: np.ndarray | None = None
         prev: np.ndarray | None = None
         info: dict[str, Any] = {}
         for frame in range(skip):
-            _, reward, done, info = nes.step(byte)
+            _, reward, done, info = nes_step(byte)
             total += reward
             if frame >= skip - 2 or done:
                 prev, last = last, self._grey()
@@ -263,7 +296,22 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         truncated = not done and limit is not None and self._steps >= limit
         self._needs_reset = done or truncated
         info = {k: _plain(v) for k, v in info.items()}
-        return obs, float(total), bool(done), bool(truncated), info
+        flag = bool(info.get("flag_get", False))
+        new_flag = flag and not self._flag
+        life = info.get("life")
+        # a death: a life lost (whole-game ids), or a single-stage episode that ended without the flag
+        death = (life is not None and self._life is not None and life < self._life) or (done and not flag)
+        self._life, self._flag = life, flag
+        info["raw_reward"] = total
+        reward = self.config.shape_reward(total, new_flag, death)
+        return obs, reward, bool(done), bool(truncated), info
+
+    def _hooked_step(self, byte: int) -> tuple[Any, float, bool, dict[str, Any]]:
+        """One emulator frame, then ``frame_hook`` with the RGB screen."""
+        out = self._nes.step(byte)
+        assert self.frame_hook is not None
+        self.frame_hook(self._active.screen)
+        return out
 
     def render(self) -> np.ndarray | None:
         """Return the full-resolution RGB screen when render_mode is 'rgb_array'."""

@@ -84,13 +84,31 @@ class ActorCore:
         self.eval_obs = eval_vec.reset() if eval_vec is not None else None
         self.stats = EpisodeStats()
         self.times = TimeSplit()
-        self.epsilon = 0.4
+        self.epsilons = np.full(self.groups[-1].stop, 0.4)  # one exploration rate per env slot
         self.env_steps = 0
         self._next = 0
 
     @property
     def num_envs(self) -> int:
         return self.vec.num_envs
+
+    @property
+    def slots(self) -> int:
+        """Env slots acted for, each with its own exploration rate."""
+        return self.groups[-1].stop
+
+    @property
+    def epsilon(self) -> float:
+        """The highest exploration rate among the slots (the only one when all are equal)."""
+        return float(self.epsilons.max())
+
+    @epsilon.setter
+    def epsilon(self, value: float | np.ndarray) -> None:
+        """Set one rate for every slot, or one rate per slot."""
+        rates = np.asarray(value, dtype=np.float64)
+        if rates.ndim and rates.shape != (self.slots,):
+            raise ValueError(f"expected one epsilon or {self.slots}, got shape {rates.shape}")
+        self.epsilons = np.broadcast_to(rates, (self.slots,)).copy()
 
     def _q_values(self, obs: np.ndarray) -> np.ndarray:
         start = self.clock()
@@ -136,7 +154,8 @@ class ActorCore:
         if finished is not None:
             ready.append(finished)
         actions = q.argmax(axis=1)
-        explore = self.rng.random(n) < self.epsilon
+        group = self.groups[g]
+        explore = self.rng.random(n) < self.epsilons[group.start:group.stop]
         if explore.any():
             actions = np.where(explore, self.rng.integers(0, self.n_actions, n), actions)
         self.actions[g] = actions

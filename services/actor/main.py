@@ -15,8 +15,8 @@ from flywheel.settings import fail
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, install_stop_signals
 
 from .core import ActorCore, build_core
+from .exploration import ControlArgError, apex_epsilons, apply_exploration_command
 from .malloc import keep_freed_frames
-from .nstep import ControlArgError, apex_epsilon, apply_exploration_command
 from .policy import build_policy, resolve_backend
 from .settings import ActorSettings
 from .transport import LeaseClient, TransitionSender, WeightsReceiver, auto_batch_rows
@@ -56,7 +56,9 @@ def _telemetry(core: ActorCore, sender: TransitionSender, weights: WeightsReceiv
         rate["since"], rate["steps"] = now, core.env_steps
     stats = core.stats
     gauges = {
-        "epsilon": core.epsilon, "weight_version": weights.version, "weight_version_newest": weights.newest_seen,
+        "epsilon": core.epsilon, "epsilon_min": float(core.epsilons.min()), "epsilon_max": float(core.epsilons.max()),
+        "exploration_slots": core.slots, "weight_version": weights.version,
+        "weight_version_newest": weights.newest_seen,
         "policy_lag_versions": weights.lag, "weight_age_seconds": now - weights.updated_at,
         "env_steps_per_second": rate["per_s"], "episode_return_mean": _mean(stats.returns),
         "episode_length_mean": _mean(stats.lengths), "lease_index": lease.index, "lease_slots": lease.count,
@@ -112,17 +114,19 @@ def main(settings: ActorSettings) -> int:
 
     def set_epsilon() -> None:
         fixed = state["epsilon_override"]
-        epsilon = float(fixed) if fixed is not None else apex_epsilon(
-            lease.index, lease.count, state["base"], state["alpha"])
-        if epsilon != core.epsilon:
-            log.info("epsilon %.5f (actor %d of %d)", epsilon, lease.index, lease.count)
-        core.epsilon = epsilon
+        rates = np.full(core.slots, float(fixed)) if fixed is not None else apex_epsilons(
+            lease.index, lease.count, core.slots, state["base"], state["alpha"])
+        if not np.array_equal(rates, core.epsilons):
+            log.info("epsilon %.5f-%.5f over %d env slots (actor %d of %d, slots %d-%d of %d)", rates.min(),
+                     rates.max(), core.slots, lease.index, lease.count, lease.index * core.slots,
+                     (lease.index + 1) * core.slots - 1, lease.count * core.slots)
+        core.epsilon = rates
 
     if settings.epsilon is None and not lease.wait_first(3.0):
         log.warning("no lease from %s yet: acting as actor 0 of 1 until one arrives", settings.lease_endpoint)
     set_epsilon()
-    log.info("actor %s: %d x %s (%s, %s inference, %d actions, %s, %d slot group(s)), epsilon %.4f, sending %d rows "
-             "a message to %s", settings.instance, settings.num_envs, settings.env_id, policy.name,
+    log.info("actor %s: %d x %s (%s, %s inference, %d actions, %s, %d slot group(s)), epsilon up to %.4f, sending "
+             "%d rows a message to %s", settings.instance, settings.num_envs, settings.env_id, policy.name,
              resolve_backend(spec.obs_shape, settings.inference), spec.n_actions, settings.vector_mode,
              len(core.groups), core.epsilon, batch_rows, settings.transitions_endpoint)
     rate = {"since": time.monotonic(), "steps": 0.0, "per_s": 0.0}

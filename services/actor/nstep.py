@@ -164,38 +164,3 @@ def _take(rows: Emitted, mask: np.ndarray) -> Emitted:
         next_obs=rows.next_obs[mask], priority=rows.priority[mask],
         stream=None if rows.stream is None else rows.stream[mask],
     )
-
-
-def apex_epsilon(index: int, count: int, base: float = 0.4, alpha: float = 7.0) -> float:
-    """Ape-X exploration: actor i of N uses base ** (1 + alpha * i / (N - 1))."""
-    if count <= 1:
-        return base
-    return float(base ** (1.0 + alpha * index / (count - 1)))
-
-
-class ControlArgError(ValueError):
-    """A control command's arguments are out of range or of the wrong type; it is refused and counted."""
-
-    fault = "control_args"
-
-
-def _unit(args: dict, name: str, low_open: bool = False) -> float:
-    value = args[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ControlArgError(f"set_exploration: {name} must be a number, got {value!r}")
-    if not (0 < value <= 1 if low_open else 0 <= value <= 1):
-        raise ControlArgError(f"set_exploration: {name} {value!r} is out of range")
-    return float(value)
-
-
-def apply_exploration_command(state: dict, args: dict) -> None:
-    """Apply set_exploration args (epsilon | base, alpha) to ``state``; raise ControlArgError and change nothing."""
-    epsilon = _unit(args, "epsilon") if "epsilon" in args else None
-    base = _unit(args, "base", low_open=True) if "base" in args else state["base"]
-    alpha = state["alpha"]
-    if "alpha" in args:
-        value = args["alpha"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
-            raise ControlArgError(f"set_exploration: alpha must be a number in [0, 100], got {value!r}")
-        alpha = float(value)
-    state.update(epsilon_override=epsilon, base=base, alpha=alpha)

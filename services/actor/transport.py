@@ -166,7 +166,6 @@ class WeightsReceiver:
             except proto.DecodeError as exc:
                 self._refuse("weights", exc)
                 continue
-            assert isinstance(msg, proto.Weights)
             floor = max(self.version, self.pending.version if self.pending is not None else 0)
             if msg.version <= floor:
                 if msg.version <= self.version:
@@ -232,7 +231,6 @@ class LeaseClient:
             except proto.DecodeError as exc:
                 self.faults.record("lease", exc)
                 continue
-            assert isinstance(reply, proto.LeaseReply)
             if reply.instance != self.instance:
                 continue
             if (reply.index, reply.count) != (self.index, self.count) or not self.have_lease:

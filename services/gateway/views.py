@@ -137,8 +137,25 @@ def _summary(services: dict[str, Any]) -> dict[str, Any]:
         "loss": gauge("learner", "loss"),
         "episode_return_mean": gauge("actor", "episode_return_mean"),
         "eval_return_mean": gauge("actor", "eval_return_mean"),
+        "mario_distance_mean": gauge("actor", "mario_distance_mean"),  # null unless the actors play Mario
+        "mario_distance_max": gauge("actor", "mario_distance_max", "max"),
+        "mario_flag_rate": gauge("actor", "mario_flag_rate"),
         "epsilon": {i["instance"]: i["gauges"].get("epsilon") for i in live("actor")},
+        "exploration": _exploration(live("actor")),
     }
+
+
+def _exploration(actors: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The spread of exploration rates over every live actor's env slots (Ape-X over N x E slots)."""
+    spans = {a["instance"]: (a["gauges"].get("epsilon_min", a["gauges"].get("epsilon")),
+                             a["gauges"].get("epsilon_max", a["gauges"].get("epsilon")),
+                             a["gauges"].get("exploration_slots", 1.0)) for a in actors}
+    spans = {k: v for k, v in spans.items() if v[0] is not None and v[1] is not None}
+    if not spans:
+        return None
+    return {"slots": int(sum(v[2] for v in spans.values())), "min": min(v[0] for v in spans.values()),
+            "max": max(v[1] for v in spans.values()),
+            "actors": {k: {"min": v[0], "max": v[1], "slots": int(v[2])} for k, v in spans.items()}}
 
 
 def status(gw: GatewayService) -> dict[str, Any]:

@@ -1,17 +1,11 @@
-"""NStepAccumulator against a brute-force per-env reference; Ape-X epsilons."""
+"""NStepAccumulator against a brute-force per-env reference."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from flywheel.services.actor.nstep import (
-    ControlArgError,
-    Emitted,
-    NStepAccumulator,
-    apex_epsilon,
-    apply_exploration_command,
-)
+from flywheel.services.actor.nstep import Emitted, NStepAccumulator
 
 
 def max_q_of(obs: np.ndarray) -> np.ndarray:
@@ -156,32 +150,3 @@ def test_n_one_emits_every_step() -> None:
     np.testing.assert_allclose(out.priority, 1.0 + 0.99 * np.array([1.0, 2.0, 3.0]), rtol=1e-6)
     with pytest.raises(ValueError):
         NStepAccumulator(1, (2,), np.float32, 0, 0.99)
-
-
-def test_apex_epsilon() -> None:
-    assert apex_epsilon(0, 8) == pytest.approx(0.4)
-    assert apex_epsilon(7, 8) == pytest.approx(0.4**8)
-    assert apex_epsilon(0, 1) == pytest.approx(0.4)
-    assert apex_epsilon(1, 3) == pytest.approx(0.4**4.5)
-    values = [apex_epsilon(i, 16) for i in range(16)]
-    assert values == sorted(values, reverse=True)
-    assert apex_epsilon(3, 4, base=0.5, alpha=1.0) == pytest.approx(0.25)
-
-
-@pytest.mark.parametrize("args", [
-    {"epsilon": "abc"}, {"epsilon": 1.5}, {"epsilon": -0.1}, {"epsilon": True}, {"base": 0.0}, {"base": "x"},
-    {"alpha": -1}, {"alpha": 1e9}, {"epsilon": 0.1, "alpha": "x"},
-])
-def test_bad_exploration_command_is_refused_and_changes_nothing(args: dict) -> None:
-    state = {"epsilon_override": None, "base": 0.4, "alpha": 7.0}
-    with pytest.raises(ControlArgError):
-        apply_exploration_command(state, args)
-    assert state == {"epsilon_override": None, "base": 0.4, "alpha": 7.0}
-
-
-def test_exploration_command_sets_fixed_epsilon_or_schedule() -> None:
-    state = {"epsilon_override": None, "base": 0.4, "alpha": 7.0}
-    apply_exploration_command(state, {"epsilon": 0.05})
-    assert state["epsilon_override"] == 0.05
-    apply_exploration_command(state, {"base": 0.5, "alpha": 3})
-    assert state == {"epsilon_override": None, "base": 0.5, "alpha": 3.0}

@@ -9,7 +9,7 @@ import pytest
 from gateway_helpers import FakeClock
 
 from flywheel import proto
-from flywheel.services.actor.nstep import apex_epsilon
+from flywheel.services.actor.exploration import apex_epsilon
 from flywheel.services.gateway.control import (
     COMMANDS,
     TARGET_PATTERN,

@@ -32,8 +32,9 @@ def test_telemetry_shows_in_metrics_and_status(gateway, zctx) -> None:
 
     def send_all() -> bool:
         for i, r in enumerate(reporters):
-            r.send({"env_steps_total": 100 * (i + 1) * r.seq}, {"epsilon": 0.4 / (i + 1), "weight_version": 3},
-                   {"env": "snake"})
+            r.send({"env_steps_total": 100 * (i + 1) * r.seq},
+                   {"epsilon": 0.4 / (i + 1), "epsilon_min": 0.01 / (i + 1), "epsilon_max": 0.4 / (i + 1),
+                    "exploration_slots": 4, "weight_version": 3}, {"env": "snake"})
         learner.send({"updates": 9}, {"loss": 0.25, "weight_version": 5, "policy_lag_versions{actor=a-0}": 2})
         return service.registry.received >= 9 and len(service.registry.instances) == 3
 
@@ -60,6 +61,9 @@ def test_telemetry_shows_in_metrics_and_status(gateway, zctx) -> None:
     assert status["summary"]["weight_version"] == 5
     assert status["summary"]["policy_lag_versions"] == {"max": 2, "mean": 2}
     assert status["summary"]["epsilon"] == {"a-0": 0.4, "a-1": 0.2}
+    spread = status["summary"]["exploration"]  # Ape-X over every env slot of every actor
+    assert (spread["slots"], spread["min"], spread["max"]) == (8, 0.005, 0.4)
+    assert spread["actors"]["a-1"] == {"min": 0.005, "max": 0.2, "slots": 4}
     assert status["gateway"]["control_enabled"] is True
     for r in [*reporters, learner]:
         r.close()
