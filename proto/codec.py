@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, fields
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import msgpack
 import numpy as np
@@ -101,12 +101,28 @@ def peek_kind(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> str:
     return _header(frames, limits)["k"]
 
 
+M = TypeVar("M", bound=Message)
+
+
+@overload
+def decode(frames: Sequence[Frame], expect: type[M], limits: Limits = DEFAULT_LIMITS) -> M: ...
+
+
+@overload
+def decode(frames: Sequence[Frame], expect: tuple[type[Message], ...] | None = None,
+           limits: Limits = DEFAULT_LIMITS) -> Message: ...
+
+
 def decode(
     frames: Sequence[Frame],
     expect: type[Message] | tuple[type[Message], ...] | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> Message:
-    """Decode and validate a multipart message; arrays are read-only views of the frames."""
+    """Decode and validate a multipart message; arrays are read-only views of the frames.
+
+    With one expected class, ``decode(frames, proto.Weights)`` is typed as returning that class; any other kind
+    raises WrongKind.
+    """
     header = _header(frames, limits)
     cls = MESSAGE_TYPES[header["k"]]
     if expect is not None:

@@ -44,6 +44,23 @@ class CheckpointInfo:
     saved_at: float
 
 
+def network_spec(net: torch.nn.Module) -> dict[str, Any]:
+    """What flywheel.nets.build_q_network needs to rebuild ``net`` (kept in the metadata for flywheel.policy)."""
+    return {"obs_shape": [int(d) for d in net.obs_shape], "n_actions": int(net.n_actions),
+            "dueling": bool(net.dueling), "hidden": int(net.hidden), "head": str(net.head),
+            "num_quantiles": int(net.num_quantiles)}
+
+
+def check_format(meta: object, path: Path, error: type[CheckpointError] = CheckpointError) -> dict[str, Any]:
+    """The checkpoint's metadata if it is a learner checkpoint of a readable format version, else ``error``."""
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise error(f"{path} is not a flywheel learner checkpoint (no {FORMAT!r} metadata)")
+    if meta.get("format_version") not in READABLE_VERSIONS:
+        raise error(f"{path} has checkpoint format {meta.get('format_version')!r}, "
+                    f"this build reads {', '.join(map(str, READABLE_VERSIONS))}")
+    return meta
+
+
 def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
     return Path(directory) / CHECKPOINT_FILE
 
@@ -102,6 +119,7 @@ def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight
         "updates": int(core.updates), "steps": int(core.steps), "skipped": int(core.skipped),
         "weight_version": int(weight_version), "lr": core.lr, "saved_at": time.time(),
         "precision": core.config.precision, "grad_scaler": core.scaler.state_dict() if core.scaler else None,
+        "env_id": getattr(core, "env_id", None), "network_spec": network_spec(core.online),
     }
     blob = st_save(tensors, metadata={"flywheel": json.dumps(meta)})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -141,11 +159,7 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         meta = json.loads(header.get("__metadata__", {}).get("flywheel", "null"))
     except (SafetensorError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise CheckpointError(f"{path} is not a readable learner checkpoint: {exc}".splitlines()[0]) from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a flywheel learner checkpoint (no {FORMAT!r} metadata)")
-    if meta.get("format_version") not in READABLE_VERSIONS:
-        raise CheckpointError(f"{path} has checkpoint format {meta.get('format_version')!r}, "
-                              f"this build reads {', '.join(map(str, READABLE_VERSIONS))}")
+    meta = check_format(meta, path)
     for key in ("updates", "weight_version"):
         if not isinstance(meta.get(key), int) or meta[key] < 0:
             raise CheckpointError(f"{path}: metadata field {key!r} is missing or not a non-negative int")

@@ -52,6 +52,7 @@ class CoreConfig:
     precision: str = "fp32"  # fp32 | bf16 | fp16 (resolve "auto" with resolve_precision first)
     compile: bool = False
     compile_mode: str = "default"
+    channels_last: bool = False  # conv nets in NHWC memory order (always on a GPU; with inductor on a CPU too)
     demo_margin: float = 0.8  # DQfD large-margin loss on rows marked is_demo: margin l(a_E, a)
     demo_loss_weight: float = 1.0  # its weight lambda (0 = off)
 
@@ -146,8 +147,8 @@ class LearnerCore:
             torch.backends.cudnn.benchmark = True
         nets = [build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden,
                                 head=config.head, num_quantiles=config.num_quantiles) for _ in range(2)]
-        if self.cuda and nets[0].kind != "mlp":
-            nets = [net.to(memory_format=torch.channels_last) for net in nets]  # faster cuDNN convolutions
+        if (self.cuda or config.channels_last) and nets[0].kind != "mlp":
+            nets = [net.to(memory_format=torch.channels_last) for net in nets]  # faster cuDNN / inductor convolutions
         self.online: QNetwork = nets[0].to(self.device)
         self.target: QNetwork = nets[1].to(self.device)
         self.target.load_state_dict(self.online.state_dict())

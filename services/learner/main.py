@@ -12,7 +12,7 @@ import zmq
 from flywheel.demos.format import DemoFileError
 from flywheel.transport import EndpointInUse, install_stop_signals
 
-from .checkpoint import CheckpointError, load_checkpoint, reserved_version
+from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, reserved_version
 from .core import CoreConfig, LearnerCore, pick_device, resolve_precision
 from .pretrain import pretrain_from_settings
 from .settings import LearnerSettings
@@ -47,6 +47,8 @@ def core_config(settings: LearnerSettings, device: torch.device) -> CoreConfig:
                       grad_accum_steps=settings.grad_accum_steps,
                       precision=resolve_precision(settings.precision, device), compile=compile_on,
                       compile_mode=settings.compile_mode, demo_margin=settings.demo_margin,
+                      channels_last=settings.channels_last == "on" or (
+                          settings.channels_last == "auto" and (device.type == "cuda" or compile_on)),
                       demo_loss_weight=settings.demo_loss_weight)
 
 
@@ -58,6 +60,21 @@ def build_core(settings: LearnerSettings, obs_shape: tuple[int, ...], n_actions:
     if settings.seed is not None:
         torch.manual_seed(settings.seed)
     return LearnerCore(obs_shape, n_actions, core_config(settings, device), device)
+
+
+def resume_wanted(settings: LearnerSettings) -> bool:
+    """resume true/false as set; auto: resume when checkpoint_dir holds a checkpoint, saying which in one line."""
+    if settings.resume != "auto":
+        return bool(settings.resume)
+    if not settings.checkpoint_dir:
+        log.info("learner: resume=auto without --checkpoint-dir: starting fresh")
+        return False
+    path = checkpoint_path(settings.checkpoint_dir)
+    if path.exists():
+        log.info("learner: resume=auto: resuming from the checkpoint %s", path)
+        return True
+    log.info("learner: resume=auto: no checkpoint at %s yet, starting fresh", path)
+    return False
 
 
 def main(settings: LearnerSettings, *, spec: Any = None) -> int:
@@ -75,8 +92,10 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
         log.error("learner: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return 2
     core = build_core(settings, obs_shape, n_actions, device)
+    core.env_id = settings.env_id  # type: ignore[attr-defined]  # noted in checkpoints (flywheel.policy reads it)
     start_version = 0
-    if settings.resume:
+    resume = resume_wanted(settings)
+    if resume:
         assert settings.checkpoint_dir is not None  # the settings validator guarantees it
         try:
             info = load_checkpoint(settings.checkpoint_dir, core)
@@ -90,7 +109,7 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
         if settings.pretrain_updates:
             log.info("learner: resuming, so the %d pretraining updates are not run again", settings.pretrain_updates)
     pretrained = 0
-    if settings.pretrain_updates and not settings.resume:
+    if settings.pretrain_updates and not resume:
         assert settings.demos_path is not None  # the settings validator guarantees it
         try:
             pretrained = pretrain_from_settings(

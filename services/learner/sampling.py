@@ -102,7 +102,6 @@ class SampleClient:
             if self._outstanding:  # it answered one of ours: free the oldest slot to keep the pipeline full
                 self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
             return None
-        assert isinstance(batch, proto.SampleBatch)
         if self._outstanding.pop(batch.request_id, None) is None:
             # An answer to a request re-sent after request_timeout_s (the replay had held it back, not lost it):
             # it stands in for the oldest one still outstanding; with none left it is one more than was asked

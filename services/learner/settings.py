@@ -56,7 +56,9 @@ class LearnerSettings(CommonSettings):
     weights_bind: str = Field("tcp://*:5557", min_length=1, description="address the weights PUB socket binds")
     checkpoint_dir: str | None = Field(None, description="directory for learner checkpoints (unset = none)")
     checkpoint_interval_s: float = Field(600.0, gt=0, le=86400, description="seconds between periodic checkpoints")
-    resume: bool = Field(False, description="start from the checkpoint in checkpoint_dir (it must exist)")
+    resume: bool | Literal["auto"] = Field(
+        False, description="start from the checkpoint in checkpoint_dir: true (it must exist), false (start fresh) "
+                           "or auto (resume when one exists, else start fresh)")
     max_updates: int = Field(0, ge=0, description="stop after this many updates in total (0 = unlimited)")
     beta_start: float = Field(0.4, ge=0, le=1, description="importance-sampling exponent at update 0")
     beta_end: float = Field(1.0, ge=0, le=1, description="importance-sampling exponent after annealing")
@@ -70,6 +72,9 @@ class LearnerSettings(CommonSettings):
         "auto", description="torch.compile the loss (auto = on with a GPU); falls back to eager if it fails")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         "default", description="torch.compile mode")
+    channels_last: Literal["auto", "on", "off"] = Field(
+        "auto", description="convolutional networks in channels-last memory order (auto = on a GPU, or on a CPU "
+                            "when compiled: measured faster with inductor, docs/LEARNER.md)")
     seed: int | None = Field(None, ge=0, description="torch seed for network initialisation (unset = random)")
     demos_path: str | None = Field(None, description="demonstrations set (flywheel demos collect) to pretrain on "
                                                      "before RL starts (docs/DEMOS.md)")
@@ -84,7 +89,7 @@ class LearnerSettings(CommonSettings):
                                                 "as demonstrations, in pretraining and RL (0 = off)")
     demos_load_workers: int = Field(0, ge=0, le=256, description="threads reading demonstration files (0 = cores)")
 
-    @field_validator("compile", mode="before")
+    @field_validator("compile", "channels_last", mode="before")
     @classmethod
     def _compile_bool(cls, value: object) -> object:
         if isinstance(value, bool):
@@ -93,11 +98,20 @@ class LearnerSettings(CommonSettings):
             return "on" if value.lower() in ("true", "1", "yes") else "off"
         return value
 
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _resume_word(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip().lower()
+            if value not in ("auto", "true", "false", "1", "0", "yes", "no", "on", "off"):
+                raise ValueError("must be auto, true or false")
+        return value
+
     @field_validator("resume")
     @classmethod
-    def _resume_needs_dir(cls, value: bool, info: ValidationInfo) -> bool:
-        if value and not info.data.get("checkpoint_dir"):
-            raise ValueError("resume needs --checkpoint-dir")
+    def _resume_needs_dir(cls, value: bool | str, info: ValidationInfo) -> bool | str:
+        if value is True and not info.data.get("checkpoint_dir"):
+            raise ValueError("resume needs --checkpoint-dir (resume=auto starts fresh without one)")
         return value
 
     @model_validator(mode="after")

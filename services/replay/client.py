@@ -150,7 +150,6 @@ class ReplayClient:
             if self.counters["bad_replies"] == 1:
                 log.warning("refused a reply from replay: %s", exc)
             return None
-        assert isinstance(batch, proto.SampleBatch)
         shm = batch.shm
         if shm.get("segment") and not self.shm_refused and (self.segment is None or
                                                             self.segment.name != shm.get("segment")):

@@ -138,8 +138,7 @@ class ReplayServer:
             except zmq.Again:
                 return
             try:
-                batch = proto.decode(frames, expect=proto.TransitionBatch, limits=self.limits)
-                assert isinstance(batch, proto.TransitionBatch)
+                batch = proto.decode(frames, proto.TransitionBatch, limits=self.limits)
                 inserted = self.core.insert(batch)
             except (proto.DecodeError, SchemaMismatch, InsertRejected) as exc:
                 self.faults.record("transitions", exc)

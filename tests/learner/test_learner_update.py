@@ -137,6 +137,23 @@ def test_compiled_loss_matches_eager() -> None:
     assert compiled.compile_state == "on"
 
 
+def test_inductor_on_cpu_with_channels_last_matches_eager() -> None:
+    """The pixel preset's CPU path for real: torch.compile with inductor (C++ codegen) on a channels-last Nature CNN."""
+    rng = np.random.default_rng(6)
+    batches = [make_batch(rng, 8, obs_shape=(4, 42, 42), n_actions=7, pixels=True) for _ in range(3)]
+    torch.manual_seed(7)
+    compiled = LearnerCore((4, 42, 42), 7, CoreConfig(compile=True, channels_last=True))
+    torch.manual_seed(7)
+    eager = LearnerCore((4, 42, 42), 7, CoreConfig())
+    assert compiled.online.torso[0].weight.is_contiguous(memory_format=torch.channels_last)
+    for batch in batches:
+        np.testing.assert_allclose(compiled.update(batch).priorities(), eager.update(batch).priorities(),
+                                   rtol=1e-4, atol=1e-5)
+    assert compiled.compile_state == "on"  # inductor compiled it: no fall-back to eager
+    for a, b in zip(compiled.params, eager.params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_paths_train(precision: str) -> None:
     torch.manual_seed(5)

@@ -69,7 +69,6 @@ class ReplayService:
         """Read every telemetry message that arrived."""
         while self.telemetry.poll(0):
             msg = proto.decode(self.telemetry.recv_multipart(), expect=proto.Telemetry)
-            assert isinstance(msg, proto.Telemetry)
             self.counters, self.gauges, self.sent_at, self.seq = msg.counters, msg.gauges, msg.time, msg.seq
 
     def wait(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -42,6 +42,8 @@ OPTIONS = {
     "compile": "torch.compile the learner's loss on the GPU (1/0, default 1)",
     "compile_mode": "torch.compile mode (default 'default'; 'reduce-overhead' adds CUDA graphs)",
     "peak_tflops": "the GPU's dense bf16 peak in TFLOPS for the share-of-peak row (default: from its name)",
+    "cpu_variants": "on a CPU, also time the Nature-CNN update eager / channels-last / inductor / 64 and 42 "
+                    "inputs side by side (1/0, default 1; --quick 0)",
 }
 GPU_GOAL = 300.0
 GPU_UPDATES = 300
@@ -429,6 +431,13 @@ def run(ctx: BenchContext) -> SuiteResult:
             case_rows, case_notes = _run_case(ctx, case, device, config, threads, logs, zctx)
             rows += case_rows
             notes += case_notes
+        if not gpu and ctx.option("cpu_variants", "0" if ctx.quick else "1") == "1":
+            from flywheel.bench.suites._learner_cpu import cpu_variant_rows
+
+            torch.set_num_threads(1)  # as the pixel preset runs the learner: one core, the other for the actor
+            variant_rows, variant_notes = cpu_variant_rows(ctx.runs, 40, ctx.progress)
+            rows += variant_rows
+            notes += ["CPU variants (one torch thread, the real LearnerCore on in-memory batches):", *variant_notes]
     finally:
         zctx.term()
         torch.set_num_threads(previous_threads)

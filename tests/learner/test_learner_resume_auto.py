@@ -1,0 +1,103 @@
+"""resume=auto: a restarted learner resumes from its checkpoint when there is one and starts fresh otherwise."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zmq
+from learner_helpers import free_port
+from pydantic import ValidationError
+
+from flywheel import proto
+from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from flywheel.services.learner.core import CoreConfig, LearnerCore
+from flywheel.services.learner.settings import LearnerSettings
+
+SCRIPT = """
+import sys
+from types import SimpleNamespace
+from flywheel.services.learner.main import main
+from flywheel.services.learner.settings import LearnerSettings
+sys.exit(main(LearnerSettings(), spec=SimpleNamespace(obs_shape=(4,), n_actions=2)))
+"""
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("auto", "auto"), ("AUTO", "auto"), (" auto ", "auto"), ("true", True), ("false", False), ("1", True),
+    ("no", False), (True, True), (False, False),
+])
+def test_resume_accepts_auto_true_and_false(given: object, expected: object) -> None:
+    assert LearnerSettings(resume=given, checkpoint_dir="ckpt").resume == expected
+
+
+def test_resume_rules() -> None:
+    assert LearnerSettings().resume is False  # the CLI default is unchanged; compose and k8s set auto
+    assert LearnerSettings(resume="auto").resume == "auto"  # auto without a folder: starts fresh
+    with pytest.raises(ValidationError, match="resume needs --checkpoint-dir"):
+        LearnerSettings(resume=True)
+    with pytest.raises(ValidationError, match="must be auto, true or false"):
+        LearnerSettings(resume="sometimes", checkpoint_dir="ckpt")
+
+
+def test_resume_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_LEARNER_RESUME", "auto")
+    assert LearnerSettings().resume == "auto"
+    monkeypatch.setenv("FLYWHEEL_LEARNER_RESUME", "true")
+    monkeypatch.setenv("FLYWHEEL_LEARNER_CHECKPOINT_DIR", "ckpt")
+    assert LearnerSettings().resume is True
+
+
+def _start(folder: Path, weights_port: int) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+    env.update({
+        "FLYWHEEL_LEARNER_RESUME": "auto", "FLYWHEEL_LEARNER_CHECKPOINT_DIR": str(folder),
+        "FLYWHEEL_LEARNER_WEIGHTS_BIND": f"tcp://127.0.0.1:{weights_port}",
+        "FLYWHEEL_LEARNER_SAMPLE_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
+        "FLYWHEEL_LEARNER_TELEMETRY_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
+        "FLYWHEEL_LEARNER_CONTROL_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
+        "FLYWHEEL_LEARNER_TORCH_THREADS": "1", "FLYWHEEL_LEARNER_DEVICE": "cpu",
+        "FLYWHEEL_LEARNER_WEIGHTS_REPUBLISH_S": "0.2",
+    })
+    return subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _first_version_then_stop(folder: Path) -> tuple[int, str]:
+    """Start a learner with resume=auto, read the first weight version it publishes, stop it with SIGTERM."""
+    port = free_port()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    proc = _start(folder, port)
+    try:
+        assert sub.poll(60_000), "no weights published"
+        version = proto.decode(sub.recv_multipart(), expect=proto.Weights).version
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=40)
+    finally:
+        proc.kill()
+        sub.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    return version, err
+
+
+def test_auto_starts_fresh_in_an_empty_folder_and_resumes_after_a_restart(tmp_path: Path) -> None:
+    first, err = _first_version_then_stop(tmp_path)
+    assert first == 1
+    fresh = [line for line in err.splitlines() if "resume=auto" in line]
+    assert len(fresh) == 1 and "no checkpoint at" in fresh[0] and "starting fresh" in fresh[0], err
+    assert (tmp_path / CHECKPOINT_FILE).exists(), "SIGTERM leaves the checkpoint the restart resumes from"
+    saved = load_checkpoint(tmp_path, LearnerCore((4,), 2, CoreConfig())).weight_version
+
+    second, err = _first_version_then_stop(tmp_path)  # the same container restarted: same folder, same settings
+    resumed = [line for line in err.splitlines() if "resume=auto" in line]
+    assert len(resumed) == 1 and "resuming from the checkpoint" in resumed[0], err
+    assert "learner: resumed from" in err
+    assert second > saved >= first, "a resumed learner publishes above every version the last run sent"
