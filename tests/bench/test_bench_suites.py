@@ -101,18 +101,38 @@ def test_scaling_model_section_names_the_limit() -> None:
     assert "2,000 (1.90 cores busy)" in section
 
 
-def test_mario_summary_against_random_and_scale_rows() -> None:
+def _episodes(xs: list[float], flags: int = 0) -> list[dict]:
+    return [{"seed": 100 + i, "x_pos_max": x, "flag": i < flags, "return": x / 10, "length": 100, "end": "death",
+             "seconds": 1.0} for i, x in enumerate(xs)]
+
+
+def test_mario_summary_rows_goal_and_stretch() -> None:
     points = [
         {**_point(60 * m, 1000 * m, 100 * m, 1000 * m, {"actor-0": 10.0 * m, "learner-0": 5.0 * m,
                                                          "replay-0": 1.0 * m}),
-         "distance": {"actor-0": 300.0 + m}, "epsilon": {"actor-0": 0.4}, "replay_size": 1000.0 * m}
-        for m in range(1, 6)]
-    evals = [{"t": 240.0, "version": 9, "distances": [900.0, 1100.0]}]
-    result = mario.summarize("SuperMarioBros-1-1-v0", 1, 5, [400.0, 600.0, 500.0], 80.0, points, evals, 0.05)
-    row = result.rows[0]
-    assert row.flywheel == 1000.0 and row.peer == 500.0 and row.met is True
-    assert any(r.metric == "env steps/s per actor" and r.peer == 80.0 for r in result.rows)
-    assert result.sections and "200M frames in 24 h" in result.sections[0]
+         "distance": {"actor-0": 300.0 + m}, "flag_rate": {"actor-0": 0.01 if m == 5 else 0.0},
+         "epsilon": {"actor-0": 0.4}, "replay_size": 1000.0 * m, "load": [1.5 + m, 1.0, 1.0]}
+        for m in range(1, 61)]
+    settings = {"env_id": "SuperMarioBros-1-1-v0", "minutes": 60.0, "actors": 1, "sets": ["learner.lr=0.0002"],
+                "eval_episodes": 50, "eval_epsilon": 0.05, "eval_workers": 2, "stall_steps": 250,
+                "seeds": list(range(100_000, 100_050))}
+    random = _episodes([400.0, 600.0] * 25)
+    checkpoints = [{"minute": 30.0, "env_steps": 30_000, "episodes": _episodes([900.0, 1100.0] * 25)},
+                   {"minute": 60.0, "env_steps": 60_000, "episodes": _episodes([1500.0, 1700.0] * 25, flags=5)}]
+    loads = {"start": [0.5, 0.5, 0.5], "end": [3.0, 2.0, 1.0]}
+    result = mario.summarize(settings, points, checkpoints, random, loads)
+    first, last, goal, stretch = result.rows[:4]
+    assert first.flywheel == 1000.0 and first.peer == 500.0 and "30,000 agent steps" in first.case
+    assert last.flywheel == 1600.0 and "flags 10%" in last.metric and "95% CI" in last.metric
+    assert goal.met is True and stretch.met is True  # 1600 >= 1300 (and 1600), CI low >> 500, a flag at 5 min
+    assert any(r.metric == "env steps/s per actor" for r in result.rows)
+    assert any("min 0.50, median" in n and "max 61.50" in n for n in result.notes)
+    assert any("seeds 100000..100049" in n and "250 agent steps" in n for n in result.notes)
+    assert result.extra["random"]["summary"]["mean"] == 500.0 and result.extra["flag_in_training"] is True
+    short = mario.summarize({**settings, "seeds": settings["seeds"][:4]}, points[:2],
+                            [{**checkpoints[1], "minute": 2.0, "episodes": _episodes([1500.0] * 4)}],
+                            _episodes([400.0] * 4), loads)
+    assert [r.met for r in short.rows[1:3]] == [False, False]  # 2 minutes, 4 episodes, no flag seen
 
 
 def test_greedy_returns_are_seeded_and_batched() -> None:

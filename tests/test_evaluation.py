@@ -1,0 +1,62 @@
+"""flywheel.evaluation: bootstrap summaries on known data, the stall rule on the real Mario emulator, workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flywheel.evaluation import evaluate, summarize
+from flywheel.services.learner.checkpoint import save_checkpoint
+from flywheel.services.learner.core import CoreConfig, LearnerCore
+
+MARIO = "SuperMarioBros-1-1-v0"
+
+
+def test_summarize_known_data_and_a_seeded_bootstrap() -> None:
+    s = summarize([1.0, 2.0, 3.0, 4.0], [True, False, False, False])
+    assert (s["n"], s["mean"], s["median"], s["flag_rate"]) == (4, 2.5, 2.5, 0.25)
+    assert 1.0 <= s["ci_low"] < 2.5 < s["ci_high"] <= 4.0
+    assert summarize([1.0, 2.0, 3.0, 4.0]) == {**s, "flag_rate": None}  # the same resamples every time
+    assert summarize([7.0] * 5)[("ci_low")] == summarize([7.0] * 5)["ci_high"] == 7.0
+    data = np.random.default_rng(0).normal(100.0, 10.0, size=400)
+    wide = summarize(data.tolist())
+    half = 1.96 * data.std() / np.sqrt(len(data))  # the normal approximation the bootstrap should match
+    assert wide["ci_low"] == pytest.approx(data.mean() - half, abs=0.15 * half)
+    assert wide["ci_high"] == pytest.approx(data.mean() + half, abs=0.15 * half)
+    with pytest.raises(ValueError):
+        summarize([])
+    with pytest.raises(ValueError):
+        summarize([1.0, 2.0], [True])
+
+
+def _noop_checkpoint(folder: Path) -> Path:
+    """A real Mario learner checkpoint whose network always prefers action 0 (NOOP)."""
+    core = LearnerCore((4, 84, 84), 7, CoreConfig())
+    core.env_id = MARIO  # type: ignore[attr-defined]
+    with torch.no_grad():
+        core.online.advantage.weight.zero_()
+        core.online.advantage.bias.copy_(torch.tensor([1.0, 0, 0, 0, 0, 0, 0]))
+    save_checkpoint(folder, core, weight_version=1)
+    return folder
+
+
+def test_stall_rule_ends_a_standing_mario_long_before_the_clock(tmp_path: Path) -> None:
+    seen: list[dict] = []
+    [record] = evaluate(MARIO, [5], checkpoint=str(_noop_checkpoint(tmp_path)), epsilon=0.0, stall_steps=120,
+                        progress=seen.append)
+    assert record["end"] == "stall" and record["length"] == 120 and record["flag"] is False
+    assert record["x_pos_max"] < 100 and seen == [record]  # NOOP: Mario stands at the start (~x 40)
+
+
+def test_two_workers_give_the_same_per_seed_results_as_one() -> None:
+    seeds = [11, 12, 13, 14]
+    one = evaluate(MARIO, seeds, workers=1, stall_steps=80)
+    two = evaluate(MARIO, seeds, workers=2, stall_steps=80)
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in one]
+    assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in two]
+    assert [r["seed"] for r in two] == seeds
+    assert len({(r["x_pos_max"], r["length"]) for r in one}) > 1  # the seeds drive different random actions
+    assert all(r["end"] in ("death", "stall", "clock") for r in one)
