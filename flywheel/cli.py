@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flywheel.settings import SettingsError, add_settings_flags, settings_from_args
+from flywheel.settings import SettingsError, add_settings_flags, configure_logging, settings_from_args
 
 SERVICES = ("actor", "replay", "learner", "gateway")
 
@@ -43,10 +43,23 @@ def _settings_class(name: str) -> type:
     return GatewaySettings
 
 
+def package_version() -> str:
+    """The installed distribution's version, else flywheel.__version__ (a source tree that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flywheel-rl")
+    except PackageNotFoundError:
+        import flywheel
+
+        return str(getattr(flywheel, "__version__", "unknown"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from flywheel.run import add_run_flags
 
     parser = argparse.ArgumentParser(prog="flywheel", description="Distributed Ape-X deep Q-learning over ZeroMQ.")
+    parser.add_argument("--version", action="version", version=f"flywheel {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_run_flags(sub.add_parser("run", help="run replay, learner, gateway and N actors as local processes"))
     from flywheel.bench.cli import add_bench_flags
@@ -55,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flywheel.demos.cli import add_demos_flags
 
     add_demos_flags(sub.add_parser("demos", help="collect demonstrations in parallel, or inspect a set"))
+    from flywheel.play import add_play_flags
+
+    add_play_flags(sub.add_parser("play", help="watch a checkpoint play episodes, optionally as an mp4 or gif"))
     keys = sub.add_parser("keys", help="ZeroMQ CURVE keys for encrypted, authenticated traffic between hosts")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     generate = keys_sub.add_parser("generate", help="write server and client key pairs into a new folder")
@@ -77,17 +93,23 @@ def run_service(name: str, args: argparse.Namespace) -> int:
 
     settings = settings_from_args(_settings_class(name), args, name)
     main = _service_main(name)
-    logging.basicConfig(level=settings.log_level, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    configure_logging(name, settings.log_level, settings.log_format, settings.instance)
+
+    def error(message: str) -> int:  # one line: plain text, or a JSON line where a log stack reads them
+        if settings.log_format == "json":
+            logging.getLogger(f"flywheel.{name}").error("flywheel %s: %s", name, message)
+        else:
+            print(f"error: flywheel {name}: {message}", file=sys.stderr)
+        return 2
+
     try:
         security.configure(security.keys_from_settings(settings, name))
     except security.CurveKeyError as exc:
-        print(f"error: flywheel {name}: {exc}", file=sys.stderr)
-        return 2
+        return error(str(exc))
     try:
         return main(settings)
     except (EndpointInUse, UnknownEnvironmentError) as exc:
-        print(f"error: flywheel {name}: {exc}", file=sys.stderr)
-        return 2
+        return error(str(exc))
 
 
 def run_keys(args: argparse.Namespace) -> int:
@@ -110,8 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             from flywheel.run import run
+            from flywheel.runconfig import given_flags
 
+            args.given_flags = given_flags(sys.argv[1:] if argv is None else list(argv))  # --resume fills the rest
             return run(args)
+        if args.command == "play":
+            from flywheel.play import run_play
+
+            return run_play(args)
         if args.command == "bench":
             from flywheel.bench.cli import run_bench
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.settings import SettingsError
+from flywheel.supervisor import Supervisor, add_supervisor_flags
 
 STOP_ORDER = ("actor", "learner", "replay", "gateway")
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
@@ -34,19 +35,26 @@ VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` 
                 "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
                 "batches_per_request": "4", "torch_threads": "1"},
 }
+# The default job: Mario 1-1 over 42x42 frames, which learned faster per hour on 2 CPU cores than 84x84
+# (docs/benchmarks/mario.md); any other size, e.g. the Nature DQN's 84, is one option away.
+DEFAULT_ENV = "SuperMarioBros-1-1-v0?size=42"
 NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES")  # the learner's values go to the actors too
-PIXEL_PRESET = {
-    "actor": {"num_envs": "4", "n_step": "3", "gamma": "0.99", "send_hwm": "16"},
-    "replay": {"capacity": "50000", "min_size_to_sample": "5000", "samples_per_insert": "4",
+PIXEL_PRESET = {  # Mario on 2 cores: docs/benchmarks/mario.md (gamma 0.9 as the Mario recipes that reach the flag)
+    "actor": {"num_envs": "8", "n_step": "3", "gamma": "0.9", "send_hwm": "16"},
+    "replay": {"capacity": "100000", "min_size_to_sample": "5000", "samples_per_insert": "8",
                "error_buffer": "2000", "block_inserts": "true"},
-    "learner": {"batch_size": "32", "lr": "0.0001", "target_update_interval": "2000",
-                "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1"},
+    "learner": {"batch_size": "32", "lr": "0.0001", "target_update_interval": "1000",
+                "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1",
+                "compile": "on"},  # inductor + channels-last: 1.2x the eager update on a CPU (docs/LEARNER.md)
 }
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", default="SuperMarioBros-1-1-v0", help="environment id (default: Mario 1-1)")
-    parser.add_argument("--actors", type=int, default=os.cpu_count() or 1, help="actor processes (default: cores)")
+    parser.add_argument("--env", default=DEFAULT_ENV,
+                        help=f"environment id (default: Mario 1-1 at 42x42, {DEFAULT_ENV})")
+    parser.add_argument("--actors", type=int, default=None,
+                        help="actor processes (default: one per core; for pixels one per core but one, which the "
+                             "learner needs)")
     parser.add_argument("--envs-per-actor", type=int, default=None, help="environments per actor")
     parser.add_argument("--steps", type=int, default=0, help="stop after this many env steps in total (0: never)")
     parser.add_argument("--target-return", type=float, default=None,
@@ -54,6 +62,8 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=0, help="stop after this many seconds (0: never)")
     parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"), help="where checkpoints go")
     parser.add_argument("--log-dir", type=Path, default=None, help="service logs (default: CHECKPOINT_DIR/logs)")
+    parser.add_argument("--log-format", choices=("text", "json"), default=None,
+                        help="every service's log lines as text (default) or JSON, one object per line")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --checkpoint-dir")
     parser.add_argument("--base-port", type=int, default=5555, help="first of six ZeroMQ ports on 127.0.0.1")
     parser.add_argument("--http-port", type=int, default=8080, help="gateway HTTP port on 127.0.0.1")
@@ -66,6 +76,9 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                              "connections encrypted and authenticated (Unix sockets stay plain)")
     parser.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE",
                         help="override one service setting, e.g. --set learner.lr=0.0005 (repeatable)")
+    parser.add_argument("--no-video", action="store_true",
+                        help="skip the end-of-run clip of one greedy episode (CHECKPOINT_DIR/video.mp4)")
+    add_supervisor_flags(parser)  # --max-restarts, --restart-window
 
 
 @dataclass
@@ -110,10 +123,16 @@ def _check_port(port: int, what: str, flag: str) -> None:
             ) from None
 
 
+def default_actors(obs_dtype: str, cores: int | None = None) -> int:
+    """One actor per core; for pixels one per core but one, which the CPU learner needs (docs/benchmarks/mario.md)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores - 1) if obs_dtype == "uint8" else cores
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
     from flywheel.envs import UnknownEnvironmentError, env_spec
 
-    if args.actors < 1:
+    if args.actors is not None and args.actors < 1:
         raise SettingsError(f"flywheel run: --actors must be at least 1, got {args.actors}")
     if args.envs_per_actor is not None and args.envs_per_actor < 1:
         raise SettingsError(f"flywheel run: --envs-per-actor must be at least 1, got {args.envs_per_actor}")
@@ -121,6 +140,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         spec = env_spec(args.env)
     except UnknownEnvironmentError as exc:
         raise SettingsError(f"flywheel run: {exc}") from None
+    if args.actors is None:
+        args.actors = default_actors(spec.obs_dtype)
     base = args.base_port
     ports = {"transitions": base, "sample": base + 1, "weights": base + 2, "telemetry": base + 3,
              "control": base + 4, "lease": base + 5, "http": args.http_port}
@@ -161,6 +182,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if getattr(args, "curve_keys_dir", None) is not None:
         for values in env.values():
             values["CURVE_KEYS_DIR"] = str(args.curve_keys_dir.resolve())
+    if getattr(args, "log_format", None) is not None:
+        for values in env.values():
+            values["LOG_FORMAT"] = args.log_format
     if args.envs_per_actor is not None:
         env["actor"]["NUM_ENVS"] = str(args.envs_per_actor)
     wired = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}
@@ -183,7 +207,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         if key in env["learner"] and ("actor", key) not in chosen:
             env["actor"][key] = env["learner"][key]
     _validate(env)
-    extra = [{"EVAL_ENVS": "1"} if i == 0 else {} for i in range(args.actors)]
+    greedy_env = ("actor", "EVAL_ENVS") not in chosen  # --set actor.eval_envs=0 turns the greedy env off
+    extra = [{"EVAL_ENVS": "1"} if i == 0 and greedy_env else {} for i in range(args.actors)]
     return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,
                 socket_dir)
 
@@ -238,7 +263,8 @@ def summarize(status: dict[str, Any]) -> dict[str, float | None]:
 
     actors, learners, replays = live("actor"), live("learner"), live("replay")
     gauges = [a.get("gauges", {}) for a in actors]
-    eps = [g["epsilon"] for g in gauges if "epsilon" in g]
+    eps_low = [g.get("epsilon_min", g["epsilon"]) for g in gauges if "epsilon" in g]
+    eps_high = [g.get("epsilon_max", g["epsilon"]) for g in gauges if "epsilon" in g]
     returns = [g["episode_return_mean"] for g in gauges if g.get("episode_return_mean")]
     greedy = [g["eval_return_mean"] for g in gauges if "eval_return_mean" in g]
     learner = learners[0].get("gauges", {}) if learners else {}
@@ -251,7 +277,7 @@ def summarize(status: dict[str, Any]) -> dict[str, float | None]:
         "return": sum(returns) / len(returns) if returns else None,
         "greedy_return": max(greedy) if greedy else None,
         "distance": sum(distance) / len(distance) if distance else None,
-        "epsilon_min": min(eps) if eps else None, "epsilon_max": max(eps) if eps else None,
+        "epsilon_min": min(eps_low) if eps_low else None, "epsilon_max": max(eps_high) if eps_high else None,
         "replay_size": sum(r.get("gauges", {}).get("size_transitions", 0.0) for r in replays),
         "weight_version": learner.get("weight_version", 0.0),
         "actors_up": float(len(actors)),
@@ -298,8 +324,14 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flywheel import runconfig
+    from flywheel.curves import Curves
+
+    saved = runconfig.apply_saved(args)  # --resume: the env and settings of CHECKPOINT_DIR/run.json
     plan = make_plan(args)
+    runconfig.write_run_config(args, plan, saved)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
+    curves = Curves(args.checkpoint_dir.resolve(), resume=args.resume)  # tb/ and progress.csv
     if plan.socket_dir is not None:
         plan.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     stop_reason: list[str] = []
@@ -310,6 +342,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     children: list[Child] = []
+    supervisor = Supervisor(children, plan, _start, args)  # restarts children that die (flywheel/supervisor.py)
     code = 0
     started = time.monotonic()
     try:
@@ -323,11 +356,10 @@ def run(args: argparse.Namespace) -> int:
         next_progress = time.monotonic() + min(args.progress_interval, 3.0)
         while not stop_reason:
             time.sleep(0.2)
-            dead = [c for c in children if c.proc.poll() is not None]
-            if dead:
-                c = dead[0]
-                print(f"error: {c.name} exited with code {c.proc.returncode}: {_tail(c.log)} (log: {c.log})",
-                      file=sys.stderr, flush=True)
+            c = supervisor.poll(stopping=lambda: bool(stop_reason))
+            if c is not None:
+                print(f"error: {c.name} exited with code {c.proc.returncode} ({supervisor.reason}): {_tail(c.log)} "
+                      f"(log: {c.log})", file=sys.stderr, flush=True)
                 code = 1
                 break
             now = time.monotonic()
@@ -338,11 +370,13 @@ def run(args: argparse.Namespace) -> int:
             if status is None:
                 continue
             summary = summarize(status)
-            print(progress_line(now - started, summary), flush=True)
+            print(progress_line(now - started, summary) + supervisor.progress(), flush=True)
+            curves.record_status(now - started, summary, status)
             if args.steps and (summary["env_steps"] or 0) >= args.steps:
                 stop_reason.append(f"reached {args.steps} env steps")
             if args.target_return is not None and (summary["greedy_return"] or float("-inf")) >= args.target_return:
-                stop_reason.append(f"greedy return reached {args.target_return}")
+                stop_reason.append(f"greedy return {summary['greedy_return']:.1f} reached the target "
+                                   f"{args.target_return:g} at {summary['env_steps'] or 0:.0f} env steps")
             if args.time_limit and now - started >= args.time_limit:
                 stop_reason.append(f"time limit of {args.time_limit:.0f} s")
     finally:
@@ -351,6 +385,7 @@ def run(args: argparse.Namespace) -> int:
                   "checkpointing...", flush=True)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         problems = stop_children(children)
+        supervisor.close()
         for problem in problems:
             print(f"warning: {problem}", file=sys.stderr)
         failed = [c for c in children if c.proc.returncode not in (0, -signal.SIGTERM, None)]
@@ -358,7 +393,12 @@ def run(args: argparse.Namespace) -> int:
             code = 1
             for c in failed:
                 print(f"error: {c.name} exited with code {c.proc.returncode}: {_tail(c.log)}", file=sys.stderr)
+        curves.close()
     if plan.socket_dir is not None:
         shutil.rmtree(plan.socket_dir, ignore_errors=True)
+    if code == 0 and not getattr(args, "no_video", False):
+        from flywheel.play import film_run
+
+        film_run(args.checkpoint_dir.resolve(), args.env)
     print(f"flywheel: stopped; checkpoints in {args.checkpoint_dir.resolve()}", flush=True)
     return code

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import socket
 import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +34,8 @@ class CommonSettings(BaseSettings):
     control_endpoint: str = "tcp://127.0.0.1:5559"
     telemetry_interval_s: float = Field(1.0, gt=0, le=60)
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    log_format: Literal["text", "json"] = Field("text", description="log lines as text, or json: one object per "
+                                                "line (ts, level, service, instance, logger, message, exc_info)")
     # ZeroMQ CURVE between hosts (flywheel/security.py, docs/RELIABILITY.md): on when keys are given.
     curve_keys_dir: Path | None = Field(None, description="CURVE keys folder (flywheel keys generate DIR; e.g. a "
                                         "mounted Secret): TCP connections encrypted, clients authenticated")
@@ -62,14 +68,38 @@ def env_name(cls: type[BaseSettings], field: str) -> str:
     return f"{cls.model_config.get('env_prefix', '')}{field}".upper()
 
 
+class BoolFlag(argparse.BooleanOptionalAction):
+    """``--flag`` (true) / ``--no-flag`` (false); ``--flag VALUE`` still passes a value the field validates."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        negative = bool(option_string and option_string.startswith("--no-"))
+        if negative and values is not None:
+            parser.error(f"{option_string} takes no value (use {option_string.replace('--no-', '--', 1)} {values})")
+        setattr(namespace, self.dest, False if negative else True if values is None else values)
+
+
+def is_bool_field(annotation: Any) -> bool:
+    """``bool``, or a union holding it (``bool | Literal["auto"]``): such fields get ``--x`` / ``--no-x``."""
+    return annotation is bool or bool in get_args(annotation)
+
+
 def add_settings_flags(parser: argparse.ArgumentParser, cls: type[BaseSettings]) -> None:
-    """One ``--field-name`` flag per settings field, with the field's env variable in its help."""
+    """One ``--field-name`` flag per settings field (``--x`` / ``--no-x`` for booleans), env variable in its help."""
     for name, info in cls.model_fields.items():
         default = "generated" if info.default_factory is not None else info.default
-        parser.add_argument(
-            flag_name(name), dest=f"setting_{name}", metavar="VALUE", default=None,
-            help=f"{info.description or name} (env {env_name(cls, name)}; default {default})",
-        )
+        help_text = f"{info.description or name} (env {env_name(cls, name)}; default {default})"
+        if is_bool_field(info.annotation):
+            literals = [str(v) for a in get_args(info.annotation) for v in get_args(a)]  # e.g. "auto"
+            parser.add_argument(flag_name(name), dest=f"setting_{name}", action=BoolFlag, default=None,
+                                metavar="|".join(dict.fromkeys([*literals, "true", "false"])), help=help_text)
+        else:
+            parser.add_argument(flag_name(name), dest=f"setting_{name}", metavar="VALUE", default=None,
+                                help=help_text)
 
 
 def settings_from_args(cls: type[S], args: argparse.Namespace, command: str) -> S:
@@ -93,6 +123,53 @@ def build_settings(cls: type[S], values: dict[str, Any], command: str) -> S:
             f"flywheel {command}: invalid value {given!r} for {flag_name(field)} "
             f"(env {env_name(cls, field)}): {err['msg']}"
         ) from None
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: ts (UTC, ISO 8601), level, service, instance, logger, message, exc_info."""
+
+    def __init__(self, service: str, instance: str | None = None) -> None:
+        super().__init__()
+        self.service, self.instance = service, instance
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+        entry: dict[str, Any] = {"ts": ts.replace("+00:00", "Z"), "level": record.levelname, "service": self.service}
+        if self.instance:
+            entry["instance"] = self.instance
+        entry.update(logger=record.name, message=record.getMessage())
+        if record.exc_info:
+            entry["exc_type"] = record.exc_info[0].__name__ if record.exc_info[0] else None
+            entry["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack_info"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class _LogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The root handler configure_logging installs (and replaces when called again)."""
+
+
+def configure_logging(service: str, level: str = "INFO", log_format: str = "text", instance: str | None = None) -> None:
+    """The one place logging is set up for a service process: text lines, or JSON lines for log stacks.
+
+    Calling it again replaces its own handler; like ``logging.basicConfig`` it leaves alone a process whose root
+    logger already has other handlers (an embedding program, pytest).
+    """
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if isinstance(h, _LogHandler)]
+    if len(ours) != len(root.handlers):
+        return
+    for old in ours:
+        root.removeHandler(old)
+    handler = _LogHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter(service, instance))
+        logging.captureWarnings(True)  # Python warnings (torch, gymnasium) become JSON lines too
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {service} %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
 
 
 def fail(message: str, code: int = 2) -> SystemExit:

@@ -84,7 +84,14 @@ LEARNING: list[Panel] = [
     ("Mario distance", "short", [
         ("flywheel_actor_mario_distance_mean", "mean {{instance}}"),
         ("flywheel_actor_mario_distance_max", "max {{instance}}"),
-    ], "Super Mario Bros only: x position reached at the end of the episode."),
+        ("avg(flywheel_actor_mario_distance_mean)", "mean over actors"),
+        ("max(flywheel_actor_mario_distance_max)", "max over actors"),
+    ], "Super Mario Bros only: x position reached at the end of the episode (mean and max of each actor's last "
+       "100 episodes)."),
+    ("Mario flag rate", "percentunit", [
+        ("flywheel_actor_mario_flag_rate", "{{instance}}"),
+        ("avg(flywheel_actor_mario_flag_rate)", "mean over actors"),
+    ], "Super Mario Bros only: share of each actor's last 100 episodes that reached the flag."),
     ("Episodes/s and length", "short", [
         ("sum(rate(flywheel_actor_episodes_total[1m]))", "episodes/s"),
         ("flywheel_actor_episode_length_mean", "length {{instance}}"),
@@ -150,7 +157,8 @@ HARDWARE: list[Panel] = [
 
 DASHBOARDS = {
     "flywheel-overview": ("Flywheel overview", "System: throughput, replay, learner, weights, policy lag", OVERVIEW),
-    "flywheel-learning": ("Flywheel learning", "Returns, Mario distance, loss, TD error, Q values, epsilon", LEARNING),
+    "flywheel-learning": ("Flywheel learning", "Returns, Mario distance and flags, loss, TD error, Q values, epsilon",
+                          LEARNING),
     "flywheel-hardware": ("Flywheel hardware", "CPU, memory and GPU of every instance", HARDWARE),
 }
 

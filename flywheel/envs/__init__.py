@@ -2,12 +2,15 @@
 
 An id may carry options after ``?``, e.g. ``SuperMarioBros-1-1-v0?actions=right_only`` or
 ``ALE/Breakout-v5?clip_rewards=false,repeat_action_probability=0``: every service derives the
-same observation shape and action count from the same id string.
+same observation shape and action count from the same id string. Gymnasium's ``module:EnvId`` form,
+e.g. ``flywheel.examples.corridor:Corridor-v0``, imports the module (which registers the id) in
+whichever process resolves the id first.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
 import os
 import threading
@@ -24,6 +27,7 @@ from flywheel.envs.snake import SNAKE_IDS, SnakeConfig, SnakeEnv, SnakeVector, r
 from flywheel.envs.vector import EpisodeEnd, InProcessVector, VectorEnv, VectorStep
 
 __all__ = [
+    "EnvModuleError",
     "EnvSpec",
     "EpisodeEnd",
     "UnknownEnvironmentError",
@@ -46,18 +50,52 @@ register_snake()
 class UnknownEnvironmentError(ValueError):
     """Raised for an env id that no family (Mario, Atari, Snake, MettaGrid, Gymnasium) knows."""
 
-    def __init__(self, env_id: str) -> None:
+    def __init__(self, env_id: str, module: str | None = None) -> None:
         """Build a one-line message with suggestions and the accepted id families."""
         self.env_id = env_id
         close = difflib.get_close_matches(env_id, known_env_ids(), n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        where = f" (module {module!r} was imported but registered no such id)" if module else ""
         super().__init__(
-            f"unknown environment id {env_id!r}{hint}; known: {', '.join(_EXAMPLE_IDS)}, ... "
+            f"unknown environment id {env_id!r}{where}{hint}; known: {', '.join(_EXAMPLE_IDS)}, ... "
             "(every gym-super-mario-bros id SuperMarioBros[-W-S]-vN / SuperMarioBrosRandomStages-vN / "
             "SuperMarioBros2-vN, every ale-py id ALE/<Game>-v5 / <Game>NoFrameskip-v4, Snake-v0, "
             f"{' / '.join(METTAGRID_IDS)}, any registered Gymnasium id); list them with "
             "flywheel.envs.known_env_ids()"
         )
+
+
+class EnvModuleError(UnknownEnvironmentError):
+    """Raised when the module of a ``module:EnvId`` id cannot be imported (one line naming it and the cause)."""
+
+    def __init__(self, env_id: str, message: str) -> None:
+        """Keep the id; the message is the whole one-line error."""
+        self.env_id = env_id
+        ValueError.__init__(self, message)
+
+
+def split_env_module(base: str) -> tuple[str | None, str]:
+    """Split Gymnasium's ``"module:EnvId"`` into the module to import and the id (no ``:``: no module)."""
+    module, sep, name = base.partition(":")
+    if not sep:
+        return None, base
+    if not module.strip() or not name.strip():
+        raise EnvModuleError(base, f"environment id {base!r} must look like module:EnvId, "
+                                   "e.g. flywheel.examples.corridor:Corridor-v0")
+    return module.strip(), name.strip()
+
+
+def _import_env_module(base: str) -> str:
+    """Import the module of ``module:EnvId`` (it registers the id) and return the bare id; else return ``base``."""
+    module, name = split_env_module(base)
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # any failure while importing someone else's module is one clear line
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise EnvModuleError(base, f"cannot import module {module!r} for environment id {base!r}: "
+                                       f"{type(exc).__name__}{': ' + detail if detail else ''}") from None
+    return name
 
 
 @dataclass(frozen=True)
@@ -103,8 +141,13 @@ def split_env_id(env_id: str) -> tuple[str, dict[str, Any]]:
 
 
 def env_family(env_id: str) -> Family:
-    """Which family builds ``env_id`` (options after ``?`` ignored); raise UnknownEnvironmentError if none."""
-    base, _ = split_env_id(env_id)
+    """Which family builds ``env_id`` (options after ``?`` ignored); raise UnknownEnvironmentError if none.
+
+    A ``module:EnvId`` id imports its module first (EnvModuleError if that fails), then is judged by ``EnvId``.
+    """
+    full, _ = split_env_id(env_id)
+    base = _import_env_module(full)
+    module = split_env_module(full)[0]
     if parse_mario_id(base) is not None:
         return "mario"
     if base in SNAKE_IDS:
@@ -115,13 +158,14 @@ def env_family(env_id: str) -> Family:
         register_ale()
     if base in gymnasium.registry:
         return "atari" if is_atari_id(base) else "gymnasium"
-    raise UnknownEnvironmentError(base)
+    raise UnknownEnvironmentError(base, module)
 
 
 def _resolve(env_id: str, options: dict[str, Any]) -> tuple[str, Family, dict[str, Any]]:
-    base, from_id = split_env_id(env_id)
-    family = env_family(base)
-    return base, family, {**from_id, **options}
+    """The bare id (a ``module:`` prefix imported and dropped), its family and the merged options."""
+    full, from_id = split_env_id(env_id)
+    family = env_family(full)
+    return split_env_module(full)[1], family, {**from_id, **options}
 
 
 def make_env(env_id: str, seed: int | None = None, **options: Any) -> gymnasium.Env[np.ndarray, Any]:
@@ -169,6 +213,7 @@ def make_vector_env(env_id: str, num_envs: int, seed: int | None = None, *,
     if mode == "subprocess":
         from flywheel.envs.subproc import SubprocessVector
 
+        base = split_env_id(env_id)[0]  # keep any module: prefix, so each worker imports the module too
         spec = env_spec(base, **options)
         count = workers if workers else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)

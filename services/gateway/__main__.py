@@ -8,7 +8,7 @@ import socket
 import sys
 
 from flywheel import security
-from flywheel.settings import SettingsError, add_settings_flags, settings_from_args
+from flywheel.settings import SettingsError, add_settings_flags, configure_logging, settings_from_args
 from flywheel.transport import EndpointInUse
 
 from .settings import GatewaySettings
@@ -60,7 +60,7 @@ def run(settings: GatewaySettings) -> int:
     from .app import GatewayService, create_app
     from .auth import StartupError
 
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging("gateway", settings.log_level, settings.log_format, settings.instance)
     try:
         service = GatewayService(settings)
         app = create_app(settings, service)  # refuses settings it must not start with (StartupError)
@@ -77,7 +77,9 @@ def run(settings: GatewaySettings) -> int:
     host, port = http.getsockname()[:2]
     logging.getLogger("flywheel.gateway").info("HTTP on http://%s:%s (live page, metrics, status, healthz, control)",
                                                host, port)
-    server = _server_class()(uvicorn.Config(app, log_level=settings.log_level.lower(), access_log=False))
+    # log_config=None: uvicorn's lines go through the root handler above (text or JSON), not its own
+    server = _server_class()(uvicorn.Config(app, log_level=settings.log_level.lower(), access_log=False,
+                                            log_config=None))
     server.run(sockets=[http])
     return 0
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from .metrics import Registry
 
-CURVE_FIELDS = ("env_steps", "episodes", "return_mean", "eval_return_mean", "distance_mean", "updates",
-                "weight_version")
+CURVE_FIELDS = ("env_steps", "episodes", "return_mean", "eval_return_mean", "distance_mean", "distance_max",
+                "flag_rate", "updates", "weight_version")
 
 
 def _finite(values: list[float]) -> list[float]:
@@ -27,13 +27,18 @@ def curve_point(registry: Registry, now: float, wall: float) -> dict[str, Any] |
         values = _finite([s.gauges[key] for s in live_actors if key in s.gauges])
         return sum(values) / len(values) if values else None
 
+    def max_of(key: str) -> float | None:
+        return max(_finite([s.gauges[key] for s in live_actors if key in s.gauges]), default=None)
+
     return {
         "t": round(wall, 3),
         "env_steps": sum(s.counters.get("env_steps_total", 0.0) for s in actors),
         "episodes": sum(s.counters.get("episodes_total", 0.0) for s in actors),
         "return_mean": mean_of("episode_return_mean"),
         "eval_return_mean": mean_of("eval_return_mean"),
-        "distance_mean": mean_of("mario_distance_mean"),
+        "distance_mean": mean_of("mario_distance_mean"),  # Mario only: mean of the actors' rolling means
+        "distance_max": max_of("mario_distance_max"),  # the farthest any live actor got in its last 100 episodes
+        "flag_rate": mean_of("mario_flag_rate"),  # share of episodes that reached the flag, mean over actors
         "updates": sum(s.counters.get("updates_total", 0.0) for s in learners),
         "weight_version": max(_finite([s.gauges.get("weight_version", math.nan) for s in learners]), default=None),
     }

@@ -1,7 +1,8 @@
 """The live page at ``/``: the numbers that matter and a learning curve, plain HTML and one inline script.
 
 No external resources (no CDN, no fonts): it must work on a machine without internet. The script polls
-``/status`` and ``/history`` every second and draws the curve on a <canvas>.
+``/status`` and ``/history`` every second and draws the curve on a <canvas>; for Super Mario Bros a second chart
+shows the distance reached and the flag rate over time (it stays hidden while no actor reports them).
 """
 
 LIVE_PAGE = """<!doctype html>
@@ -60,6 +61,10 @@ LIVE_PAGE = """<!doctype html>
       <div class="value" id="episode_return_mean">-</div></div>
     <div class="card"><div class="label">greedy eval return</div>
       <div class="value" id="eval_return_mean">-</div></div>
+    <div class="card mario" hidden><div class="label">Mario distance (mean / max)</div>
+      <div class="value" id="mario_distance">-</div></div>
+    <div class="card mario" hidden><div class="label">Mario flag rate</div>
+      <div class="value" id="mario_flag_rate">-</div></div>
   </section>
   <section class="panel">
     <h2>Learning curve: episode return over time</h2>
@@ -67,6 +72,14 @@ LIVE_PAGE = """<!doctype html>
       <span><i style="background: var(--b)"></i>greedy eval return</span>
       <span id="curve_info"></span></div>
     <canvas id="curve" data-points="0"></canvas>
+  </section>
+  <section class="panel" id="mario_panel" hidden>
+    <h2>Mario: distance reached and flag rate over time</h2>
+    <div class="legend"><span><i style="background: #56d4dd"></i>distance (mean over actors, left axis)</span>
+      <span><i style="background: #a371f7"></i>distance (max)</span>
+      <span><i style="background: #e3b341"></i>flag rate (right axis)</span>
+      <span id="mario_info"></span></div>
+    <canvas id="mario" data-points="0"></canvas>
   </section>
   <section class="panel">
     <h2>Services</h2>
@@ -87,6 +100,7 @@ function fmt(v, digits) {
   return Number.isInteger(v) ? String(v) : v.toFixed(digits === undefined ? 2 : digits);
 }
 function setText(id, text) { document.getElementById(id).textContent = text; }
+function has(v) { return v !== null && v !== undefined; }
 
 function renderStatus(s) {
   const g = s.gateway, m = s.summary;
@@ -101,6 +115,10 @@ function renderStatus(s) {
           fmt(m.replay_size) + (m.replay_capacity ? " / " + fmt(m.replay_capacity) : ""));
   setText("policy_lag", m.policy_lag_versions ? fmt(m.policy_lag_versions.max, 0) : "-");
   setText("data_wait_ratio", m.data_wait_ratio === null ? "-" : (100 * m.data_wait_ratio).toFixed(0) + " %");
+  const mario = has(m.mario_distance_mean) || has(m.mario_flag_rate);
+  for (const card of document.querySelectorAll(".card.mario")) card.hidden = !mario;
+  setText("mario_distance", fmt(m.mario_distance_mean, 0) + " / " + fmt(m.mario_distance_max, 0));
+  setText("mario_flag_rate", has(m.mario_flag_rate) ? (100 * m.mario_flag_rate).toFixed(1) + " %" : "-");
   const body = document.querySelector("#services tbody");
   const rows = [];
   for (const [service, info] of Object.entries(s.services)) {
@@ -123,37 +141,40 @@ function renderStatus(s) {
   body.replaceChildren(...rows);
 }
 
-function drawCurve() {
-  const canvas = document.getElementById("curve");
+// One chart over the history points: ``series`` on the left axis, ``right`` (a 0..1 share) on a right axis in %.
+function drawChart(id, series, right, waiting) {
+  const canvas = document.getElementById(id);
   const dpr = window.devicePixelRatio || 1;
   const w = canvas.clientWidth, h = canvas.clientHeight;
   canvas.width = w * dpr; canvas.height = h * dpr;
   const ctx = canvas.getContext("2d");
   ctx.scale(dpr, dpr);
   ctx.clearRect(0, 0, w, h);
-  const series = [["return_mean", "#58a6ff"], ["eval_return_mean", "#f0883e"]];
-  const pts = curve.filter(p => series.some(([k]) => p[k] !== null && p[k] !== undefined));
+  const lines = right ? series.concat([right]) : series;
+  const pts = curve.filter(p => lines.some(([k]) => has(p[k])));
   canvas.dataset.points = String(pts.length);
-  setText("curve_info", pts.length + " points");
   if (pts.length === 0) {
     ctx.fillStyle = "#8b95a5"; ctx.font = "13px system-ui";
-    ctx.fillText("waiting for the first finished episodes...", 50, h / 2);
-    return;
+    ctx.fillText(waiting, 50, h / 2);
+    return 0;
   }
   const t0 = pts[0].t, t1 = Math.max(pts[pts.length - 1].t, t0 + 1);
   let lo = Infinity, hi = -Infinity;
-  for (const p of pts) for (const [k] of series) if (p[k] !== null && p[k] !== undefined) {
-    lo = Math.min(lo, p[k]); hi = Math.max(hi, p[k]);
-  }
+  for (const p of pts) for (const [k] of series) if (has(p[k])) { lo = Math.min(lo, p[k]); hi = Math.max(hi, p[k]); }
+  if (lo === Infinity) { lo = 0; hi = 1; }
   if (hi - lo < 1e-9) { hi += 1; lo -= 1; }
-  const L = 56, R = 12, T = 10, B = 28;
+  const L = 56, R = right ? 48 : 12, T = 10, B = 28;
   const x = t => L + (t - t0) / (t1 - t0) * (w - L - R);
   const y = v => T + (hi - v) / (hi - lo) * (h - T - B);
+  const yRight = v => T + (1 - v) * (h - T - B);
   ctx.strokeStyle = "#2a3240"; ctx.fillStyle = "#8b95a5"; ctx.font = "11px system-ui"; ctx.lineWidth = 1;
   for (let i = 0; i <= 4; i++) {
     const v = lo + (hi - lo) * i / 4, yy = y(v);
     ctx.beginPath(); ctx.moveTo(L, yy); ctx.lineTo(w - R, yy); ctx.stroke();
     ctx.fillText(fmt(v, 1), 4, yy + 4);
+    if (right) {
+      ctx.textAlign = "right"; ctx.fillText((25 * i) + " %", w - 4, yRight(i / 4) + 4); ctx.textAlign = "start";
+    }
   }
   const span = t1 - t0;
   const [unit, div] = span < 180 ? ["s", 1] : span < 3 * 3600 ? ["min", 60] : ["h", 3600];
@@ -164,14 +185,30 @@ function drawCurve() {
                  Math.min(Math.max(x(t), L + 12), w - R - 16), h - 8);
   }
   ctx.textAlign = "start";
-  for (const [k, color] of series) {
+  const draw = (k, color, scale) => {
     ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
     let started = false;
     for (const p of pts) {
-      if (p[k] === null || p[k] === undefined) continue;
-      if (started) ctx.lineTo(x(p.t), y(p[k])); else { ctx.moveTo(x(p.t), y(p[k])); started = true; }
+      if (!has(p[k])) continue;
+      if (started) ctx.lineTo(x(p.t), scale(p[k])); else { ctx.moveTo(x(p.t), scale(p[k])); started = true; }
     }
     ctx.stroke();
+  };
+  for (const [k, color] of series) draw(k, color, y);
+  if (right) draw(right[0], right[1], yRight);
+  return pts.length;
+}
+
+function drawCurve() {
+  const n = drawChart("curve", [["return_mean", "#58a6ff"], ["eval_return_mean", "#f0883e"]], null,
+                      "waiting for the first finished episodes...");
+  setText("curve_info", n + " points");
+  const panel = document.getElementById("mario_panel");  // Mario runs only: shown once an actor reports distance
+  panel.hidden = !curve.some(p => has(p.distance_mean) || has(p.distance_max) || has(p.flag_rate));
+  if (!panel.hidden) {
+    const m = drawChart("mario", [["distance_mean", "#56d4dd"], ["distance_max", "#a371f7"]], ["flag_rate", "#e3b341"],
+                        "waiting for the first finished episodes...");
+    setText("mario_info", m + " points");
   }
 }
 

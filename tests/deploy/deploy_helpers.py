@@ -18,6 +18,7 @@ from flywheel.services.replay.settings import ReplaySettings
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_GPU = ROOT / "docker-compose.gpu.yml"
+COMPOSE_CURVE = ROOT / "docker-compose.curve.yml"
 DOCKER = ROOT / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
 K8S = ROOT / "k8s"
@@ -99,6 +100,14 @@ def check_settings(variables: dict[str, str], where: str) -> None:
         SETTINGS[service](**values)  # raises on a bad value ("tru", "1e5" for an int, ...)
 
 
+def k8s_labels(name: str, component: str | None) -> dict[str, str]:
+    """The recommended app.kubernetes.io labels every object in k8s/ carries (component: not on the Namespace)."""
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": "flywheel"}
+    if component:
+        labels["app.kubernetes.io/component"] = component
+    return {**labels, "app.kubernetes.io/part-of": "flywheel", "app.kubernetes.io/managed-by": "kubectl"}
+
+
 # ---- the Kubernetes copy of deploy/prometheus ------------------------------------------------------------------
 
 PROMETHEUS_K8S = K8S / "prometheus.yaml"
@@ -119,7 +128,8 @@ def prometheus_config_files() -> dict[str, str]:
 def prometheus_configmap_text() -> str:
     """The ConfigMap document of k8s/prometheus.yaml, generated from deploy/prometheus."""
     lines = ["apiVersion: v1", "kind: ConfigMap", "metadata:", "  name: prometheus-config", "  namespace: flywheel",
-             "  labels:", "    app.kubernetes.io/name: prometheus", "    app.kubernetes.io/part-of: flywheel", "data:"]
+             "  labels:", *(f"    {key}: {value}" for key, value in k8s_labels("prometheus", "monitoring").items()),
+             "data:"]
     for name, text in prometheus_config_files().items():
         lines.append(f"  {name}: |")
         lines += [f"    {line}".rstrip() for line in text.rstrip("\n").splitlines()]

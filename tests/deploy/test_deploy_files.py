@@ -15,6 +15,7 @@ import yaml
 from deploy_helpers import (
     CLUSTER_SCOPED,
     COMPOSE,
+    COMPOSE_CURVE,
     COMPOSE_GPU,
     DEFAULT_RE,
     FLYWHEEL_SERVICES,
@@ -30,6 +31,7 @@ from deploy_helpers import (
     compose_default,
     environment,
     k8s_docs,
+    k8s_labels,
     k8s_objects,
     load_yaml,
     pod_specs,
@@ -153,7 +155,7 @@ def test_compose_volumes_are_declared() -> None:
         assert any(v.endswith(":/data") for v in doc["services"][name]["volumes"]), f"{name} checkpoints"
 
 
-@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_GPU], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_GPU, COMPOSE_CURVE], ids=lambda p: p.name)
 def test_compose_flywheel_variables_are_settings_fields(path: Path) -> None:
     for name, service in load_yaml(path)["services"].items():
         if name == "control-token":  # not a Flywheel service: docker/control-token.py reads FLYWHEEL_CONTROL_TOKEN
@@ -167,7 +169,7 @@ def test_compose_flywheel_variables_are_settings_fields(path: Path) -> None:
 
 
 def test_compose_interpolated_service_variables_are_settings_fields() -> None:
-    for path in (COMPOSE, COMPOSE_GPU):
+    for path in (COMPOSE, COMPOSE_GPU, COMPOSE_CURVE):
         for var, _ in DEFAULT_RE.findall(path.read_text()):
             service, field = split_var(var)
             if service:
@@ -288,6 +290,44 @@ def test_k8s_configmap_variables_are_settings_fields() -> None:
     for service in FLYWHEEL_SERVICES:
         assert data[f"FLYWHEEL_{service.upper()}_TELEMETRY_ENDPOINT"].endswith(":5558")
         assert data[f"FLYWHEEL_{service.upper()}_CONTROL_ENDPOINT"].endswith(":5559")
+
+
+COMPONENTS = {"gateway": "gateway", "replay": "replay", "learner": "learner", "actor": "actor",
+              "prometheus": "monitoring", "grafana": "monitoring", "flywheel": "config"}
+
+
+def test_k8s_objects_and_pods_carry_the_recommended_labels() -> None:
+    for filename, doc in k8s_docs():
+        labels = doc["metadata"].get("labels", {})
+        name = labels.get("app.kubernetes.io/name")
+        where = f"{filename}: {doc['kind']} {doc['metadata']['name']}"
+        assert name in COMPONENTS, f"{where}: app.kubernetes.io/name is {name!r}"
+        wanted = k8s_labels(name, None if doc["kind"] == "Namespace" else COMPONENTS[name])
+        assert labels == wanted, f"{where}: labels {labels}, want {wanted}"
+        templates = [doc["spec"]["template"]] if doc["kind"] in WORKLOAD_KINDS else []
+        templates += doc["spec"].get("volumeClaimTemplates", []) if doc["kind"] == "StatefulSet" else []
+        for template in templates:
+            assert template["metadata"]["labels"] == wanted, f"{where}: its pods/claims need the same labels"
+
+
+def test_replay_has_a_disruption_budget_that_keeps_its_one_pod() -> None:
+    budgets = k8s_objects("PodDisruptionBudget")
+    assert set(budgets) == {"replay"}
+    spec = budgets["replay"]["spec"]
+    replay = k8s_objects("StatefulSet")["replay"]["spec"]
+    assert spec["selector"]["matchLabels"] == replay["selector"]["matchLabels"]
+    assert spec["minAvailable"] == replay["replicas"] == 1, "drains wait instead of evicting the only replay"
+    assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow", "a replay that is not ready must not block drains"
+
+
+def test_learner_resumes_automatically_in_compose_and_k8s() -> None:
+    env = environment(compose()["services"]["learner"])
+    assert compose_default(env["FLYWHEEL_LEARNER_RESUME"]) == "auto"
+    assert env["FLYWHEEL_LEARNER_CHECKPOINT_DIR"].startswith("/data/")
+    data = k8s_objects("ConfigMap")["flywheel-config"]["data"]
+    assert data["FLYWHEEL_LEARNER_RESUME"] == "auto" and data["FLYWHEEL_LEARNER_CHECKPOINT_DIR"].startswith("/data/")
+    for path in (COMPOSE_GPU, COMPOSE_CURVE):  # no override turns it back
+        assert "FLYWHEEL_LEARNER_RESUME" not in environment(load_yaml(path)["services"].get("learner", {}))
 
 
 def test_k8s_control_token_secret_reaches_the_gateway_as_a_file() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from deploy_helpers import COMPOSE, COMPOSE_GPU, DOCKER, K8S, PROMETHEUS, ROOT, k8s_objects
+from deploy_helpers import COMPOSE, COMPOSE_CURVE, COMPOSE_GPU, DOCKER, K8S, PROMETHEUS, ROOT, k8s_objects
 from dockerhost import tool
 
 KUBERNETES_VERSION = "1.33.0"  # a release kubernetes-validate ships strict schemas for; the manifests use GA APIs
@@ -46,6 +46,7 @@ COMBINATIONS = {
     "default": ["-f", str(COMPOSE)],
     "monitoring": ["-f", str(COMPOSE), "--profile", "monitoring"],
     "gpu": ["-f", str(COMPOSE), "-f", str(COMPOSE_GPU)],
+    "curve": ["-f", str(COMPOSE), "-f", str(COMPOSE_CURVE)],
 }
 
 
@@ -114,7 +115,7 @@ def compose_validator() -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
-@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_GPU], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_GPU, COMPOSE_CURVE], ids=lambda p: p.name)
 def test_compose_files_match_the_compose_spec_schema(path: Path, compose_validator: Any) -> None:
     errors = sorted(compose_validator.iter_errors(yaml.safe_load(path.read_text())), key=str)
     assert not errors, "\n".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)

@@ -1,7 +1,8 @@
 """The live page at / rendered by headless Chromium (Debian's package) against a gateway fed telemetry over ZeroMQ.
 
 The DOM after the page's script ran must show the live numbers, the learning curve must have points, and the
-screenshot must show the curve drawn (its colour is in the image).
+screenshot must show the curve drawn (its colour is in the image). When the actors report Super Mario Bros
+distances and flags, /history carries them and a second chart shows them; without them that chart stays hidden.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from flywheel.transport import TelemetryReporter
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CURVE_BGR = np.array([255, 166, 88])  # #58a6ff, the return line
+DISTANCE_BGR = np.array([221, 212, 86])  # #56d4dd, the Mario chart's mean distance line
+FLAGS_BGR = np.array([65, 179, 227])  # #e3b341, its flag rate line
 
 
 class Texts(HTMLParser):
@@ -72,7 +75,9 @@ class Texts(HTMLParser):
 
 
 @pytest.fixture
-def fed_gateway(tmp_path: Path) -> Iterator[str]:
+def fed_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A gateway fed telemetry; ``indirect`` parameter True: the actors report Mario distances and flags too."""
+    mario = bool(getattr(request, "param", False))
     base = free_port_block(2)
     env = gateway_env(base, FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT=f"tcp://127.0.0.1:{base + 1}",
                       FLYWHEEL_GATEWAY_HISTORY_INTERVAL_S="0.2")
@@ -85,7 +90,8 @@ def fed_gateway(tmp_path: Path) -> Iterator[str]:
     try:
         wait_for(lambda: _up(url), timeout=30, what=f"gateway on {url}")
         stop = threading.Event()
-        feeder = threading.Thread(target=feed, args=(ctx, f"tcp://127.0.0.1:{base + 1}", stop), daemon=True)
+        feeder = threading.Thread(target=feed, args=(ctx, f"tcp://127.0.0.1:{base + 1}", stop, mario),
+                                  daemon=True)
         feeder.start()
         wait_for(lambda: len(json.loads(http_get(f"{url}/history")[1])["points"]) >= 6, timeout=20,
                  what="six curve points")
@@ -98,9 +104,10 @@ def fed_gateway(tmp_path: Path) -> Iterator[str]:
         proc.wait(timeout=15)
 
 
-def feed(ctx: zmq.Context, endpoint: str, stop: threading.Event) -> None:
+def feed(ctx: zmq.Context, endpoint: str, stop: threading.Event, mario: bool = False) -> None:
     """Telemetry of a system whose returns climb, every 0.2 s until stopped (through TelemetryReporter, as the
-    services send it): 1000 env steps per actor, 900 inserts and 3600 samples per step."""
+    services send it): 1000 env steps per actor, 900 inserts and 3600 samples per step. With ``mario`` the
+    actors' Mario gauges climb too, then hold: distance means 660 and 680, maxima twice that, flag rates 0.1, 0.3."""
     actors = [TelemetryReporter(ctx, endpoint, "actor", f"actor-{i}") for i in range(2)]
     replay = TelemetryReporter(ctx, endpoint, "replay", "replay-0")
     learner = TelemetryReporter(ctx, endpoint, "learner", "learner-0")
@@ -108,10 +115,13 @@ def feed(ctx: zmq.Context, endpoint: str, stop: threading.Event) -> None:
     while not stop.is_set():
         returns = 10.0 * min(step, 11)  # climbs, then holds at 110 (and 132 for the greedy runs)
         for i, actor in enumerate(actors):
+            distance = 60.0 * min(step, 11) + 20 * i
+            extra = {"mario_distance_mean": distance, "mario_distance_max": 2 * distance,
+                     "mario_flag_rate": min(step, 11) / 110 + 0.2 * i} if mario else {}
             actor.send({"env_steps_total": 1000.0 * step, "episodes_total": 2.0 * step},
                        {"epsilon": [0.4, 0.0007][i], "weight_version": 40 + i,
-                        "episode_return_mean": returns + i, "eval_return_mean": 1.2 * returns},
-                       {"env_id": "SuperMarioBros-1-1-v0"})
+                        "episode_return_mean": returns + i, "eval_return_mean": 1.2 * returns, **extra},
+                       {"env_id": "SuperMarioBros-1-1-v0" if mario else "CartPole-v1"})
         replay.send({"transitions_received_total": 900.0 * step, "samples_total": 3600.0 * step},
                     {"size_transitions": 1234.0, "capacity_transitions": 5000.0})
         learner.send({"updates_total": 20.0 * step}, {"weight_version": 42, "loss": 0.125, "data_wait_ratio": 0.25})
@@ -126,6 +136,10 @@ def _up(url: str) -> bool:
         return http_get(f"{url}/healthz", timeout=1)[0] == 200
     except OSError:
         return False
+
+
+def colour_pixels(image: np.ndarray, bgr: np.ndarray) -> int:
+    return int((np.abs(image.astype(int) - bgr).sum(axis=2) < 40).sum())
 
 
 def number(text: str) -> float:
@@ -166,6 +180,7 @@ def test_live_page_shows_live_numbers_and_a_curve(fed_gateway: str, tmp_path: Pa
     points = int(page.attrs["curve"]["data-points"] or 0)
     assert points >= 5, f"the curve has {points} points"
     assert f"{points} points" in t["curve_info"]
+    assert "hidden" in page.attrs["mario_panel"] and t["mario_distance"] == "- / -"  # no Mario: no Mario chart
     rows = {(r[0], r[1]): r for r in page.rows}
     assert set(rows) == {("actor", "actor-0"), ("actor", "actor-1"), ("replay", "replay-0"),
                          ("learner", "learner-0")}
@@ -177,5 +192,45 @@ def test_live_page_shows_live_numbers_and_a_curve(fed_gateway: str, tmp_path: Pa
     assert done.returncode == 0 and shot.exists(), done.stderr.decode(errors="replace")[-2000:]
     image = cv2.imread(str(shot))
     assert image is not None and image.shape[:2] == (1100, 1280)
-    curve_pixels = int((np.abs(image.astype(int) - CURVE_BGR).sum(axis=2) < 40).sum())
+    curve_pixels = colour_pixels(image, CURVE_BGR)
     assert curve_pixels > 200, f"the return curve is not in the screenshot ({curve_pixels} pixels of its colour)"
+    assert colour_pixels(image, DISTANCE_BGR) < 20, "a Mario chart drawn for a run without Mario"
+    points = json.loads(http_get(fed_gateway + "/history")[1])["points"]
+    assert points and all(p["distance_mean"] is None and p["flag_rate"] is None for p in points)
+
+
+@pytest.mark.parametrize("fed_gateway", [True], indirect=True, ids=["mario"])
+def test_live_page_charts_mario_distance_and_flags(fed_gateway: str, tmp_path: Path) -> None:
+    """Mario actors: /history and /status carry distance and flag rate, and the page charts them over time."""
+    def held() -> list[dict[str, object]]:
+        points = json.loads(http_get(fed_gateway + "/history")[1])["points"]
+        return points if points[-1]["distance_mean"] == 670 else []
+
+    points = wait_for(held, timeout=20, what="the Mario gauges to climb and hold")
+    last = points[-1]
+    assert last["distance_max"] == 1360 and last["flag_rate"] == pytest.approx(0.2)
+    climbing = [p["distance_mean"] for p in points if p["distance_mean"] is not None]
+    assert len(climbing) >= 5 and climbing == sorted(climbing) and climbing[0] < climbing[-1], climbing
+    summary = json.loads(http_get(fed_gateway + "/status")[1])["summary"]
+    assert (summary["mario_distance_mean"], summary["mario_distance_max"]) == (670, 1360)
+    assert summary["mario_flag_rate"] == pytest.approx(0.2)
+
+    done = chromium(tmp_path, "--dump-dom", fed_gateway + "/")
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    page = Texts()
+    page.feed(done.stdout.decode())
+    t = page.by_id
+    assert t["error"].strip() == ""
+    assert "hidden" not in page.attrs["mario_panel"]
+    assert t["mario_distance"] == "670 / 1360" and t["mario_flag_rate"] == "20.0 %"
+    charted = int(page.attrs["mario"]["data-points"] or 0)
+    assert charted >= 5 and f"{charted} points" in t["mario_info"], t["mario_info"]
+
+    shot = tmp_path / "live-page-mario.png"
+    done = chromium(tmp_path, f"--screenshot={shot}", fed_gateway + "/")
+    assert done.returncode == 0 and shot.exists(), done.stderr.decode(errors="replace")[-2000:]
+    image = cv2.imread(str(shot))
+    assert image is not None
+    for name, bgr in (("distance", DISTANCE_BGR), ("flag rate", FLAGS_BGR)):
+        pixels = colour_pixels(image, bgr)
+        assert pixels > 200, f"the Mario {name} line is not in the screenshot ({pixels} pixels of its colour)"

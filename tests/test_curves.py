@@ -1,0 +1,93 @@
+"""Curves: TensorBoard events and progress.csv, read back with TensorBoard's own reader; a resume continues them."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from flywheel.curves import COLUMNS, TAGS, Curves, scalars
+
+
+def _status(steps: float, loss: float, lag: list[float], flags: list[float] | None = None) -> dict[str, Any]:
+    """A gateway /status with what the progress loop reads (two actors, a learner, a replay)."""
+    actors = [{"up": True, "gauges": {"policy_lag_versions": value, "env_steps_per_second": 100.0,
+                                      "episode_return_mean": 20.0, "eval_return_mean": 30.0,
+                                      **({"mario_flag_rate": flags[i], "mario_distance_mean": 500.0} if flags
+                                         else {})}}
+              for i, value in enumerate(lag)]
+    return {"services": {
+        "actor": {"instances": actors + [{"up": False, "gauges": {"policy_lag_versions": 99.0}}],
+                  "totals": {"env_steps_total": steps}},
+        "learner": {"instances": [{"up": True, "gauges": {"loss": loss, "updates_per_second": 4.0,
+                                                           "weight_version": 3.0},
+                                   "counters": {"updates_total": 40.0}}]},
+        "replay": {"instances": [{"up": True, "gauges": {"size_transitions": steps}}]},
+    }}
+
+
+def _events(folder: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(folder / "tb"))
+    acc.Reload()
+    return acc
+
+
+def _rows(folder: Path) -> list[dict[str, str]]:
+    with open(folder / "progress.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_scalars_from_a_gateway_status() -> None:
+    from flywheel.run import summarize
+
+    status = _status(1000, 0.5, [1.0, 3.0], flags=[0.0, 0.5])
+    values = scalars(summarize(status), status)
+    assert values == {"return": 20.0, "greedy_return": 30.0, "mario_distance": 500.0, "mario_flag_rate": 0.25,
+                      "loss": 0.5, "updates": 40.0, "updates_per_second": 4.0, "env_steps_per_second": 200.0,
+                      "policy_lag": 2.0, "replay_size": 1000.0}  # the actor that is down counts for nothing
+    assert scalars(summarize(_status(0, 0.1, [0.0])), _status(0, 0.1, [0.0]))["mario_flag_rate"] is None
+
+
+def test_events_and_csv_hold_every_point_with_env_steps_as_the_step(tmp_path: Path) -> None:
+    from flywheel.run import summarize
+
+    with Curves(tmp_path) as curves:
+        for i, steps in enumerate((500, 1500, 3000)):
+            status = _status(steps, 1.0 / (i + 1), [float(i), float(i)])
+            curves.record_status(5.0 * (i + 1), summarize(status), status)
+        curves.record(20.0, 3500, {"loss": math.nan, "return": None, "replay_size": 7.0})  # gaps stay gaps
+    acc = _events(tmp_path)
+    tags = set(acc.Tags()["scalars"])
+    assert {TAGS[k] for k in ("return", "greedy_return", "loss", "updates_per_second", "env_steps_per_second",
+                              "replay_size", "policy_lag", "updates")} <= tags
+    assert "mario/flag_rate" not in tags and "mario/distance" not in tags  # CartPole-like: no Mario curves
+    loss = acc.Scalars("learner/loss")
+    assert [e.step for e in loss] == [500, 1500, 3000]
+    assert [e.value for e in loss] == pytest.approx([1.0, 0.5, 1 / 3])
+    assert [e.step for e in acc.Scalars("replay/size")] == [500, 1500, 3000, 3500]
+    assert [e.value for e in acc.Scalars("actors/policy_lag_versions")] == [0.0, 1.0, 2.0]
+    rows = _rows(tmp_path)
+    assert list(rows[0]) == list(COLUMNS)
+    assert [r["env_steps"] for r in rows] == ["500", "1500", "3000", "3500"]
+    assert [r["elapsed_s"] for r in rows] == ["5.0", "10.0", "15.0", "20.0"]
+    assert float(rows[1]["loss"]) == pytest.approx(0.5) and rows[3]["loss"] == "" and rows[3]["return"] == ""
+    assert rows[0]["mario_flag_rate"] == ""
+
+
+def test_a_resumed_run_continues_the_curves(tmp_path: Path) -> None:
+    with Curves(tmp_path) as curves:
+        curves.record(10.0, 2000, {"loss": 1.0})
+    with Curves(tmp_path, resume=True) as curves:  # the services count from zero again
+        assert (curves.step_offset, curves.time_offset) == (2000, 10.0)
+        curves.record(4.0, 300, {"loss": 0.5})
+    assert [(r["env_steps"], r["elapsed_s"], r["loss"]) for r in _rows(tmp_path)] == [
+        ("2000", "10.0", "1"), ("2300", "14.0", "0.5")]
+    assert [(e.step, e.value) for e in _events(tmp_path).Scalars("learner/loss")] == [(2000, 1.0), (2300, 0.5)]
+    with Curves(tmp_path) as curves:  # a new run in the same folder starts over
+        curves.record(1.0, 10, {"loss": 2.0})
+    assert [r["env_steps"] for r in _rows(tmp_path)] == ["10"]
+    assert [(e.step, e.value) for e in _events(tmp_path).Scalars("learner/loss")] == [(10, 2.0)]
