@@ -92,8 +92,11 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: floa
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def apex_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> list[float]:
-    return [base ** (1 + alpha * i / (n - 1)) for i in range(n)]
+def apex_epsilons(n: int, envs: int = int(LIGHT["FLYWHEEL_ACTOR_NUM_ENVS"]), base: float = 0.4,
+                  alpha: float = 7.0) -> list[float]:
+    """Each actor's highest rate: the Ape-X schedule runs over all n x envs env slots, actor i's first is i * envs."""
+    slots = n * envs
+    return [base ** (1 + alpha * i * envs / (slots - 1)) for i in range(n)]
 
 
 def live_actors(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -198,7 +201,7 @@ def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> N
     assert len({a["instance"] for a in actors}) == ACTORS, "replicas must have distinct instance names"
     epsilons = sorted(float(a["gauges"]["epsilon"]) for a in actors)
     assert epsilons == pytest.approx(sorted(apex_epsilons(ACTORS)), rel=1e-6), (
-        f"Ape-X eps_i = 0.4^(1 + 7 i / 7) for the 8 leased slots, got {epsilons}")
+        f"Ape-X over the 8 x 2 env slots: actor i's first slot 2i has 0.4^(1 + 7 * 2i / 15), got {epsilons}")
     assert status["leases"]["count"] == ACTORS
     assert all(a["gauges"]["weight_version"] > 0 for a in actors), "weights reached every actor"
 
