@@ -116,3 +116,19 @@ def test_build_core_uses_every_core_on_cpu_and_resolves_auto_settings() -> None:
     assert torch.get_num_threads() == 1
     assert all(torch.equal(a, b) for a, b in zip(core.params, twin.params, strict=True))  # the seed
     assert LearnerSettings(compile="true").compile == "on" and LearnerSettings(compile=False).compile == "off"
+
+
+def test_channels_last_follows_compile_on_a_cpu_and_refuses_bad_values() -> None:
+    import pytest
+    import torch
+    from pydantic import ValidationError
+
+    from flywheel.services.learner.main import core_config
+
+    cpu = torch.device("cpu")
+    assert core_config(LearnerSettings(device="cpu", compile="on"), cpu).channels_last is True
+    assert core_config(LearnerSettings(device="cpu", compile="off"), cpu).channels_last is False
+    assert core_config(LearnerSettings(device="cpu", compile="off", channels_last="on"), cpu).channels_last is True
+    assert core_config(LearnerSettings(device="cpu", compile="on", channels_last=False), cpu).channels_last is False
+    with pytest.raises(ValidationError, match="channels_last"):
+        LearnerSettings(channels_last="sometimes")
