@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flywheel.processes import launch
 from flywheel.settings import SettingsError
 from flywheel.supervisor import Supervisor, add_supervisor_flags
 
@@ -101,15 +101,6 @@ class Plan:
     log_dir: Path
     actor_extra: list[dict[str, str]] = field(default_factory=list)
     socket_dir: Path | None = None  # holds the Unix sockets of the local fast path; removed at the end
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if ``flywheel run`` dies, even by SIGKILL (Linux prctl)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _check_port(port: int, what: str, flag: str) -> None:
@@ -239,11 +230,7 @@ def _start(service: str, name: str, values: dict[str, str], log_dir: Path) -> Ch
     child_env[f"FLYWHEEL_{service.upper()}_INSTANCE"] = name
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     log = log_dir / f"{name}.log"
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "flywheel", service], env=child_env, stdout=fh,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_die_with_parent)
-    return Child(service, name, proc, log)
+    return Child(service, name, launch([service], child_env, log, new_session=True), log)
 
 
 def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:

@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flywheel.bench.suites._harness import free_port_block
 from flywheel.policy import Policy, PolicyError
 from flywheel.services.learner.checkpoint import CheckpointError, save_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
+from flywheel.testing.ports import free_port_block
 
 
 def _core(env_id: str | None = "CartPole-v1", **config: object) -> LearnerCore:

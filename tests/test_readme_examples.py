@@ -26,7 +26,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pipeline"))
-from pipeline_helpers import clean_env, free_port_block, get_json, wait_until
+from pipeline_helpers import clean_env, get_json, wait_until
+
+from flywheel.testing.ports import free_port_block
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SERVICES = ("replay", "learner", "actor", "gateway")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from flywheel.bench import suites
 from flywheel.bench.runner import BenchContext, BenchError, write_results
+from flywheel.testing.errors import HarnessError
 
 
 def suite_names() -> list[str]:
@@ -62,7 +63,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     try:
         result = module.run(ctx)
-    except BenchError as exc:
+    except (BenchError, HarnessError) as exc:
         print(f"error: flywheel bench {args.suite}: {exc}", file=sys.stderr)
         return 2
     command = "flywheel bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else \

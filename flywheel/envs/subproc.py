@@ -10,7 +10,6 @@ never an observation and never a pickle. A worker that dies or raises is reporte
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import mmap
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from flywheel.envs.vector import EpisodeEnd, VectorEnv, VectorStep
+from flywheel.processes import die_with_parent
 
 _FIELDS = ("obs", "final_obs", "reward", "terminated", "truncated", "action")
 
@@ -57,19 +57,10 @@ def _views(buf: mmap.mmap, layout: dict[str, tuple[int, str, tuple]]) -> dict[st
             for name, (offset, dtype, shape) in layout.items() if name != "_size"}
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this worker when its parent dies (no orphans after kill -9)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-
-
 def _worker_main(index: int, env_id: str, options_json: str, path: str, layout_json: str,
                  ranges: list[list[int]], seed: int | None, conn: Connection) -> None:
     """Build this worker's sub-vectors (one per group), then serve step commands until told to quit."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     from flywheel.envs import make_vector_env
 

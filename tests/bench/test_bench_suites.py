@@ -13,10 +13,12 @@ import zmq
 
 from flywheel import proto
 from flywheel.bench.suites import mario, origins, sb3, scaling
-from flywheel.bench.suites._harness import WeightsWatcher, free_port_block, greedy_returns
 from flywheel.bench.suites._origin_loop import measure
 from flywheel.bench.suites._scale import ScaleModel, scale_table
 from flywheel.nets import build_q_network, weights_message
+from flywheel.testing.ports import free_port_block
+from flywheel.testing.run import greedy_returns
+from flywheel.testing.weights import WeightsWatcher
 
 
 def _point(t: float, steps: float, updates: float, transitions: float, cpu: dict[str, float]) -> dict:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -38,6 +37,8 @@ from dockerhost import (
     wheelhouse,
 )
 
+from flywheel.testing.ports import free_port
+
 ACTORS = 8
 # everything but Grafana (no registry here for its image; its provisioning is checked statically)
 SERVICES = ("control-token", "gateway", "replay", "learner", "actor", "prometheus")
@@ -53,12 +54,6 @@ LIGHT = {
     "FLYWHEEL_LEARNER_PUBLISH_INTERVAL_UPDATES": "5",
     "FLYWHEEL_LEARNER_TORCH_THREADS": "1",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str, timeout: float = 5.0) -> Any:

@@ -20,7 +20,9 @@ from flywheel.envs import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
-from pipeline_helpers import clean_env, free_port_block
+from pipeline_helpers import clean_env
+
+from flywheel.testing.ports import free_port_block
 
 CORRIDOR = "flywheel.examples.corridor:Corridor-v0"
 OPTIMUM = 0.97  # the greedy return of always-right, averaged over the random starts (length 8)

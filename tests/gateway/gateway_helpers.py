@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -59,12 +58,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "co
             return value
         time.sleep(0.02)
     raise AssertionError(f"{what} not met within {timeout} s")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def gateway_env(http_port: int, **extra: str) -> dict[str, str]:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,24 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PROM_DIR = ROOT / "deploy" / "prometheus"
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 _METRIC_RE = re.compile(r"flywheel_[a-z0-9_]+")
-
-
-def free_port_block(count: int) -> int:
-    """First of ``count`` consecutive free TCP ports on 127.0.0.1."""
-    for _ in range(200):
-        base = random.randint(20_000, 60_000 - count)
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no block of free ports found")
 
 
 def dashboard_queries() -> list[tuple[str, str, str]]:

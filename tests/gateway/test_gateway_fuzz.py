@@ -7,17 +7,18 @@ token is refused.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import schemathesis
-from gateway_helpers import AUTH, free_port, gateway_env, http_get, wait_for
+from gateway_helpers import AUTH, gateway_env, http_get, wait_for
 from hypothesis import HealthCheck, settings
 from schemathesis.generation import GenerationMode
+
+from flywheel.processes import launch
+from flywheel.testing.ports import free_port
 
 MAX_EXAMPLES = 20
 SEEN: Counter[tuple[str, int]] = Counter()  # (path, status) of every fuzzed request
@@ -27,9 +28,7 @@ SEEN: Counter[tuple[str, int]] = Counter()  # (path, status) of every fuzzed req
 def live_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("fuzz") / "gateway.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "flywheel", "gateway"], env=gateway_env(port), stdout=fh,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = launch(["gateway"], gateway_env(port), log)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: proc.poll() is None and _up(url), timeout=30, what=f"gateway on {url} ({log})")

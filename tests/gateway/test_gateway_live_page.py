@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import zmq
 from gateway_helpers import gateway_env, http_get, wait_for
-from prometheus_helpers import free_port_block
 
+from flywheel.testing.ports import free_port_block
 from flywheel.transport import TelemetryReporter
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

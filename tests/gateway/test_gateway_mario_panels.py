@@ -15,7 +15,7 @@ from pathlib import Path
 import zmq
 from conftest import gateway_settings
 from fastapi.testclient import TestClient
-from gateway_helpers import free_port, wait_for
+from gateway_helpers import wait_for
 from prometheus_helpers import dashboard_queries, metric_names
 
 from flywheel.envs import env_spec
@@ -24,6 +24,7 @@ from flywheel.services.actor.main import _telemetry
 from flywheel.services.actor.policy import build_policy
 from flywheel.services.actor.transport import LeaseClient, TransitionSender, WeightsReceiver
 from flywheel.services.gateway.app import GatewayService, create_app
+from flywheel.testing.ports import free_port
 from flywheel.transport import FaultCounter, TelemetryReporter
 
 ENV_ID = "SuperMarioBros-1-1-v0?size=42,max_episode_steps=40"

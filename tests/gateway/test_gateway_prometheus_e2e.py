@@ -29,7 +29,9 @@ from typing import Any
 
 import pytest
 from gateway_helpers import AUTH, TOKEN, http_get, wait_for
-from prometheus_helpers import Prometheus, dashboard_queries, free_port_block, metric_names, wait_all
+from prometheus_helpers import Prometheus, dashboard_queries, metric_names, wait_all
+
+from flywheel.testing.ports import free_port_block
 
 ENV_ID = os.environ.get("FLYWHEEL_E2E_ENV", "SuperMarioBros-1-1-v0")  # the main job; any env id works
 PIXEL = ENV_ID.startswith("SuperMarioBros")

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import zmq
-from learner_helpers import free_port, make_batch
+from learner_helpers import make_batch
 
 from flywheel import proto
 from flywheel.services.learner.checkpoint import load_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.transport import LearnerService
+from flywheel.testing.ports import free_port
 
 
 class FakeReplay:

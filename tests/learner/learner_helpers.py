@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 
 from flywheel import proto
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_batch(rng: np.random.Generator, size: int = 32, obs_shape: tuple[int, ...] = (4,), n_actions: int = 2,

@@ -11,13 +11,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import zmq
-from learner_helpers import free_port
 
 from flywheel import proto
 from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.main import main
 from flywheel.services.learner.settings import LearnerSettings
+from flywheel.testing.ports import free_port
 
 SPEC = SimpleNamespace(obs_shape=(4,), n_actions=2)
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from learner_helpers import free_port
 from test_learner_main import _env
 from test_learner_pretrain import write_cartpole_demos
 
@@ -21,6 +20,7 @@ from flywheel.demos.format import DemoSet
 from flywheel.nets import build_q_network, load_weights
 from flywheel.services.learner.main import main
 from flywheel.services.learner.settings import LearnerSettings
+from flywheel.testing.ports import free_port
 
 SCRIPT = """
 import sys

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import zmq
-from learner_helpers import free_port
 from pydantic import ValidationError
 
 from flywheel import proto
 from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.settings import LearnerSettings
+from flywheel.testing.ports import free_port
 
 SCRIPT = """
 import sys

@@ -4,34 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block(count: int) -> int:
-    """First of ``count`` consecutive free TCP ports on 127.0.0.1."""
-    for _ in range(200):
-        base = random.randint(20_000, 60_000 - count)
-        if all(_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError("no block of free ports found")
+from flywheel.processes import launch
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -42,9 +22,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as fh:
-        return subprocess.Popen([sys.executable, "-m", "flywheel", *args], env=env, stdout=fh,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.unlink(missing_ok=True)
+    return launch(args, env, log)
 
 
 def get_json(url: str) -> dict[str, Any] | None:

@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from pipeline_helpers import clean_env, free_port_block
+from pipeline_helpers import clean_env
+
+from flywheel.testing.ports import free_port_block
 
 
 def flywheel(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode
-from pipeline_helpers import clean_env, free_port_block
+from pipeline_helpers import clean_env
 
 from flywheel.cli import _settings_class, build_parser, package_version
+from flywheel.processes import launch
 from flywheel.settings import JsonLogFormatter, settings_from_args
+from flywheel.testing.ports import free_port_block
 
 
 def settings(*argv: str) -> object:
@@ -90,12 +92,10 @@ def test_json_formatter_writes_one_object_per_line_with_the_traceback() -> None:
 def test_a_service_started_with_log_format_json_writes_json_lines(tmp_path: Path) -> None:
     base = free_port_block(4)
     log = tmp_path / "gateway.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flywheel", "gateway", "--log-format", "json", "--http-host", "127.0.0.1",
-             "--http-port", str(base), "--telemetry-endpoint", f"tcp://127.0.0.1:{base + 1}",
-             "--control-endpoint", f"tcp://127.0.0.1:{base + 2}", "--lease-endpoint", f"tcp://127.0.0.1:{base + 3}",
-             "--instance", "gw-json"], env=clean_env(), stdout=fh, stderr=subprocess.STDOUT)
+    proc = launch(["gateway", "--log-format", "json", "--http-host", "127.0.0.1",
+                   "--http-port", str(base), "--telemetry-endpoint", f"tcp://127.0.0.1:{base + 1}",
+                   "--control-endpoint", f"tcp://127.0.0.1:{base + 2}",
+                   "--lease-endpoint", f"tcp://127.0.0.1:{base + 3}", "--instance", "gw-json"], clean_env(), log)
     try:
         deadline = time.monotonic() + 60
         while "HTTP on" not in log.read_text() and "startup complete" not in log.read_text():

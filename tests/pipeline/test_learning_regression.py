@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode (the importnb plugin's too)
-from pipeline_helpers import clean_env, free_port_block
+from pipeline_helpers import clean_env
+
+from flywheel.processes import launch
+from flywheel.testing.ports import free_port_block
 
 TARGET = 400.0  # greedy evaluation return (mean of actor 0's last greedy episodes); CartPole-v1 caps at 500
 # Measured on the 2-core machine (load average 8-10, the CartPole preset, seeds below): greedy 400 at 210,624,
@@ -41,9 +44,7 @@ def run_cartpole(tmp_path: Path, *sets: str) -> tuple[int, str, list[dict[str, s
             "--base-port", str(base), "--http-port", str(base + 6), "--checkpoint-dir", str(ckpt),
             "--progress-interval", "1", "--no-video", *SEEDS, *sets]
     started = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flywheel", *args], env=clean_env(), stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = launch(args, clean_env(), log)
     try:
         code = proc.wait(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:

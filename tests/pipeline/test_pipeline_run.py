@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -12,18 +11,18 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode (the importnb plugin's too)
-from pipeline_helpers import clean_env, free_port_block, get_json, wait_until
+from pipeline_helpers import clean_env, get_json, wait_until
+
+from flywheel.processes import launch
+from flywheel.testing.ports import free_port_block
 
 
 def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None:
     base = free_port_block(7)
     log = tmp_path / "run.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flywheel", "run", "--env", "CartPole-v1", "--actors", "2", "--envs-per-actor", "4",
-             "--base-port", str(base), "--http-port", str(base + 6), "--checkpoint-dir", str(tmp_path / "ckpt"),
-             "--progress-interval", "1", "--set", "replay.min_size_to_sample=200"],
-            env=clean_env(), stdout=out, stderr=subprocess.STDOUT)
+    proc = launch(["run", "--env", "CartPole-v1", "--actors", "2", "--envs-per-actor", "4",
+                   "--base-port", str(base), "--http-port", str(base + 6), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                   "--progress-interval", "1", "--set", "replay.min_size_to_sample=200"], clean_env(), log)
     children: set[int] = set()
     try:
         def running() -> bool:
@@ -59,11 +58,9 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     """Even SIGKILL of ``flywheel run`` leaves no orphan: children get SIGTERM from the kernel (PDEATHSIG)."""
     base = free_port_block(7)
     log = tmp_path / "run.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flywheel", "run", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2",
-             "--base-port", str(base), "--http-port", str(base + 6), "--checkpoint-dir", str(tmp_path / "ckpt")],
-            env=clean_env(), stdout=out, stderr=subprocess.STDOUT)
+    proc = launch(["run", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2",
+                   "--base-port", str(base), "--http-port", str(base + 6), "--checkpoint-dir", str(tmp_path / "ckpt")],
+                  clean_env(), log)
     children: set[int] = set()
 
     def started() -> bool:
@@ -82,7 +79,7 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
 
 def test_bench_harness_measures_a_real_run(tmp_path: Path) -> None:
     """The benchmarks' view of ``flywheel run``: every service up, counters and per-process CPU that grow."""
-    from flywheel.bench.suites._harness import FlywheelRun
+    from flywheel.testing.run import FlywheelRun
 
     run = FlywheelRun("CartPole-v1", tmp_path, actors=1, envs_per_actor=4,
                       sets=["replay.min_size_to_sample=200"], progress_interval=1.0)

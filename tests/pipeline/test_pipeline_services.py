@@ -6,7 +6,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-from pipeline_helpers import clean_env, free_port_block, get_json, get_text, metric_values, start, wait_until
+from pipeline_helpers import clean_env, get_json, get_text, metric_values, start, wait_until
+
+from flywheel.testing.ports import free_port_block
 
 
 def test_four_services_train_cartpole_end_to_end(tmp_path: Path) -> None:

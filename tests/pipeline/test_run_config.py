@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode (the importnb plugin's too)
-from pipeline_helpers import clean_env, free_port_block
+from pipeline_helpers import clean_env
+
+from flywheel.testing.ports import free_port_block
 
 
 def flywheel(*args: str | Path, timeout: float = 240, **env: str) -> subprocess.CompletedProcess[str]:

@@ -16,11 +16,12 @@ import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode (the importnb plugin's too)
-from pipeline_helpers import free_port_block, get_json, get_text, wait_until
+from pipeline_helpers import get_json, get_text, wait_until
 
-from flywheel.bench.suites._harness import FlywheelRun
 from flywheel.run import Child, Plan
 from flywheel.supervisor import RestartPolicy, Supervisor, restart_values
+from flywheel.testing.ports import free_port_block
+from flywheel.testing.run import FlywheelRun
 
 # -- the policy: no processes ------------------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from pipeline_helpers import get_json, get_text, metric_values
 from reliability_helpers import bad_transitions, claim_huge_frame, header, raw_garbage, transitions
 
 from flywheel import proto
-from flywheel.bench.suites._cluster import Cluster, WeightsVersions
+from flywheel.testing.cluster import Cluster
+from flywheel.testing.weights import WeightsWatcher
 from flywheel.transport import make_socket
 
 pytestmark = pytest.mark.timeout(300)
@@ -62,7 +63,7 @@ def test_rogue_peers_on_every_bound_socket(tmp_path: Path) -> None:
         socks.append(s)
         return s
 
-    watcher = WeightsVersions(cluster.endpoint("weights"))
+    watcher = WeightsWatcher(cluster.endpoint("weights")).follow()
     try:
         cluster.start_all()
         names = ["gateway-0", "replay-0", "learner-0"]

@@ -16,10 +16,10 @@ from pipeline_helpers import clean_env
 from reliability_helpers import transitions
 
 from flywheel import proto
-from flywheel.bench.suites._cluster import Cluster, pid_alive
 from flywheel.services.learner.checkpoint import load_checkpoint, save_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.replay import checkpoint as replay_checkpoint
+from flywheel.testing.cluster import Cluster, pid_alive
 
 pytestmark = pytest.mark.timeout(240)
 

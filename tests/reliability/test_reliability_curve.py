@@ -15,15 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from pipeline_helpers import clean_env, free_port_block, get_text, metric_values
+from pipeline_helpers import clean_env, get_text, metric_values
 from reliability_helpers import closed_by_peer, transitions
 
 from flywheel import proto, security
-from flywheel.bench.suites._cluster import Cluster, WeightsVersions
 from flywheel.security import CurveKeyError, CurveKeys, keys_from_settings, load_keys
 from flywheel.services.actor.settings import ActorSettings
 from flywheel.services.gateway.settings import GatewaySettings
 from flywheel.services.replay.settings import ReplaySettings
+from flywheel.testing.cluster import Cluster
+from flywheel.testing.ports import free_port_block
+from flywheel.testing.weights import WeightsWatcher
 from flywheel.transport import bind, connect, make_socket
 
 pytestmark = pytest.mark.timeout(240)
@@ -200,7 +202,7 @@ def test_a_curve_pipeline_refuses_every_client_without_an_authorized_key(keys_di
         assert replay["counters"]['curve_handshakes_refused_total{reason="protocol"}'] > 0
         # A real actor over CURVE: transitions in, weights out, a lease and telemetry from the gateway.
         with curve(good):
-            watcher = WeightsVersions(cluster.endpoint("weights"))
+            watcher = WeightsWatcher(cluster.endpoint("weights")).follow()
         try:
             cluster.start("actor-0")
             cluster.wait(lambda: cluster.value("actor-0", "weight_version") > 0 and cluster.value(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pipeline_helpers import get_text, metric_values
 
-from flywheel.bench.suites._faults import fault_cluster, run_faults
+from flywheel.testing.faults import fault_cluster, run_faults
 
 pytestmark = pytest.mark.timeout(420)
 

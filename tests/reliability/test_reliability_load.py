@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.bench.suites._load import MAX_PENDING, load_cluster, run_load, summarize
 from flywheel.services.learner.sampling import batches_per_request
+from flywheel.testing.load import MAX_PENDING, load_cluster, run_load, summarize
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from replay_helpers import ActorStreams
 
 from flywheel import proto
 from flywheel.demos import DemoWriter
+from flywheel.processes import launch
 from flywheel.services.replay.client import ReplayClient
 
 
@@ -29,8 +29,7 @@ def start(tmp_path: Path, ep: dict[str, str], **extra: str) -> subprocess.Popen[
                 "TELEMETRY_ENDPOINT": ep["telemetry"], "CONTROL_ENDPOINT": ep["control"],
                 "CHECKPOINT_DIR": str(tmp_path / "ckpt"), "MIN_SIZE_TO_SAMPLE": "10", "CAPACITY": "500"} | extra
     env.update({f"FLYWHEEL_REPLAY_{k}": v for k, v in settings.items()})
-    with open(tmp_path / "replay.log", "ab") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "flywheel", "replay"], env=env, stdout=log, stderr=log)
+    return launch(["replay"], env, tmp_path / "replay.log")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:

@@ -18,6 +18,7 @@ import zmq
 
 from flywheel import proto
 from flywheel.bench.runner import BenchError
+from flywheel.testing.ports import free_port
 
 from .replay_data import sender_main
 
@@ -38,8 +39,8 @@ class ReplayService:
         self.workdir = workdir
         sock = f"/tmp/fw-bench-{os.getpid()}-{name}"
         self.transitions_ipc, self.sample_ipc = f"ipc://{sock}-tr", f"ipc://{sock}-sa"
-        self.transitions_tcp = f"tcp://127.0.0.1:{_free_port()}"
-        self.sample_tcp = f"tcp://127.0.0.1:{_free_port()}"
+        self.transitions_tcp = f"tcp://127.0.0.1:{free_port()}"
+        self.sample_tcp = f"tcp://127.0.0.1:{free_port()}"
         self.ctx = zmq.Context()
         self.telemetry = self.ctx.socket(zmq.PULL)
         telemetry = f"ipc://{sock}-te"
@@ -200,14 +201,6 @@ def sample_run(endpoint: str, transport: str, batch: int, seconds: float, cpus: 
         raise BenchError(f"sampling client ({transport}) gave no result: {exc}") from None
     finally:
         proc.join(30)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class CpprbPeer:

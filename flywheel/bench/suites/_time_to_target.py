@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.bench.runner import BenchContext
-from flywheel.bench.suites._harness import FlywheelRun, WeightsWatcher, greedy_returns
+from flywheel.testing.run import FlywheelRun, greedy_returns
+from flywheel.testing.weights import WeightsWatcher
 
 EVAL_SEED = 10_000  # evaluation k uses seeds EVAL_SEED + 100 k + i (sb3 uses the same for its side)
 

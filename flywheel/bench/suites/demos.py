@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._harness import FlywheelRun, WeightsWatcher, pyplot, save_figure
+from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.bench.suites._time_to_target import flywheel_time_to_target
+from flywheel.testing.run import FlywheelRun
+from flywheel.testing.weights import WeightsWatcher
 
 DESCRIPTION = "Demos: collection speed (1 vs all workers); CartPole time to 475, Mario distance, with vs without"
 OPTIONS = {

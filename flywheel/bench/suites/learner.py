@@ -7,10 +7,7 @@ fed over TCP by a real ``flywheel replay`` process. docs/LEARNER.md describes th
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,10 +24,12 @@ from torch.nn import functional as F
 from flywheel import proto
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
 from flywheel.nets import build_q_network
+from flywheel.processes import die_with_parent
 from flywheel.services.learner.core import AMP_DTYPES, CoreConfig, LearnerCore
 from flywheel.services.learner.metrics import bf16_peak_tflops, flops_per_update, network_passes
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.transport import LearnerService
+from flywheel.testing.ports import free_port
 
 DESCRIPTION = "learner fed by a real replay vs a bare PyTorch loop (updates/s, data wait); GPU Nature CNN b512 goal"
 OPTIONS = {
@@ -69,20 +68,6 @@ CASES = [
     Case("nature512", "Nature CNN 4x84x84, batch 512", (4, 84, 84), 7, 512, 8, 2_000),
 ]
 LR, ADAM_EPS, CLIP, GAMMA_N = 1e-4, 1.5e-4, 10.0, 0.99**3
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the bench process dies, however it dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _random_batch(case: Case, rng: np.random.Generator, size: int) -> dict[str, np.ndarray]:
@@ -148,19 +133,19 @@ class ReplayProcess:
     """``flywheel replay`` as a child process on free loopback ports, filled with random transitions."""
 
     def __init__(self, case: Case, workdir: Path) -> None:
-        self.sample_endpoint = f"tcp://127.0.0.1:{_free_port()}"
-        self.transitions_endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        self.sample_endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.transitions_endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.log = open(workdir / f"replay-{case.key}.log", "wb")  # closed in close()
         args = ["--capacity", str(2 * case.fill), "--min-size-to-sample", str(case.fill),
                 "--transitions-bind", self.transitions_endpoint, "--sample-bind", self.sample_endpoint,
-                "--telemetry-endpoint", f"tcp://127.0.0.1:{_free_port()}",
-                "--control-endpoint", f"tcp://127.0.0.1:{_free_port()}", "--log-level", "WARNING"]
+                "--telemetry-endpoint", f"tcp://127.0.0.1:{free_port()}",
+                "--control-endpoint", f"tcp://127.0.0.1:{free_port()}", "--log-level", "WARNING"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
         # its own session, hence its own scheduling group (Linux autogroup), as a separate service has: on a
         # shared machine the replay then competes with other programs, not with the learner it feeds
         self.proc = subprocess.Popen([sys.executable, "-m", "flywheel", "replay", *args], env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)
 
     def fill(self, ctx: zmq.Context, case: Case, timeout_s: float = 180.0) -> None:
         """Push ``case.fill`` transitions, then wait until the replay answers a sample request."""
@@ -200,8 +185,8 @@ def _learner(case: Case, config: CoreConfig, device: torch.device, replay: Repla
     settings = LearnerSettings(
         instance="bench-learner", env_id="bench", batch_size=case.batch, lr=LR, adam_eps=ADAM_EPS,
         grad_clip_norm=CLIP, sample_endpoint=replay.sample_endpoint,
-        weights_bind=f"tcp://127.0.0.1:{_free_port()}", telemetry_endpoint=f"tcp://127.0.0.1:{_free_port()}",
-        control_endpoint=f"tcp://127.0.0.1:{_free_port()}", torch_threads=threads, device=device.type,
+        weights_bind=f"tcp://127.0.0.1:{free_port()}", telemetry_endpoint=f"tcp://127.0.0.1:{free_port()}",
+        control_endpoint=f"tcp://127.0.0.1:{free_port()}", torch_threads=threads, device=device.type,
         requests_in_flight=4)
     torch.manual_seed(seed)
     core = LearnerCore(case.obs_shape, case.n_actions, config, device)

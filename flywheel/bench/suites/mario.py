@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, _cpu_model
-from flywheel.bench.suites._harness import FlywheelRun, Snapshot, pyplot, save_figure
+from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.bench.suites._scale import ScaleModel, scale_table
 from flywheel.envs import env_spec
 from flywheel.run import DEFAULT_ENV, default_actors
+from flywheel.testing.run import FlywheelRun, Snapshot
 
 DESCRIPTION = "Mario 1-1: checkpoints of a timed flywheel run, evaluated on fixed seeds vs a random policy"
 OPTIONS = {

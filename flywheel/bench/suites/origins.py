@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._harness import FlywheelRun, clean_env, pyplot, save_figure, tail
+from flywheel.bench.suites._plots import pyplot, save_figure
+from flywheel.testing.run import FlywheelRun, clean_env, tail
 
 DESCRIPTION = "Origins: the reports' single-process act-learn DQN loop vs flywheel run (CartPole, Mario)"
 OPTIONS = {

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._cluster import ClusterError
-from flywheel.bench.suites._faults import fault_cluster, run_faults
-from flywheel.bench.suites._harness import pyplot, save_figure
-from flywheel.bench.suites._load import LoadRun, load_cluster, run_load, summarize
+from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.services.learner.sampling import batches_per_request
+from flywheel.testing.cluster import ClusterError
+from flywheel.testing.faults import fault_cluster, run_faults
+from flywheel.testing.load import LoadRun, load_cluster, run_load, summarize
 
 DESCRIPTION = "kill -9 of each service and recovery times; 8 actors vs a slow learner (memory, queues); CURVE cost"
 OPTIONS = {

@@ -29,7 +29,7 @@ from flywheel.bench.peers.replay_harness import (
     sample_run,
 )
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._harness import pyplot, save_figure
+from flywheel.bench.suites._plots import pyplot, save_figure
 
 DESCRIPTION = ("replay: insert rate (Mario, CartPole, one core), 512-batch Mario sampling over loopback (shm, TCP), "
                "RSS at 1M Mario, checkpoint pauses; vs cpprb and Reverb")
@@ -249,12 +249,12 @@ def _reverb(ctx: BenchContext, result: SuiteResult, frames_file: Path, seconds: 
     fill = ctx.option_int("reverb_fill", 3000 if ctx.quick else 30_000)
     script = Path(__file__).resolve().parents[1] / "peers" / "reverb_peer.py"
     ctx.progress(f"Reverb 0.14 (server process + gRPC client), {fill:,} Mario items")
-    from flywheel.bench.peers.replay_harness import _free_port
+    from flywheel.testing.ports import free_port
 
     mario = _run_json([str(python), str(script), json.dumps({"kind": "mario", "frames": str(frames_file),
-                                                              "fill": fill, "seconds": seconds, "port": _free_port()})])
+                                                              "fill": fill, "seconds": seconds, "port": free_port()})])
     cartpole = _run_json([str(python), str(script), json.dumps({"kind": "cartpole", "fill": fill * 4,
-                                                                 "seconds": seconds, "port": _free_port()})])
+                                                                 "seconds": seconds, "port": free_port()})])
     result.extra["reverb"] = {"mario": mario, "cartpole": cartpole, "fill": fill}
     for case, metric, value in (("insert mario (tcp), wall", "inserts", mario["insert_rate"]),
                                 ("insert cartpole (tcp), wall", "inserts", cartpole["insert_rate"]),

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._harness import clean_env, greedy_returns, pyplot, save_figure
+from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.bench.suites._time_to_target import EVAL_SEED, flywheel_time_to_target
+from flywheel.testing.run import clean_env, greedy_returns
 
 DESCRIPTION = "CartPole-v1 time to a greedy 475: Stable-Baselines3 DQN (zoo hyperparameters) vs flywheel run"
 OPTIONS = {

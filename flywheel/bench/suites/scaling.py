@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._harness import FlywheelRun, pyplot, save_figure, tail
+from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.bench.suites._scale import ScaleModel
+from flywheel.testing.run import FlywheelRun, tail
 
 DESCRIPTION = "flywheel run with 1, 2, 4 actors (CartPole, Mario): env steps, transitions, updates; core model"
 OPTIONS = {

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flywheel.bench.suites._cluster import Cluster, ClusterError, WeightsVersions
+from flywheel.testing.cluster import Cluster, ClusterError
+from flywheel.testing.weights import WeightsWatcher
 
 ACTORS = ("actor-0", "actor-1")  # actor-0 drops at the high-water mark, actor-1 blocks
 EVERYONE = ("gateway-0", "replay-0", "learner-0", *ACTORS)
@@ -59,7 +60,7 @@ def run_faults(cluster: Cluster, *, outage: float = 6.0,
     """Start the pipeline, kill -9 an actor, the replay, the learner and the gateway in turn (each away for
     ``outage`` seconds at least); the figures."""
     figures: dict[str, float] = {}
-    watcher = WeightsVersions(cluster.endpoint("weights"))
+    watcher = WeightsWatcher(cluster.endpoint("weights")).follow()
     try:
         began = time.monotonic()
         cluster.start_all()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.bench.suites._cluster import Cluster, ClusterError
+from flywheel.testing.cluster import Cluster, ClusterError
 
 # A learner that is slow on purpose: a 512-wide MLP (the actors use the same) on batches of 512, one CPU thread.
 HIDDEN = "512"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,16 +12,18 @@ from typing import Any
 
 import psutil
 
-from flywheel.bench.runner import BenchError
-from flywheel.bench.suites._harness import clean_env, free_port_block, tail
 from flywheel.checkpoints import process_running
-from flywheel.run import _die_with_parent, fetch_status
+from flywheel.processes import launch
+from flywheel.run import fetch_status
+from flywheel.testing.errors import HarnessError
+from flywheel.testing.ports import free_port_block
+from flywheel.testing.run import clean_env, tail
 
 PORTS = ("transitions", "sample", "weights", "telemetry", "control", "lease", "http")
 START_ORDER = ("gateway", "replay", "learner", "actor")
 
 
-class ClusterError(BenchError):
+class ClusterError(HarnessError):
     """A service died or a condition was not reached in time; the message ends with the logs' last lines."""
 
 
@@ -94,9 +95,7 @@ class Cluster:
         with open(svc.log, "ab") as log:
             log.write(f"\n===== start {svc.starts + 1} of {name} at {time.strftime('%H:%M:%S')}\n".encode())
             log.flush()
-            svc.proc = subprocess.Popen([sys.executable, "-m", "flywheel", svc.service], env=env, stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        preexec_fn=_die_with_parent)
+        svc.proc = launch([svc.service], env, svc.log)
         svc.starts += 1
         svc.started_at = time.monotonic()
         return svc
@@ -235,57 +234,3 @@ def pid_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-class WeightsVersions:
-    """Subscribes to a learner's weights PUB in a thread and records (time.monotonic(), version) of each message.
-
-    The socket is made (and connected, with this process's CURVE keys if any) before the thread starts.
-    """
-
-    def __init__(self, endpoint: str) -> None:
-        import threading
-
-        import zmq
-
-        from flywheel.transport import connect, make_socket
-
-        self.endpoint = endpoint
-        self.seen: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._ctx = zmq.Context()
-        self._sock = make_socket(self._ctx, zmq.SUB, rcvhwm=100, max_msg_bytes=512 << 20)
-        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
-        connect(self._sock, endpoint)
-        self._thread = threading.Thread(target=self._run, name="weights-versions", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        from flywheel import proto
-
-        sock = self._sock
-        try:
-            while not self._stop.is_set():
-                if not sock.poll(100):
-                    continue
-                frames = sock.recv_multipart(copy=False)
-                try:
-                    msg = proto.decode(frames, expect=proto.Weights)
-                except proto.DecodeError:
-                    continue
-                self.seen.append((time.monotonic(), msg.version))
-        finally:
-            sock.close(0)
-
-    def newest(self, since: float = float("-inf"), before: float = float("inf")) -> int:
-        """The highest version that arrived in [since, before); 0 when none did."""
-        return max((v for t, v in list(self.seen) if since <= t < before), default=0)
-
-    def first(self, since: float) -> tuple[float, int] | None:
-        """The first (time, version) that arrived at or after ``since``."""
-        return next(((t, v) for t, v in list(self.seen) if t >= since), None)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._ctx.term()

@@ -1,14 +1,10 @@
-"""What the suites share: ``flywheel run`` as a child process, its counters and CPU, weights, greedy evaluation."""
+"""``flywheel run`` as a child process for tests and benchmarks: start, wait, counters, CPU, greedy evaluation."""
 
 from __future__ import annotations
 
 import os
-import random
-import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,28 +14,12 @@ from typing import Any
 import numpy as np
 import psutil
 
-from flywheel.bench.runner import BenchError
+from flywheel.processes import launch
 from flywheel.run import fetch_status
+from flywheel.testing.errors import HarnessError
+from flywheel.testing.ports import free_port_block
 
 SERVICES = ("actor", "replay", "learner", "gateway")
-
-
-def free_port_block(count: int) -> int:
-    """First of ``count`` consecutive free TCP ports on 127.0.0.1."""
-    for _ in range(200):
-        base = random.randint(20_000, 60_000 - count)
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise BenchError("no block of free TCP ports on 127.0.0.1")
 
 
 def clean_env() -> dict[str, str]:
@@ -79,7 +59,7 @@ class FlywheelRun:
         self.url = f"http://127.0.0.1:{self.base + 6}"
         self.weights_endpoint = f"tcp://127.0.0.1:{self.base + 2}"
         self.log = workdir / "run.log"
-        self.command = [sys.executable, "-m", "flywheel", "run", "--env", env_id, "--actors", str(actors),
+        self.command = ["run", "--env", env_id, "--actors", str(actors),
                         "--base-port", str(self.base), "--http-port", str(self.base + 6),
                         "--checkpoint-dir", str(workdir / "checkpoints"),
                         "--progress-interval", str(progress_interval)]
@@ -105,9 +85,8 @@ class FlywheelRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for attempt in range(tries):
             self.started = time.monotonic()
-            with open(self.log, "wb") as out:
-                self.proc = subprocess.Popen(self.command, env=clean_env(), stdout=out, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL)
+            self.log.unlink(missing_ok=True)
+            self.proc = launch(self.command, clean_env(), self.log, tie_to_parent=False)
             deadline = self.started + timeout
             while self.alive() and time.monotonic() < deadline and not self._all_up():
                 time.sleep(0.25)
@@ -117,7 +96,7 @@ class FlywheelRun:
             if "already in use" not in self.log.read_text(errors="replace") or attempt == tries - 1:
                 break
             self._ports(free_port_block(7))
-        raise BenchError(f"flywheel run did not come up; log {self.log}:\n{tail(self.log)}")
+        raise HarnessError(f"flywheel run did not come up; log {self.log}:\n{tail(self.log)}")
 
     def _all_up(self) -> bool:
         status = self.status()
@@ -138,11 +117,11 @@ class FlywheelRun:
 
     def check_alive(self) -> None:
         if not self.alive():
-            raise BenchError(f"flywheel run exited early (code {self.proc.returncode if self.proc else None}); "
+            raise HarnessError(f"flywheel run exited early (code {self.proc.returncode if self.proc else None}); "
                              f"log {self.log}:\n{tail(self.log)}")
 
     def wait_for(self, check: Callable[[], Any], timeout: float, what: str) -> Any:
-        """Poll ``check`` twice a second until it is truthy; a dead run or the timeout is a BenchError."""
+        """Poll ``check`` twice a second until it is truthy; a dead run or the timeout is a HarnessError."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check_alive()
@@ -150,7 +129,7 @@ class FlywheelRun:
             if value:
                 return value
             time.sleep(0.5)
-        raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}; log {self.log}:\n{tail(self.log)}")
+        raise HarnessError(f"timed out after {timeout:.0f} s waiting for {what}; log {self.log}:\n{tail(self.log)}")
 
     def status(self) -> dict[str, Any] | None:
         return fetch_status(self.url, timeout=5.0)
@@ -233,79 +212,6 @@ class FlywheelRun:
             return self.proc.wait()
 
 
-class WeightsWatcher:
-    """Subscribes to a learner's weights PUB and keeps a local network at the newest version.
-
-    The network is built from the first message's name (e.g. ``mlp-4-2-dueling-h64``), so a run with another
-    width or head needs no extra settings here.
-    """
-
-    def __init__(self, endpoint: str, obs_shape: tuple[int, ...], n_actions: int) -> None:
-        import torch
-        import zmq
-
-        torch.set_num_threads(1)
-        self.obs_shape, self.n_actions = obs_shape, n_actions
-        self.net: Any = None
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 2)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sock.connect(endpoint)
-        self.version = 0
-        self.rejected = 0
-
-    def _build(self, name: str) -> Any:
-        from flywheel.nets import build_q_network
-
-        hidden = re.search(r"-h(\d+)$", name)
-        return build_q_network(self.obs_shape, self.n_actions, dueling="-dueling" in name,
-                               hidden=int(hidden.group(1)) if hidden else 256).eval()
-
-    def poll(self, timeout_ms: int = 0) -> bool:
-        """Wait up to ``timeout_ms`` for weights, drain the socket, load the newest; True when the net changed."""
-        import zmq
-
-        from flywheel import proto
-        from flywheel.nets import WeightsMismatch, load_weights
-
-        newest = None
-        if self.sock.poll(timeout_ms):
-            while True:
-                try:
-                    frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                try:
-                    msg = proto.decode(frames, proto.Weights)
-                except proto.DecodeError:
-                    self.rejected += 1
-                    continue
-                if newest is None or msg.version > newest.version:
-                    newest = msg
-        if newest is None or newest.version <= self.version:
-            return False
-        try:
-            if self.net is None or self.net.name != newest.network:
-                self.net = self._build(newest.network)
-            load_weights(self.net, newest, self.net.name)
-        except (WeightsMismatch, ValueError):
-            self.rejected += 1
-            return False
-        self.version = newest.version
-        return True
-
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        import torch
-
-        with torch.inference_mode():
-            return self.net(torch.from_numpy(np.asarray(obs))).float().numpy()
-
-    def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()
-
 
 def greedy_returns(q_values: Callable[[np.ndarray], np.ndarray], env_id: str, episodes: int,
                    seed: int) -> np.ndarray:
@@ -333,23 +239,3 @@ def greedy_returns(q_values: Callable[[np.ndarray], np.ndarray], env_id: str, ep
     return returns
 
 
-def save_figure(fig: Any, path: Path) -> str:
-    """Write a matplotlib figure as PNG and return the file name (results and their plots share a folder)."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path.name
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend; a BenchError naming the ``bench`` extra when it is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise BenchError("plots need matplotlib: pip install 'flywheel-rl[bench]'") from None
-    return plt

@@ -1,0 +1,32 @@
+"""Starting Flywheel services as child processes: one launcher, and children that die with their parent."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def die_with_parent() -> None:
+    """In a child: ask Linux for SIGTERM when the parent dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def launch(args: list[str], env: Mapping[str, str], log: Path, *, new_session: bool = False,
+           tie_to_parent: bool = True, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """``python -m flywheel ARGS`` with stdout and stderr appended to ``log``, stdin closed.
+
+    ``tie_to_parent`` makes the child get SIGTERM when this process dies however it dies, so a killed
+    launcher leaves no orphans; ``new_session`` keeps a terminal's Ctrl-C from reaching the child directly.
+    """
+    with open(log, "ab") as fh:
+        return subprocess.Popen([sys.executable, "-m", "flywheel", *args], env=dict(env), stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                start_new_session=new_session,
+                                preexec_fn=die_with_parent if tie_to_parent else None)
