@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make run    set up .venv and train on Super Mario Bros 1-1 (flywheel run; ARGS="--env CartPole-v1" etc.)
-#   make test   set up .venv (and missing Debian packages), run ruff and the whole test suite
+#   make test   set up .venv (and missing Debian packages), run ruff, mypy and the whole test suite
 #   make bench SUITE=replay   install the peers and run one `flywheel bench` suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -33,6 +33,7 @@ bench: bench-setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/python scripts/typecheck.py
 
 test: system-deps lint
 	$(BIN)/python -m pytest -q

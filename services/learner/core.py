@@ -25,6 +25,8 @@ log = logging.getLogger("flywheel.learner")
 Compiler = Callable[[Callable[..., Any]], Callable[..., Any]]
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_PENDING_METRICS = 256  # per-batch metric tensors kept before they are folded into the device sums
+# loss, |TD| per sample, Q of the taken actions, and (demonstration rows, margin-loss sum) when a batch has demos
+LossOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 class BadBatch(ValueError):
@@ -127,6 +129,11 @@ def beta_at(updates: int, start: float, end: float, anneal_updates: int) -> floa
     return start + (end - start) * min(1.0, updates / anneal_updates)
 
 
+def _channels_last(net: QNetwork) -> QNetwork:
+    """``net`` with its convolution weights in channels-last (NHWC) memory order."""
+    return net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
+
+
 def _default_compiler(mode: str) -> Compiler:
     return lambda fn: torch.compile(fn, mode=mode, dynamic=False)
 
@@ -148,7 +155,7 @@ class LearnerCore:
         nets = [build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden,
                                 head=config.head, num_quantiles=config.num_quantiles) for _ in range(2)]
         if (self.cuda or config.channels_last) and nets[0].kind != "mlp":
-            nets = [net.to(memory_format=torch.channels_last) for net in nets]  # faster cuDNN / inductor convolutions
+            nets = [_channels_last(net) for net in nets]  # faster cuDNN / inductor convolutions
         self.online: QNetwork = nets[0].to(self.device)
         self.target: QNetwork = nets[1].to(self.device)
         self.target.load_state_dict(self.online.state_dict())
@@ -169,7 +176,7 @@ class LearnerCore:
         self._step_losses: list[torch.Tensor] = []  # losses since the last optimizer step
         self.online.train()
         self.target.train()
-        self._loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = self._losses
+        self._loss_fn: Callable[..., LossOutputs] = self._losses
         self.compile_state = "off"  # off | pending (first call not yet done) | on | failed
         self._cuda_graphs = config.compile and self.cuda and config.compile_mode == "reduce-overhead"
         if config.compile:
@@ -177,12 +184,12 @@ class LearnerCore:
             self.compile_state = "pending"
 
     def _adam(self) -> torch.optim.Optimizer:
-        kwargs = dict(lr=self.config.lr, eps=self.config.adam_eps)
+        lr, eps = self.config.lr, self.config.adam_eps
         try:  # fused: one kernel, and it skips a step on found_inf without a host sync
-            return torch.optim.Adam(self.params, fused=True, **kwargs)
+            return torch.optim.Adam(self.params, lr=lr, eps=eps, fused=True)
         except (RuntimeError, TypeError) as exc:  # pragma: no cover - every device torch ships supports it now
             log.warning("learner: fused Adam unavailable (%s); using foreach Adam", exc)
-            return torch.optim.Adam(self.params, foreach=True, **kwargs)
+            return torch.optim.Adam(self.params, lr=lr, eps=eps, foreach=True)
 
     # ---- settings ------------------------------------------------------------------------------------------------
     @property
@@ -241,7 +248,7 @@ class LearnerCore:
 
     def _losses(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
                 next_obs: torch.Tensor, weight: torch.Tensor, is_demo: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                ) -> LossOutputs:
         """IS-weighted mean loss, |TD| per sample, Q of the taken actions (the networks under autocast) and, with
         ``is_demo``, (demonstration rows, their large-margin loss sum); those rows add lambda x margin loss."""
         if self.amp_dtype is not None:
@@ -340,14 +347,15 @@ class LearnerCore:
     def _refresh_target(self) -> None:
         if self.config.tau > 0:
             with torch.no_grad():
-                torch._foreach_lerp_(list(self.target.parameters()), self.params, self.config.tau)
+                torch._foreach_lerp_(list[torch.Tensor](self.target.parameters()), list[torch.Tensor](self.params),
+                                     self.config.tau)
         elif self.steps % self.config.target_update_interval == 0:
             self.sync_target()
 
     def sync_target(self) -> None:
         """Hard copy online -> target."""
         with torch.no_grad():
-            torch._foreach_copy_(list(self.target.parameters()), self.params)
+            torch._foreach_copy_(list[torch.Tensor](self.target.parameters()), list[torch.Tensor](self.params))
 
     # ---- reading results -----------------------------------------------------------------------------------------
     def _fold_metrics(self) -> None:

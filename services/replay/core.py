@@ -109,7 +109,9 @@ class ReplayCore:
     @property
     def obs_schema(self) -> tuple[tuple[int, ...], np.dtype] | None:
         storage = self.main.storage
-        return None if storage.obs_shape is None else (storage.obs_shape, storage.obs_dtype)
+        if storage.obs_shape is None or storage.obs_dtype is None:
+            return None
+        return storage.obs_shape, storage.obs_dtype
 
     def can_sample(self, batch_size: int) -> bool:
         return self.limiter.can_sample(batch_size - self.demo_rows(batch_size), self.size)
