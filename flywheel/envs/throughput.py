@@ -1,4 +1,4 @@
-"""Measure raw single-process env throughput: ``python -m flywheel.envs.bench [ENV_ID] [STEPS]``."""
+"""Measure raw single-process env throughput: ``python -m flywheel.envs.throughput [ENV_ID] [STEPS]``."""
 
 from __future__ import annotations
 
