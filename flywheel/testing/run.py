@@ -200,6 +200,16 @@ class FlywheelRun:
             out[name] = times.user + times.system
         return out
 
+    def launcher_cpu_seconds(self) -> float:
+        """User + system CPU seconds of the ``flywheel run`` process itself (its supervisor, progress, curves)."""
+        if self.proc is None:
+            return 0.0
+        try:
+            times = psutil.Process(self.proc.pid).cpu_times()
+        except psutil.Error:
+            return 0.0
+        return times.user + times.system
+
     def stop(self, timeout: float = 240.0) -> int | None:
         """SIGINT (Ctrl-C): flywheel run stops its children in order; SIGKILL if it takes longer than ``timeout``."""
         if self.proc is None or self.proc.poll() is not None:

@@ -53,25 +53,55 @@ def test_scale_model_costs_limits_and_needs() -> None:
 
 
 def test_sb3_summary_counts_censored_runs_at_the_cap() -> None:
-    opts = {"target": 475.0, "eval_episodes": 10, "eval_interval_s": 2.0, "actors": 2, "threads": 1, "sets": []}
+    opts = {"env": "CartPole-v1", "target": 475.0, "eval_episodes": 10, "eval_interval_s": 2.0, "actors": 2,
+            "sb3_threads": [1, 2], "sets": []}
+
+    def reached(s: float, steps: int, cpu: float) -> dict:
+        return {"s": s, "steps": steps, "cpu_s": cpu}
+
     runs = [
-        {"side": "sb3", "seed": 0, "reached": {"s": 40.0, "steps": 20000}, "first_step_s": 3.0, "curve": []},
-        {"side": "sb3", "seed": 1, "reached": None, "first_step_s": 3.5, "curve": []},
-        {"side": "sb3", "seed": 2, "reached": {"s": 60.0, "steps": 30000}, "first_step_s": 3.2, "curve": []},
-        {"side": "flywheel", "seed": 0, "reached": {"s": 20.0, "steps": 90000}, "first_step_s": 5.0, "curve": []},
-        {"side": "flywheel", "seed": 1, "reached": {"s": 25.0, "steps": 95000}, "first_step_s": 5.5, "curve": []},
-        {"side": "flywheel", "seed": 2, "reached": {"s": 35.0, "steps": 99000}, "first_step_s": 6.0, "curve": []},
+        {"side": "sb3-1t", "seed": 0, "reached": reached(40.0, 20000, 41.0), "first_step_s": 3.0, "curve": []},
+        {"side": "sb3-1t", "seed": 1, "reached": None, "first_step_s": 3.5, "curve": []},
+        {"side": "sb3-1t", "seed": 2, "reached": reached(60.0, 30000, 59.0), "first_step_s": 3.2, "curve": []},
+        {"side": "sb3-2t", "seed": 0, "reached": reached(30.0, 20000, 58.0), "first_step_s": 3.0, "curve": []},
+        {"side": "sb3-2t", "seed": 1, "reached": reached(50.0, 26000, 96.0), "first_step_s": 3.1, "curve": []},
+        {"side": "sb3-2t", "seed": 2, "reached": reached(70.0, 31000, 130.0), "first_step_s": 3.3, "curve": []},
+        {"side": "flywheel", "seed": 0, "reached": reached(20.0, 90000, 36.0), "first_step_s": 5.0, "curve": []},
+        {"side": "flywheel", "seed": 1, "reached": reached(25.0, 95000, 47.0), "first_step_s": 5.5, "curve": []},
+        {"side": "flywheel", "seed": 2, "reached": reached(35.0, 99000, 66.0), "first_step_s": 6.0, "curve": []},
     ]
-    result = sb3.summarize(runs, 300.0, opts)
-    time_row = result.rows[0]
-    assert time_row.peer_runs == [40.0, 300.0, 60.0] and time_row.peer == 60.0
-    assert time_row.flywheel == 25.0 and time_row.ratio == pytest.approx(2.4) and time_row.met is True
-    assert result.rows[1].flywheel == 95000 and result.rows[1].peer == 25000
-    assert any("SB3 1 of 3" in note for note in result.notes)
-    runs[3]["reached"] = runs[4]["reached"] = None  # a median that is censored never meets the goal
+    result = sb3.summarize(runs, 300.0, opts, first_seed=1000)
+    rows = {(r.metric, r.peer_name): r for r in result.rows}
+    one = rows[("time to greedy 475", "SB3 DQN (zoo), 1 thread(s)")]
+    assert one.peer_runs == [40.0, 300.0, 60.0] and one.peer == 60.0
+    assert one.flywheel == 25.0 and one.ratio == pytest.approx(2.4) and one.met is True
+    two = rows[("time to greedy 475", "SB3 DQN (zoo), 2 thread(s)")]
+    assert two.peer == 50.0 and two.ratio == pytest.approx(2.0) and two.met is True
+    cpu_one = rows[("CPU-seconds to greedy target", "SB3 DQN (zoo), 1 thread(s)")]
+    assert cpu_one.flywheel == 47.0 and cpu_one.peer_runs == [41.0, 59.0] and cpu_one.peer == 50.0  # reached only
+    assert rows[("CPU-seconds to greedy target", "SB3 DQN (zoo), 2 thread(s)")].peer == 96.0
+    assert rows[("env steps to greedy target", "SB3 DQN (zoo), all threads")].flywheel == 95000
+    assert any("sb3-1t 1 of 3" in note and "flywheel 0 of 3" in note for note in result.notes)
+    assert any(note.startswith("Seeds: reported on 1000-1002; Flywheel's preset was tuned on seeds 0-2")
+               for note in result.notes)
+    ci = next(note for note in result.notes if note.startswith("flywheel seconds"))
+    assert "median 25.0, 95% CI 20.0-35.0 (n=3)" in ci  # the bootstrap of three values spans their range
+    runs[6]["reached"] = runs[7]["reached"] = None  # a median that is censored never meets the goal
     assert sb3.summarize(runs, 300.0, opts).rows[0].met is False
     only = sb3.summarize([r for r in runs if r["side"] == "flywheel"], 300.0, opts)
     assert only.rows[0].peer is None and only.rows[0].met is None
+
+
+def test_sb3_acrobot_is_reported_without_a_goal() -> None:
+    opts = {"env": "Acrobot-v1", "target": -100.0, "eval_episodes": 10, "eval_interval_s": 2.0, "actors": 2,
+            "sb3_threads": [1], "sets": []}
+    runs = [{"side": "flywheel", "seed": 0, "reached": {"s": 80.0, "steps": 1, "cpu_s": 150.0}, "first_step_s": 5.0,
+             "curve": []},
+            {"side": "sb3-1t", "seed": 0, "reached": {"s": 60.0, "steps": 1, "cpu_s": 60.0}, "first_step_s": 3.0,
+             "curve": []}]
+    result = sb3.summarize(runs, 300.0, opts)
+    assert result.rows[0].metric == "time to greedy -100" and result.rows[0].met is None and not result.rows[0].goal
+    assert any("tuned on never" in note for note in result.notes)
 
 
 def test_origins_rows_compare_medians_against_the_reports_goals() -> None:

@@ -20,9 +20,15 @@ def flywheel_time_to_target(ctx: BenchContext, env_id: str, seed: int, cap_s: fl
     mean of ``eval_episodes`` returns reaches ``target`` or ``cap_s`` passes.
 
     ``opts``: actors, eval_interval_s, eval_episodes, target, sets (``--set`` items, ``sets`` adds more). Returns
-    ``{"side": label, "seed", "reached": {"s", "steps"} | None, "first_step_s", "first_weights_s", "curve":
-    [(s, env steps, mean return)]}``, times from process start.
+    ``{"side": label, "seed", "reached": {"s", "steps", "cpu_s"} | None, "first_step_s", "first_weights_s",
+    "curve": [(s, env steps, mean return)]}``, times from process start. ``cpu_s`` is the user + system CPU of
+    ``flywheel run`` and every service until the passing evaluation began (the evaluator, this process, excluded).
     """
+    import gymnasium
+
+    probe = gymnasium.make(env_id)
+    obs_shape, n_actions = tuple(probe.observation_space.shape or ()), int(probe.action_space.n)
+    probe.close()
     run = FlywheelRun(env_id, workdir / f"{label}-seed{seed}", actors=int(opts["actors"]),
                       sets=[*opts.get("sets", ()), *sets])
     curve: list[tuple[float, float, float]] = []
@@ -30,7 +36,7 @@ def flywheel_time_to_target(ctx: BenchContext, env_id: str, seed: int, cap_s: fl
                            "first_weights_s": None}
     interval, evals = float(opts["eval_interval_s"]), 0
     with run:
-        watcher = WeightsWatcher(run.weights_endpoint, (4,), 2)
+        watcher = WeightsWatcher(run.weights_endpoint, obs_shape, n_actions)
         try:
             next_eval = run.started + interval
             while time.monotonic() - run.started < cap_s:
@@ -54,7 +60,8 @@ def flywheel_time_to_target(ctx: BenchContext, env_id: str, seed: int, cap_s: fl
                 ctx.progress(f"{label} seed {seed}: {curve[-1][0]:6.1f} s, {steps:,.0f} steps, weights "
                              f"v{watcher.version}, greedy {returns.mean():.1f}")
                 if returns.mean() >= float(opts["target"]):
-                    out["reached"] = {"s": curve[-1][0], "steps": steps}
+                    cpu = sum(snap.cpu.values()) + run.launcher_cpu_seconds() if snap else None
+                    out["reached"] = {"s": curve[-1][0], "steps": steps, "cpu_s": cpu}
                     break
         finally:
             watcher.close()
