@@ -7,40 +7,9 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from flywheel.registry import SERVICES, settings_class
 from flywheel.settings import SettingsError, add_settings_flags, configure_logging, settings_from_args
-
-SERVICES = ("actor", "replay", "learner", "gateway")
-
-
-def _service_main(name: str) -> Callable[[Any], int]:
-    """Import lazily so ``flywheel gateway`` does not pay for torch, and so on."""
-    if name == "actor":
-        from flywheel.services.actor.main import main
-        return main
-    if name == "replay":
-        from flywheel.services.replay.main import main
-        return main
-    if name == "learner":
-        from flywheel.services.learner.main import main
-        return main
-    from flywheel.services.gateway.__main__ import run
-    return run
-
-
-def _settings_class(name: str) -> type:
-    if name == "actor":
-        from flywheel.services.actor.settings import ActorSettings
-        return ActorSettings
-    if name == "replay":
-        from flywheel.services.replay.settings import ReplaySettings
-        return ReplaySettings
-    if name == "learner":
-        from flywheel.services.learner.settings import LearnerSettings
-        return LearnerSettings
-    from flywheel.services.gateway.settings import GatewaySettings
-    return GatewaySettings
 
 
 def package_version() -> str:
@@ -80,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="one more authorized client, in clients/NAME/ (e.g. a remote actor host; repeatable)")
     generate.add_argument("--force", action="store_true", help="replace keys already in the folder")
     for name in SERVICES:
-        cls = _settings_class(name)
+        cls = settings_class(name)
         add_settings_flags(sub.add_parser(name, help=f"run one {name} (flags or FLYWHEEL_{name.upper()}_* vars)"),
                            cls)
     return parser
@@ -91,8 +60,8 @@ def run_service(name: str, args: argparse.Namespace) -> int:
     from flywheel.envs import UnknownEnvironmentError
     from flywheel.transport import EndpointInUse
 
-    settings = settings_from_args(_settings_class(name), args, name)
-    main = _service_main(name)
+    settings = settings_from_args(settings_class(name), args, name)
+    main = SERVICES[name].entry_point()
     configure_logging(name, settings.log_level, settings.log_format, settings.instance)
 
     def error(message: str) -> int:  # one line: plain text, or a JSON line where a log stack reads them
@@ -126,31 +95,44 @@ def run_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from flywheel.run import run
+    from flywheel.runconfig import given_flags
+
+    args.given_flags = given_flags(sys.argv[1:] if argv is None else list(argv))  # --resume fills the rest
+    return run(args)
+
+
+def _play(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from flywheel.play import run_play
+
+    return run_play(args)
+
+
+def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from flywheel.bench.cli import run_bench
+
+    return run_bench(args)
+
+
+def _demos(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from flywheel.demos.cli import run_demos
+
+    return run_demos(args)
+
+
+# the commands that are not a service; each takes the parsed arguments and the raw argv
+COMMANDS: dict[str, Callable[[argparse.Namespace, list[str] | None], int]] = {
+    "run": _run, "play": _play, "bench": _bench, "demos": _demos, "keys": lambda args, _argv: run_keys(args),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "run":
-            from flywheel.run import run
-            from flywheel.runconfig import given_flags
-
-            args.given_flags = given_flags(sys.argv[1:] if argv is None else list(argv))  # --resume fills the rest
-            return run(args)
-        if args.command == "play":
-            from flywheel.play import run_play
-
-            return run_play(args)
-        if args.command == "bench":
-            from flywheel.bench.cli import run_bench
-
-            return run_bench(args)
-        if args.command == "demos":
-            from flywheel.demos.cli import run_demos
-
-            return run_demos(args)
-        if args.command == "keys":
-            return run_keys(args)
-        return run_service(args.command, args)
+        command = COMMANDS.get(args.command)
+        return command(args, argv) if command else run_service(args.command, args)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -206,12 +206,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 def _validate(env: dict[str, dict[str, str]]) -> None:
     """Build each service's settings from the planned values so a bad value fails before anything starts."""
-    from flywheel.cli import _settings_class
+    from flywheel.registry import settings_class
     from flywheel.security import CurveKeyError, keys_from_settings
     from flywheel.settings import build_settings
 
     for service, values in env.items():
-        cls = _settings_class(service)
+        cls = settings_class(service)
         known = set(cls.model_fields)
         for key in values:
             if key.lower() not in known:

@@ -125,9 +125,9 @@ def check_plan(saved: dict[str, Any] | None, plan: Plan, directory: Path) -> Non
 
 def _secret_keys(service: str) -> set[str]:
     """Upper-case names of the service's SecretStr settings (kept out of run.json)."""
-    from flywheel.cli import _settings_class
+    from flywheel.registry import settings_class
 
-    fields = _settings_class(service).model_fields
+    fields = settings_class(service).model_fields
     return {name.upper() for name, f in fields.items() if "SecretStr" in str(f.annotation)}
 
 

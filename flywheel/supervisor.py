@@ -221,11 +221,11 @@ class Supervisor:
 
         actor = self.plan.env.get("actor", {})
         if any(key.startswith("CURVE_") for key in actor):
-            from flywheel.cli import _settings_class
+            from flywheel.registry import settings_class
             from flywheel.settings import SettingsError, build_settings
 
             try:
-                settings = build_settings(_settings_class("actor"), {k.lower(): v for k, v in actor.items()},
+                settings = build_settings(settings_class("actor"), {k.lower(): v for k, v in actor.items()},
                                           "run (supervisor)")
                 security.configure(security.keys_from_settings(settings, "actor"))
             except (SettingsError, security.CurveKeyError, ValueError) as exc:

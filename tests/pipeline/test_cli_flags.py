@@ -15,15 +15,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode
 from pipeline_helpers import clean_env
 
-from flywheel.cli import _settings_class, build_parser, package_version
+from flywheel.cli import build_parser, package_version
 from flywheel.processes import launch
+from flywheel.registry import settings_class
 from flywheel.settings import JsonLogFormatter, settings_from_args
 from flywheel.testing.ports import free_port_block
 
 
 def settings(*argv: str) -> object:
     args = build_parser().parse_args(list(argv))
-    return settings_from_args(_settings_class(argv[0]), args, argv[0])
+    return settings_from_args(settings_class(argv[0]), args, argv[0])
 
 
 @pytest.mark.parametrize(("argv", "field", "value"), [
