@@ -33,7 +33,7 @@ SERVICES: dict[str, Service] = {s.name: s for s in (
     Service("actor", "flywheel.services.actor.settings:ActorSettings", "flywheel.services.actor.main:main"),
     Service("replay", "flywheel.services.replay.settings:ReplaySettings", "flywheel.services.replay.main:main"),
     Service("learner", "flywheel.services.learner.settings:LearnerSettings", "flywheel.services.learner.main:main"),
-    Service("gateway", "flywheel.services.gateway.settings:GatewaySettings", "flywheel.services.gateway.__main__:run"),
+    Service("gateway", "flywheel.services.gateway.settings:GatewaySettings", "flywheel.services.gateway.main:main"),
 )}
 
 
