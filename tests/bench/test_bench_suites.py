@@ -82,8 +82,8 @@ def test_sb3_summary_counts_censored_runs_at_the_cap() -> None:
     assert rows[("CPU-seconds to greedy target", "SB3 DQN (zoo), 2 thread(s)")].peer == 96.0
     assert rows[("env steps to greedy target", "SB3 DQN (zoo), all threads")].flywheel == 95000
     assert any("sb3-1t 1 of 3" in note and "flywheel 0 of 3" in note for note in result.notes)
-    assert any(note.startswith("Seeds: reported on 1000-1002; Flywheel's preset was tuned on seeds 0-2")
-               for note in result.notes)
+    seeds = "Seeds: reported on 1000-1002; tuning: Flywheel's vector preset was tuned on CartPole-v1 seeds 0-2"
+    assert any(note.startswith(seeds) for note in result.notes)
     ci = next(note for note in result.notes if note.startswith("flywheel seconds"))
     assert "median 25.0, 95% CI 20.0-35.0 (n=3)" in ci  # the bootstrap of three values spans their range
     runs[6]["reached"] = runs[7]["reached"] = None  # a median that is censored never meets the goal
@@ -101,7 +101,7 @@ def test_sb3_acrobot_is_reported_without_a_goal() -> None:
              "curve": []}]
     result = sb3.summarize(runs, 300.0, opts)
     assert result.rows[0].metric == "time to greedy -100" and result.rows[0].met is None and not result.rows[0].goal
-    assert any("tuned on never" in note for note in result.notes)
+    assert any("nobody tuned Flywheel for Acrobot-v1" in note for note in result.notes)
 
 
 def test_origins_rows_compare_medians_against_the_reports_goals() -> None:
