@@ -108,6 +108,16 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
                  info.path, info.updates, info.weight_version, start_version + 1)
         if settings.pretrain_updates:
             log.info("learner: resuming, so the %d pretraining updates are not run again", settings.pretrain_updates)
+    elif settings.checkpoint_dir is not None:
+        try:  # a learner that died before its first checkpoint may still have published: stay above it
+            start_version = reserved_version(settings.checkpoint_dir)
+        except CheckpointError as exc:
+            log.error("learner: %s", exc)
+            return 2
+        if start_version:
+            log.info("learner: no checkpoint to resume, but an earlier learner published up to weight version %d "
+                     "in %s; publishing from version %d on", start_version, settings.checkpoint_dir,
+                     start_version + 1)
     pretrained = 0
     if settings.pretrain_updates and not resume:
         assert settings.demos_path is not None  # the settings validator guarantees it

@@ -13,7 +13,7 @@ import zmq
 from pydantic import ValidationError
 
 from flywheel import proto
-from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoint, reserve_versions
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.testing.ports import free_port
@@ -101,3 +101,12 @@ def test_auto_starts_fresh_in_an_empty_folder_and_resumes_after_a_restart(tmp_pa
     assert len(resumed) == 1 and "resuming from the checkpoint" in resumed[0], err
     assert "learner: resumed from" in err
     assert second > saved >= first, "a resumed learner publishes above every version the last run sent"
+
+
+def test_a_learner_that_died_before_its_first_checkpoint_restarts_above_what_it_published(tmp_path: Path) -> None:
+    """The supervisor (or compose) restarts a learner killed before any checkpoint: it published up to version 57,
+    noted in weights-versions.json as it went, so the new one starts at 58 rather than 1 (actors refuse 1..57)."""
+    reserve_versions(tmp_path, 57)
+    version, err = _first_version_then_stop(tmp_path)
+    assert version == 58, err
+    assert "published up to weight version 57" in err and "publishing from version 58 on" in err
