@@ -92,6 +92,28 @@ class InstanceState:
     received_wall: float = 0.0
     down: bool = False
     window: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
+    # what counters lost when they went backwards (a restart): totals add it back, so they never drop
+    carried: dict[str, float] = field(default_factory=dict)
+
+    def lifetime(self) -> dict[str, float]:
+        """Counters as if the instance had never restarted: each never below its highest value seen."""
+        if not self.carried:
+            return dict(self.counters)
+        out = dict(self.counters)
+        for k, v in self.carried.items():
+            out[k] = out.get(k, 0.0) + v
+        return out
+
+    def carry_drops(self, counters: dict[str, float]) -> None:
+        """Before ``counters`` replace the current ones: keep what any counter that went backwards lost.
+
+        A restarted service reports its counters from zero (or from a checkpoint); counting the drop keeps
+        totals monotonic without counting twice what a resumed service restored.
+        """
+        for k, old in self.counters.items():
+            new = counters.get(k, 0.0)
+            if new < old:
+                self.carried[k] = self.carried.get(k, 0.0) + (old - new)
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.received)
@@ -127,6 +149,7 @@ class Registry:
         self.forgotten = 0
         self.went_down = 0
         self.events: deque[tuple[str, InstanceState, str]] = deque(maxlen=10_000)
+        self.retired: dict[str, dict[str, float]] = {}  # per service: lifetime counters of forgotten instances
 
     def update(self, msg: proto.Telemetry) -> InstanceState:
         """Store one telemetry message; raises TelemetryRejected when it cannot be kept."""
@@ -157,6 +180,7 @@ class Registry:
             state.down = False
             self.events.append(("back", state, f"after {now - state.received:.1f} s of silence"))
         state.seq, state.sent_time, state.received, state.received_wall = msg.seq, msg.time, now, time.time()
+        state.carry_drops(msg.counters)
         state.counters, state.gauges, state.info = dict(msg.counters), dict(msg.gauges), dict(msg.info)
         for values, kind in ((state.counters, "counter"), (state.gauges, "gauge")):
             for k in values:
@@ -210,6 +234,9 @@ class Registry:
         old = [k for k, s in self.instances.items() if s.age(now) > self.forget_after_s]
         for k in old:
             state = self.instances.pop(k)
+            retired = self.retired.setdefault(state.service, {})
+            for name, value in state.lifetime().items():
+                retired[name] = retired.get(name, 0.0) + value
             self.events.append(("forgotten", state, f"silent for {state.age(now):.0f} s"))
         self.forgotten += len(old)
         return len(old)
@@ -221,6 +248,16 @@ class Registry:
 
     def live(self, state: InstanceState, now: float) -> bool:
         return state.age(now) <= self.stale_after_s
+
+    def totals(self, service: str) -> dict[str, float]:
+        """Counters summed over every instance the service ever had (down, restarted and forgotten included),
+        so a total never drops when an instance dies or restarts."""
+        out = dict(self.retired.get(service, {}))
+        for (svc, _), state in self.instances.items():
+            if svc == service:
+                for k, v in state.lifetime().items():
+                    out[k] = out.get(k, 0.0) + v
+        return out
 
     def by_service(self) -> dict[str, list[InstanceState]]:
         out: dict[str, list[InstanceState]] = {}

@@ -165,11 +165,7 @@ def status(gw: GatewayService) -> dict[str, Any]:
     services: dict[str, Any] = {}
     for service, states in gw.registry.by_service().items():
         instances = [_instance(gw, s, now) for s in states]
-        totals: dict[str, float] = {}
-        for s in states:
-            if gw.registry.live(s, now):
-                for k, v in s.counters.items():
-                    totals[k] = totals.get(k, 0.0) + v
+        totals = gw.registry.totals(service)
         services[service] = {
             "up": sum(1 for i in instances if i["up"]), "down": sum(1 for i in instances if not i["up"]),
             "totals": _clean(totals), "instances": instances,

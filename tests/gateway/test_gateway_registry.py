@@ -105,6 +105,29 @@ def test_registry_restart_and_bad_telemetry() -> None:
     assert len(reg.instances) == 2
 
 
+def test_totals_never_drop_when_an_instance_restarts_goes_down_or_is_forgotten() -> None:
+    clock = FakeClock()
+    reg = Registry(stale_after_s=5, forget_after_s=60, clock=clock)
+    reg.update(tel(instance="a-0", seq=1, counters={"env_steps_total": 900.0}))
+    reg.update(tel(instance="a-1", seq=1, counters={"env_steps_total": 100.0}))
+    assert reg.totals("actor") == {"env_steps_total": 1000.0}
+    reg.update(tel(instance="a-0", seq=1, counters={"env_steps_total": 40.0}))  # kill -9, restarted by the supervisor
+    assert reg.totals("actor") == {"env_steps_total": 1000.0}  # the drop is carried: never below what was seen
+    reg.update(tel(instance="a-0", seq=2, counters={"env_steps_total": 140.0}))
+    assert reg.totals("actor") == {"env_steps_total": 1100.0}  # and it grows with the new process
+    learner = reg.update(tel(service="learner", instance="l-0", seq=9, counters={"updates_total": 5200.0}))
+    reg.update(tel(service="learner", instance="l-0", seq=1, counters={"updates_total": 5000.0}))  # resumed
+    assert reg.totals("learner") == {"updates_total": 5200.0} and learner.restarts == 1  # restored, not doubled
+    clock.t += 30
+    reg.update(tel(instance="a-0", seq=3, counters={"env_steps_total": 240.0}))
+    reg.sweep()  # a-1 is down: its work still counts
+    assert reg.totals("actor") == {"env_steps_total": 1200.0}
+    clock.t += 40
+    reg.update(tel(instance="a-0", seq=4, counters={"env_steps_total": 340.0}))
+    reg.sweep()  # a-1 is forgotten: its work is kept as retired
+    assert ("actor", "a-1") not in reg.instances and reg.totals("actor") == {"env_steps_total": 1300.0}
+
+
 def test_rates_over_the_window_survive_restarts() -> None:
     clock = FakeClock()
     reg = Registry(clock=clock, rate_window_s=10)
