@@ -26,6 +26,37 @@ TAGS = {
 COLUMNS = ("env_steps", "elapsed_s", *TAGS)
 
 
+def summarize(status: dict[str, Any]) -> dict[str, float | None]:
+    """The numbers the progress line shows, from the gateway's /status."""
+    services = status.get("services", {})
+
+    def live(service: str) -> list[dict[str, Any]]:
+        return [i for i in services.get(service, {}).get("instances", []) if i.get("up")]
+
+    actors, learners, replays = live("actor"), live("learner"), live("replay")
+    gauges = [a.get("gauges", {}) for a in actors]
+    eps_low = [g.get("epsilon_min", g["epsilon"]) for g in gauges if "epsilon" in g]
+    eps_high = [g.get("epsilon_max", g["epsilon"]) for g in gauges if "epsilon" in g]
+    returns = [g["episode_return_mean"] for g in gauges if g.get("episode_return_mean")]
+    greedy = [g["eval_return_mean"] for g in gauges if "eval_return_mean" in g]
+    learner = learners[0].get("gauges", {}) if learners else {}
+    distance = [g["mario_distance_mean"] for g in gauges if "mario_distance_mean" in g]
+    return {
+        "env_steps": services.get("actor", {}).get("totals", {}).get("env_steps_total", 0.0),
+        "env_steps_per_second": sum(g.get("env_steps_per_second", 0.0) for g in gauges),
+        "updates": learners[0].get("counters", {}).get("updates_total", 0.0) if learners else 0.0,
+        "updates_per_second": learner.get("updates_per_second", 0.0),
+        "return": sum(returns) / len(returns) if returns else None,
+        "greedy_return": max(greedy) if greedy else None,
+        "distance": sum(distance) / len(distance) if distance else None,
+        "epsilon_min": min(eps_low) if eps_low else None, "epsilon_max": max(eps_high) if eps_high else None,
+        "replay_size": sum(r.get("gauges", {}).get("size_transitions", 0.0) for r in replays),
+        "weight_version": learner.get("weight_version", 0.0),
+        "actors_up": float(len(actors)),
+    }
+
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -69,15 +100,26 @@ def _number(value: str | None) -> float:
         return 0.0
 
 
-class Curves:
-    """Appends one point per progress tick to TensorBoard and to the CSV, with env steps as the step.
+def reset(directory: str | Path) -> None:
+    """Remove the curves of an earlier run in ``directory`` (a new run's curves start over, as its checkpoints do)."""
+    folder = Path(directory)
+    (folder / CSV_FILE).unlink(missing_ok=True)
+    for old in (folder / TB_DIR).glob("events.out.tfevents.*"):
+        old.unlink()
 
-    A resumed run continues both: its env steps and seconds count on from the last row of progress.csv
-    (the services' own counters start again from zero); a new run replaces them.
+
+class Curves:
+    """Appends one point per tick to TensorBoard and to the CSV, with env steps as the step.
+
+    With ``resume`` an existing progress.csv is continued from its last row: when the first new point's env
+    steps are at least that row's, only the writer restarted and the steps count as they are; when they are
+    below it, the services started again and what they gain from the first new point on is added (what they
+    did before that point is not counted, and nothing is counted twice). Without it both files start over.
     """
 
     def __init__(self, directory: str | Path, *, resume: bool = False, flush_secs: int = 10) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        # TensorBoard's own event writer (what torch's SummaryWriter wraps): no torch import in the gateway
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -85,36 +127,54 @@ class Curves:
         last = _last_row(self.csv_path) if resume else None
         self.step_offset = int(_number(last.get("env_steps"))) if last else 0
         self.time_offset = _number(last.get("elapsed_s")) if last else 0.0
-        append = resume and last is not None
-        self._csv = open(self.csv_path, "a" if append else "w", newline="")  # closed in close()
+        self.append = resume and last is not None
+        if not self.append:  # a new run in this folder: its curves start over, as its checkpoints do
+            reset(self.directory)
+        self._csv = open(self.csv_path, "a" if self.append else "w", newline="")  # closed in close()
         self._rows = csv.DictWriter(self._csv, fieldnames=COLUMNS, extrasaction="ignore")
-        if not append:  # a new run in this folder: its curves start over, as its checkpoints do
+        if not self.append:
             self._rows.writeheader()
             self._csv.flush()
-            for old in (self.directory / TB_DIR).glob("events.out.tfevents.*"):
-                old.unlink()
-        self.writer = SummaryWriter(log_dir=str(self.directory / TB_DIR), flush_secs=flush_secs)
+        self._first: tuple[float, float] | None = None  # (elapsed, env steps) of the first point when appending
+        self._last_steps = 0.0
+        self.writer = EventFileWriter(str(self.directory / TB_DIR), flush_secs=flush_secs)
         self.points = 0
 
     def record(self, elapsed: float, env_steps: float, values: dict[str, float | None]) -> None:
         """One point: ``values`` by CSV column (None or NaN: left out of TensorBoard, empty in the CSV)."""
-        step = self.step_offset + int(env_steps)
-        seconds = self.time_offset + elapsed
+        if self.append:
+            if self._first is None:  # counters that went on (only the writer restarted) count as they are;
+                # counters below the last row started again: from here on what they gain is counted
+                self._first = (elapsed, self.step_offset if env_steps >= self.step_offset else env_steps)
+            elif env_steps < self._last_steps:  # counters started again while this writer ran
+                self._first = (self._first[0], self._first[1] - self._last_steps)
+            self._last_steps = env_steps
+            step = self.step_offset + int(env_steps - self._first[1])
+            seconds = self.time_offset + elapsed - self._first[0]
+        else:
+            step = int(env_steps)
+            seconds = elapsed
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         row: dict[str, Any] = {"env_steps": step, "elapsed_s": f"{seconds:.1f}"}
-        now = time.time()
+        summary_values: list[Any] = []
         for column, tag in TAGS.items():
             value = values.get(column)
             if value is None or not math.isfinite(value):
                 row[column] = ""
                 continue
             row[column] = f"{value:.6g}"
-            self.writer.add_scalar(tag, value, global_step=step, walltime=now)
+            summary_values.append(Summary.Value(tag=tag, simple_value=value))
+        if summary_values:
+            self.writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=summary_values)))
         self._rows.writerow(row)
         self._csv.flush()
         self.points += 1
 
-    def record_status(self, elapsed: float, summary: dict[str, float | None], status: dict[str, Any]) -> None:
-        """One point from the progress loop's gateway /status and its summary."""
+    def record_status(self, elapsed: float, status: dict[str, Any]) -> None:
+        """One point from a gateway /status."""
+        summary = summarize(status)
         self.record(elapsed, summary.get("env_steps") or 0.0, scalars(summary, status))
 
     def close(self) -> None:

@@ -158,7 +158,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     env: dict[str, dict[str, str]] = {
         "gateway": {"TELEMETRY_ENDPOINT": local(ports["telemetry"]), "CONTROL_ENDPOINT": local(ports["control"]),
                     "LEASE_ENDPOINT": local(ports["lease"]), "HTTP_HOST": "127.0.0.1",
-                    "HTTP_PORT": str(ports["http"])},
+                    "HTTP_PORT": str(ports["http"]), "CURVES_DIR": str(ckpt),
+                    "CURVES_INTERVAL_S": str(args.progress_interval)},
         "replay": {**common, "TRANSITIONS_BIND": transitions_bind, "SAMPLE_BIND": sample_bind,
                    "CHECKPOINT_DIR": str(ckpt / "replay"), "RESTORE": str(args.resume).lower()},
         "learner": {**common, "ENV_ID": args.env, "SAMPLE_ENDPOINT": sample_connect,
@@ -241,35 +242,6 @@ def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
-def summarize(status: dict[str, Any]) -> dict[str, float | None]:
-    """The numbers the progress line shows, from the gateway's /status."""
-    services = status.get("services", {})
-
-    def live(service: str) -> list[dict[str, Any]]:
-        return [i for i in services.get(service, {}).get("instances", []) if i.get("up")]
-
-    actors, learners, replays = live("actor"), live("learner"), live("replay")
-    gauges = [a.get("gauges", {}) for a in actors]
-    eps_low = [g.get("epsilon_min", g["epsilon"]) for g in gauges if "epsilon" in g]
-    eps_high = [g.get("epsilon_max", g["epsilon"]) for g in gauges if "epsilon" in g]
-    returns = [g["episode_return_mean"] for g in gauges if g.get("episode_return_mean")]
-    greedy = [g["eval_return_mean"] for g in gauges if "eval_return_mean" in g]
-    learner = learners[0].get("gauges", {}) if learners else {}
-    distance = [g["mario_distance_mean"] for g in gauges if "mario_distance_mean" in g]
-    return {
-        "env_steps": services.get("actor", {}).get("totals", {}).get("env_steps_total", 0.0),
-        "env_steps_per_second": sum(g.get("env_steps_per_second", 0.0) for g in gauges),
-        "updates": learners[0].get("counters", {}).get("updates_total", 0.0) if learners else 0.0,
-        "updates_per_second": learner.get("updates_per_second", 0.0),
-        "return": sum(returns) / len(returns) if returns else None,
-        "greedy_return": max(greedy) if greedy else None,
-        "distance": sum(distance) / len(distance) if distance else None,
-        "epsilon_min": min(eps_low) if eps_low else None, "epsilon_max": max(eps_high) if eps_high else None,
-        "replay_size": sum(r.get("gauges", {}).get("size_transitions", 0.0) for r in replays),
-        "weight_version": learner.get("weight_version", 0.0),
-        "actors_up": float(len(actors)),
-    }
-
 
 def progress_line(elapsed: float, s: dict[str, float | None]) -> str:
     def num(value: float | None, fmt: str = ",.0f") -> str:
@@ -311,14 +283,14 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flywheel import runconfig
-    from flywheel.curves import Curves
+    from flywheel import curves, runconfig
 
     saved = runconfig.apply_saved(args)  # --resume: the env and settings of CHECKPOINT_DIR/run.json
     plan = make_plan(args)
     runconfig.write_run_config(args, plan, saved)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
-    curves = Curves(args.checkpoint_dir.resolve(), resume=args.resume)  # tb/ and progress.csv
+    if not args.resume:  # the gateway writes tb/ and progress.csv; a new run's curves start over
+        curves.reset(args.checkpoint_dir.resolve())
     if plan.socket_dir is not None:
         plan.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     stop_reason: list[str] = []
@@ -356,9 +328,8 @@ def run(args: argparse.Namespace) -> int:
             status = fetch_status(plan.gateway_url)
             if status is None:
                 continue
-            summary = summarize(status)
+            summary = curves.summarize(status)
             print(progress_line(now - started, summary) + supervisor.progress(), flush=True)
-            curves.record_status(now - started, summary, status)
             if args.steps and (summary["env_steps"] or 0) >= args.steps:
                 stop_reason.append(f"reached {args.steps} env steps")
             if args.target_return is not None and (summary["greedy_return"] or float("-inf")) >= args.target_return:
@@ -380,7 +351,6 @@ def run(args: argparse.Namespace) -> int:
             code = 1
             for c in failed:
                 print(f"error: {c.name} exited with code {c.proc.returncode}: {_tail(c.log)}", file=sys.stderr)
-        curves.close()
     if plan.socket_dir is not None:
         shutil.rmtree(plan.socket_dir, ignore_errors=True)
     if code == 0 and not getattr(args, "no_video", False):

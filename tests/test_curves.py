@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from flywheel.curves import COLUMNS, TAGS, Curves, scalars
+from flywheel.curves import COLUMNS, TAGS, Curves, scalars, summarize
 
 
 def _status(steps: float, loss: float, lag: list[float], flags: list[float] | None = None) -> dict[str, Any]:
@@ -42,8 +42,6 @@ def _rows(folder: Path) -> list[dict[str, str]]:
 
 
 def test_scalars_from_a_gateway_status() -> None:
-    from flywheel.run import summarize
-
     status = _status(1000, 0.5, [1.0, 3.0], flags=[0.0, 0.5])
     values = scalars(summarize(status), status)
     assert values == {"return": 20.0, "greedy_return": 30.0, "mario_distance": 500.0, "mario_flag_rate": 0.25,
@@ -53,12 +51,10 @@ def test_scalars_from_a_gateway_status() -> None:
 
 
 def test_events_and_csv_hold_every_point_with_env_steps_as_the_step(tmp_path: Path) -> None:
-    from flywheel.run import summarize
-
     with Curves(tmp_path) as curves:
         for i, steps in enumerate((500, 1500, 3000)):
             status = _status(steps, 1.0 / (i + 1), [float(i), float(i)])
-            curves.record_status(5.0 * (i + 1), summarize(status), status)
+            curves.record_status(5.0 * (i + 1), status)
         curves.record(20.0, 3500, {"loss": math.nan, "return": None, "replay_size": 7.0})  # gaps stay gaps
     acc = _events(tmp_path)
     tags = set(acc.Tags()["scalars"])
@@ -81,12 +77,15 @@ def test_events_and_csv_hold_every_point_with_env_steps_as_the_step(tmp_path: Pa
 def test_a_resumed_run_continues_the_curves(tmp_path: Path) -> None:
     with Curves(tmp_path) as curves:
         curves.record(10.0, 2000, {"loss": 1.0})
-    with Curves(tmp_path, resume=True) as curves:  # the services count from zero again
+    with Curves(tmp_path, resume=True) as curves:  # a restarted gateway, or a resumed run
         assert (curves.step_offset, curves.time_offset) == (2000, 10.0)
-        curves.record(4.0, 300, {"loss": 0.5})
+        curves.record(5.0, 300, {"loss": 0.5})  # its first point continues the last row
+        curves.record(9.0, 700, {"loss": 0.4})  # then counts what it sees grow
+        curves.record(12.0, 100, {"loss": 0.3})  # counters that start again (services restarted) keep counting on
     assert [(r["env_steps"], r["elapsed_s"], r["loss"]) for r in _rows(tmp_path)] == [
-        ("2000", "10.0", "1"), ("2300", "14.0", "0.5")]
-    assert [(e.step, e.value) for e in _events(tmp_path).Scalars("learner/loss")] == [(2000, 1.0), (2300, 0.5)]
+        ("2000", "10.0", "1"), ("2000", "10.0", "0.5"), ("2400", "14.0", "0.4"), ("2500", "17.0", "0.3")]
+    assert [(e.step, e.value) for e in _events(tmp_path).Scalars("learner/loss")] == [
+        (2000, 1.0), (2000, 0.5), (2400, pytest.approx(0.4)), (2500, pytest.approx(0.3))]
     with Curves(tmp_path) as curves:  # a new run in the same folder starts over
         curves.record(1.0, 10, {"loss": 2.0})
     assert [r["env_steps"] for r in _rows(tmp_path)] == ["10"]

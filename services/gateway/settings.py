@@ -38,6 +38,10 @@ class GatewaySettings(CommonSettings):
     history_interval_s: float = Field(2.0, gt=0, le=3600, description="first spacing of learning-curve points")
     history_points: int = Field(1800, ge=16, le=100_000,
                                 description="most learning-curve points kept (older ones are thinned, not dropped)")
+    curves_dir: Path | None = Field(
+        None, description="folder for training curves that outlive the run: TensorBoard events in tb/ and "
+                          "progress.csv, continued after a restart (flywheel run: the checkpoint folder)")
+    curves_interval_s: float = Field(10.0, gt=0, le=3600, description="seconds between points of the curves")
     max_instances: int = Field(10_000, ge=1, description="most service instances (and leases) tracked at once")
     telemetry_hwm: int = Field(10_000, ge=1, description="receive high-water mark of the telemetry socket")
 
