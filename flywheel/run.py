@@ -200,7 +200,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
             env["actor"][key] = env["learner"][key]
     _validate(env)
     greedy_env = ("actor", "EVAL_ENVS") not in chosen  # --set actor.eval_envs=0 turns the greedy env off
-    extra = [{"EVAL_ENVS": "1"} if i == 0 and greedy_env else {} for i in range(args.actors)]
+    # actor-0 also films a greedy episode now and then for the live page (--set actor.clip_interval_s=0: never)
+    # (every 5 min for pixels: filming and encoding Mario costs ~2 ms of CPU per frame, 4 frames an agent step)
+    clip = {"CLIP_INTERVAL_S": env["actor"].pop("CLIP_INTERVAL_S", "300" if preset is PIXEL_PRESET else "120")}
+    extra = [{"EVAL_ENVS": "1", **clip} if i == 0 and greedy_env else {} for i in range(args.actors)]
     return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,
                 socket_dir)
 

@@ -14,7 +14,9 @@ from .errors import (
     WrongKind,
 )
 from .messages import (
+    CLIP_CHUNK_BYTES,
     SCHEMA_VERSION,
+    ClipChunk,
     Control,
     LeaseReply,
     LeaseRequest,
@@ -28,8 +30,8 @@ from .messages import (
 )
 
 __all__ = [
-    "DEFAULT_LIMITS", "FAULTS", "SCHEMA_VERSION", "BadDtype", "BadShape", "Control", "DecodeError", "LeaseReply",
-    "LeaseRequest", "Limits", "MalformedMessage", "Message", "OversizedMessage", "PriorityUpdate", "SampleBatch",
-    "SampleRequest", "Telemetry", "TransitionBatch", "TruncatedMessage", "UnknownKind", "VersionMismatch",
-    "Weights", "WrongKind", "decode", "encode", "peek_kind",
+    "CLIP_CHUNK_BYTES", "DEFAULT_LIMITS", "FAULTS", "SCHEMA_VERSION", "BadDtype", "BadShape", "ClipChunk",
+    "Control", "DecodeError", "LeaseReply", "LeaseRequest", "Limits", "MalformedMessage", "Message",
+    "OversizedMessage", "PriorityUpdate", "SampleBatch", "SampleRequest", "Telemetry", "TransitionBatch",
+    "TruncatedMessage", "UnknownKind", "VersionMismatch", "Weights", "WrongKind", "decode", "encode", "peek_kind",
 ]

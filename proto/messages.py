@@ -264,10 +264,52 @@ class LeaseReply(Message):
             raise BadShape(f"lease_reply: index {self.index} outside 0..{self.count - 1}")
 
 
+CLIP_CHUNK_BYTES = 48 * 1024  # a clip travels in pieces that fit the gateway's small-message cap (64 KiB)
+
+
+@dataclass
+class ClipChunk(Message):
+    """Actor -> gateway (telemetry socket): one piece of a filmed greedy episode (an mp4), with what it showed.
+
+    Pieces of one clip share ``clip`` and arrive as ``index`` 0..count-1; the gateway puts them together.
+    """
+
+    KIND: ClassVar[str] = "clip_chunk"
+    SCALARS: ClassVar[dict[str, str]] = {
+        "instance": STR, "clip": INT, "index": INT, "count": INT, "total_bytes": INT, "weight_version": INT,
+        "env_id": STR, "fps": FLOAT, "frames": INT, "episode_return": FLOAT, "length": INT, "x_pos": INT,
+        "flag": BOOL, "time": FLOAT,
+    }
+    ARRAYS: ClassVar[dict[str, ArraySpec]] = {"data": ArraySpec(("uint8",))}
+    instance: str
+    clip: int
+    index: int
+    count: int
+    total_bytes: int
+    weight_version: int
+    env_id: str
+    fps: float
+    frames: int
+    episode_return: float
+    length: int
+    x_pos: int  # Mario's furthest x; -1 for other envs
+    flag: bool
+    time: float
+    data: np.ndarray
+
+    def validate(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise BadShape(f"clip_chunk: index {self.index} outside 0..{self.count - 1}")
+        if not 0 < self.data.shape[0] <= CLIP_CHUNK_BYTES:
+            raise BadShape(f"clip_chunk: {self.data.shape[0]} bytes, expected 1..{CLIP_CHUNK_BYTES}")
+        if not self.data.shape[0] <= self.total_bytes <= self.count * CLIP_CHUNK_BYTES:
+            raise BadShape(f"clip_chunk: total_bytes {self.total_bytes} does not fit {self.count} pieces")
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (
         TransitionBatch, SampleRequest, SampleBatch, PriorityUpdate, Weights, Telemetry, Control,
-        LeaseRequest, LeaseReply,
+        LeaseRequest, LeaseReply, ClipChunk,
     )
 }

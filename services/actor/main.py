@@ -14,6 +14,7 @@ from flywheel.envs import UnknownEnvironmentError, env_spec
 from flywheel.settings import fail
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, install_stop_signals
 
+from .clips import ClipFilmer
 from .core import ActorCore, build_core
 from .exploration import ControlArgError, apex_epsilons, apply_exploration_command
 from .malloc import keep_freed_frames
@@ -29,14 +30,18 @@ def _mean(values: object) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
+def _policy(settings: ActorSettings, spec: Any) -> Any:
+    """The acting network as the settings describe it, on one thread."""
+    return build_policy(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden,
+                        head=settings.head, num_quantiles=settings.num_quantiles, backend=settings.inference,
+                        threads=1, seed=settings.seed, freeze=settings.torch_freeze, obs_dtype=spec.obs_dtype)
+
+
 def _build(settings: ActorSettings) -> tuple[ActorCore, Any]:
     """The network (one thread) and the acting core; a bad env id or option stops the actor with one line."""
     try:
         spec = env_spec(settings.env_id)
-        policy = build_policy(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden,
-                              head=settings.head, num_quantiles=settings.num_quantiles, backend=settings.inference,
-                              threads=1, seed=settings.seed, freeze=settings.torch_freeze,
-                              obs_dtype=spec.obs_dtype)
+        policy = _policy(settings, spec)
         core = build_core(settings.env_id, settings.num_envs, policy, n_step=settings.n_step, gamma=settings.gamma,
                           eval_envs=settings.eval_envs, seed=settings.seed, vector_mode=settings.vector_mode,
                           workers=settings.workers or None)
@@ -105,6 +110,9 @@ def main(settings: ActorSettings) -> int:
                               on_full=settings.on_full, batch_rows=batch_rows, sndbuf=settings.send_buffer_kb << 10)
     weights = WeightsReceiver(ctx, settings.weights_endpoint, policy, faults, interval_s=settings.weights_interval_s)
     lease = LeaseClient(ctx, settings.lease_endpoint, settings.instance, faults)
+    clips = ClipFilmer(ctx, settings.telemetry_endpoint, settings.instance, settings.env_id, weights,
+                       lambda: _policy(settings, spec), interval_s=settings.clip_interval_s,
+                       max_steps=settings.clip_max_steps).start() if settings.clip_interval_s > 0 else None
     state: dict[str, Any] = {"running": True, "paused": False, "epsilon_override": settings.epsilon,
                              "base": settings.epsilon_base, "alpha": settings.epsilon_alpha}
     install_stop_signals(lambda: state.update(running=False))
@@ -136,6 +144,9 @@ def main(settings: ActorSettings) -> int:
         if telemetry.due(now):
             counters, gauges = _telemetry(core, sender, weights, lease, state, rate, now)
             counters["telemetry_dropped_total"] = telemetry.dropped
+            if clips is not None:
+                counters.update(clips_sent_total=clips.sent, clips_failed_total=clips.failed,
+                                clip_seconds_total=clips.seconds)
             telemetry.send(counters, gauges, {"env_id": settings.env_id, "network": policy.name,
                                               "vector_mode": settings.vector_mode})
 
@@ -178,8 +189,9 @@ def main(settings: ActorSettings) -> int:
     finally:
         sender.flush(weights.version, lambda: False)
         lease.release()
-        for part in (sender, weights, lease, telemetry, control):
-            part.close()
+        for part in (clips, sender, weights, lease, telemetry, control):
+            if part is not None:
+                part.close()
         ctx.term()
         core.close()
     log.info("actor stopped after %d env steps, %d episodes", core.env_steps, core.stats.episodes)

@@ -37,6 +37,9 @@ class ActorSettings(CommonSettings):
     epsilon_base: float = Field(0.4, gt=0, lt=1, description="Ape-X base: eps_i = base^(1 + alpha*i/(N-1))")
     epsilon_alpha: float = Field(7.0, ge=0, description="Ape-X alpha")
     eval_envs: int = Field(0, ge=0, le=1, description="one extra greedy env whose returns are reported, not sent")
+    clip_interval_s: float = Field(0.0, ge=0, le=86_400, description="film one greedy episode this often and "
+                                   "send it to the gateway's live page (0: never; flywheel run: actor-0 only)")
+    clip_max_steps: int = Field(1000, ge=10, le=100_000, description="agent steps a filmed episode is cut at")
     send_batch: int = Field(0, ge=0, le=65536,
                             description="transitions per message (0: whole vector steps up to 256 rows or 256 KiB)")
     on_full: Literal["block", "drop"] = Field("block", description="at the replay high-water mark: block or drop")

@@ -141,6 +141,7 @@ class WeightsReceiver:
         self.rejected = 0
         self.stale = 0
         self.pending: proto.Weights | None = None
+        self.acting: proto.Weights | None = None  # the message of the version acting now (the clip filmer reads it)
         self.updated_at = time.monotonic()
         self.loaded_at = float("-inf")
         self.load_s = 0.0
@@ -192,6 +193,7 @@ class WeightsReceiver:
         if self.version == 0:
             log.info("first weights received: version %d", newest.version)
         self.version = newest.version
+        self.acting = newest
         self.received += 1
         self.updated_at = self.loaded_at = now
         return True

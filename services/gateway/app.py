@@ -32,6 +32,8 @@ __all__ = ["GatewayService", "create_app"]
 log = logging.getLogger("flywheel.gateway")
 PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPERATOR_PATTERN = r"^[ -~]{1,64}$"
+NO_CLIP = ("no clip yet: an actor with an eval env and FLYWHEEL_ACTOR_CLIP_INTERVAL_S > 0 films one greedy "
+           "episode per interval (flywheel run: actor-0)")
 # Only documents the scheme in OpenAPI; the check itself is ControlAuth.check on the raw header.
 BEARER = HTTPBearer(auto_error=False, scheme_name="controlToken",
                     description="FLYWHEEL_GATEWAY_CONTROL_TOKEN (or the file FLYWHEEL_GATEWAY_CONTROL_TOKEN_FILE)")
@@ -159,6 +161,22 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
     async def history(since: float | None = Query(None, ge=0, allow_inf_nan=False,
                                                   description="only points after this Unix time")) -> JSONResponse:
         return JSONResponse(views.history(gw, since))
+
+    @app.get("/clip", summary="What the newest filmed greedy episode showed (404 before an actor sent one)",
+             response_model=dict[str, Any], responses={404: {"model": ErrorBody}})
+    async def clip_info() -> JSONResponse:
+        if gw.clips.newest is None:
+            raise Reject(404, NO_CLIP)
+        return JSONResponse(gw.clips.newest.info())
+
+    @app.get("/clip.mp4", summary="The newest filmed greedy episode, an H.264 mp4 at the env's frame rate",
+             response_class=Response, responses={200: {"content": {"video/mp4": {}}}, 404: {"model": ErrorBody}})
+    async def clip_video() -> Response:
+        clip = gw.clips.newest
+        if clip is None:
+            raise Reject(404, NO_CLIP)
+        return Response(clip.data, media_type="video/mp4",
+                        headers={"Cache-Control": "no-store", "X-Weight-Version": str(clip.weight_version)})
 
     @app.get("/control", summary="Retained and recent commands, and the commands there are",
              response_model=dict[str, Any])

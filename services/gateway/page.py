@@ -31,6 +31,7 @@ LIVE_PAGE = """<!doctype html>
   th { color: var(--dim); font-weight: normal; }
   .up { color: var(--ok); } .down { color: var(--bad); }
   canvas { width: 100%; height: 280px; display: block; }
+  video { max-width: 100%; max-height: 480px; display: block; image-rendering: pixelated; background: #000; }
   .legend span { margin-right: 14px; } .legend i { display: inline-block; width: 10px; height: 3px;
     vertical-align: middle; margin-right: 4px; }
   #error { color: var(--bad); }
@@ -80,6 +81,11 @@ LIVE_PAGE = """<!doctype html>
       <span><i style="background: #e3b341"></i>flag rate (right axis)</span>
       <span id="mario_info"></span></div>
     <canvas id="mario" data-points="0"></canvas>
+  </section>
+  <section class="panel" id="clip_panel" hidden>
+    <h2>Watch it play: the newest greedy episode</h2>
+    <div class="legend"><span id="clip_info"></span></div>
+    <video id="clip" controls muted autoplay loop playsinline></video>
   </section>
   <section class="panel">
     <h2>Services</h2>
@@ -212,10 +218,26 @@ function drawCurve() {
   }
 }
 
+let clipShown = null;
+function renderClip(c) {
+  if (!c) return;
+  const key = c.instance + "/" + c.sent_time;
+  if (key === clipShown) return;
+  clipShown = key;
+  document.getElementById("clip_panel").hidden = false;
+  const video = document.getElementById("clip");
+  video.onloadedmetadata = () => { video.dataset.size = video.videoWidth + "x" + video.videoHeight; };
+  video.src = "clip.mp4?t=" + encodeURIComponent(c.sent_time);
+  setText("clip_info", c.env_id + ", weights v" + c.weight_version + ", return " + fmt(c.episode_return, 1) +
+          " in " + c.length + " steps" + (has(c.x_pos) ? ", x " + c.x_pos + (c.flag ? ", flag!" : "") : "") +
+          ", filmed by " + c.instance + " at " + new Date(c.sent_time * 1000).toLocaleTimeString());
+}
+
 async function poll() {
   try {
     const status = await (await fetch("status", {cache: "no-store"})).json();
     renderStatus(status);
+    renderClip(status.clip);
     const url = lastT === null ? "history" : "history?since=" + lastT;
     const hist = await (await fetch(url, {cache: "no-store"})).json();
     if (hist.thinned !== thinned && lastT !== null) {  // the gateway thinned its curve: start over

@@ -18,6 +18,7 @@ from flywheel import proto
 from flywheel.transport import FaultCounter, bind, make_socket
 
 from .auth import ControlAuth
+from .clips import ClipAssembler
 from .control import ControlBook
 from .history import LearningCurve, curve_point
 from .lease import LeaseFull, LeaseTable
@@ -42,6 +43,7 @@ class GatewayService:
         self.control = ControlBook(settings.one_shot_repeat_s)
         self.leases = LeaseTable(settings.lease_ttl_s, settings.max_instances)
         self.curve = LearningCurve(settings.history_interval_s, settings.history_points)
+        self.clips = ClipAssembler()
         self.faults = FaultCounter("gateway")
         self.started = time.monotonic()
         self.endpoints: dict[str, str] = {}
@@ -123,11 +125,18 @@ class GatewayService:
     # -- telemetry -----------------------------------------------------------------------------------------------
 
     def accept_telemetry(self, frames: list[Any]) -> bool:
-        """Decode and store one telemetry message; a bad one is counted and logged once per fault."""
+        """Decode and store one telemetry message or clip piece; a bad one is counted and logged once per fault."""
         try:
-            msg = proto.decode(frames, expect=proto.Telemetry)
+            msg = proto.decode(frames, expect=(proto.Telemetry, proto.ClipChunk))
+            if isinstance(msg, proto.ClipChunk):
+                clip = self.clips.add(msg)
+                if clip is not None:
+                    log.info("clip from %s: weights v%d, %d frames, return %.1f%s (%d KiB)", clip.instance,
+                             clip.weight_version, clip.frames, clip.episode_return,
+                             f", x {clip.x_pos}" if clip.x_pos is not None else "", len(clip.data) >> 10)
+                return True
             self.registry.update(msg)
-        except proto.DecodeError as exc:  # TelemetryRejected is one too
+        except proto.DecodeError as exc:  # TelemetryRejected and ClipRejected are ones too
             self.faults.record("telemetry", exc)
             return False
         self.log_events()

@@ -68,6 +68,10 @@ def metrics_text(gw: GatewayService) -> str:
           gw.auth.failures)
     w.add("flywheel_gateway_control_published_total", "counter", "control messages published, repeats included",
           g, gw.published)
+    w.add("flywheel_gateway_clips_received_total", "counter", "filmed greedy episodes received whole", g,
+          gw.clips.received)
+    w.add("flywheel_gateway_clips_dropped_total", "counter", "clips given up: pieces stopped coming or pushed out",
+          g, gw.clips.dropped)
     w.add("flywheel_gateway_curve_points", "gauge", "points in the live page's learning curve", g,
           len(gw.curve.points))
     if security.active() is not None:
@@ -183,6 +187,7 @@ def status(gw: GatewayService) -> dict[str, Any]:
         "services": services,
         "leases": {"count": len(gw.leases), "actors": list(gw.leases.slots), "ttl_s": gw.leases.ttl_s},
         "control": gw.control.state(),
+        "clip": gw.clips.newest.info() if gw.clips.newest is not None else None,
     }
 
 

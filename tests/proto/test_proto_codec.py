@@ -17,11 +17,13 @@ from hypothesis.extra import numpy as hnp
 
 from flywheel import proto
 from flywheel.proto import (
+    CLIP_CHUNK_BYTES,
     DEFAULT_LIMITS,
     FAULTS,
     SCHEMA_VERSION,
     BadDtype,
     BadShape,
+    ClipChunk,
     Control,
     DecodeError,
     LeaseReply,
@@ -266,10 +268,25 @@ def lease_replies(draw: st.DrawFn) -> LeaseReply:
     return LeaseReply(draw(text), draw(st.integers(0, max(count, 1) - 1)), count, draw(finite))
 
 
+def _clip(**changes: object) -> ClipChunk:
+    base = ClipChunk("a", 1, 0, 2, 100, 3, "CartPole-v1", 50.0, 10, 1.0, 9, -1, False, 0.0, np.ones(10, np.uint8))
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+@st.composite
+def clip_chunks(draw: st.DrawFn) -> ClipChunk:
+    count = draw(st.integers(1, 400))
+    index = draw(st.integers(0, count - 1))
+    data = draw(hnp.arrays(np.uint8, st.integers(1, 300)))
+    total = draw(st.integers(len(data), count * CLIP_CHUNK_BYTES))
+    return ClipChunk(draw(text), draw(int64), index, count, total, draw(int64), draw(text), draw(finite),
+                     draw(int64), draw(finite), draw(int64), draw(int64), draw(st.booleans()), draw(finite), data)
+
+
 STRATEGIES: dict[str, st.SearchStrategy[Message]] = {
     "transitions": transition_batches(), "sample_request": sample_request, "sample_batch": sample_batches(),
     "priorities": priority_updates(), "weights": weights(), "telemetry": telemetry, "control": control,
-    "lease_request": lease_request, "lease_reply": lease_replies(),
+    "lease_request": lease_request, "lease_reply": lease_replies(), "clip_chunk": clip_chunks(),
 }
 any_message = st.one_of(*STRATEGIES.values())
 
@@ -385,8 +402,10 @@ def test_peek_kind_reads_only_the_header() -> None:
     lambda: SampleRequest(1, 0), lambda: SampleRequest(1, 65537), lambda: SampleRequest(1, 8, beta=1.5),
     lambda: PriorityUpdate(np.arange(3), np.ones(2, np.float32)),
     lambda: Weights(-1, "n"), lambda: LeaseReply("a", 3, 3, 1.0), lambda: LeaseReply("a", -1, 3, 1.0),
+    lambda: _clip(index=2, count=2), lambda: _clip(data=np.zeros(CLIP_CHUNK_BYTES + 1, np.uint8)),
+    lambda: _clip(total_bytes=3 * CLIP_CHUNK_BYTES),
 ], ids=["batch", "empty", "obs-shape", "obs-dtype", "priority", "bs0", "bs-big", "beta", "prio", "wver",
-        "lease-hi", "lease-neg"])
+        "lease-hi", "lease-neg", "clip-index", "clip-piece", "clip-total"])
 def test_encode_validates(make: Callable[[], Message]) -> None:
     with pytest.raises(BadShape):
         encode(make())
