@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import urllib.error
@@ -143,8 +144,9 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
         if base != REGISTRY_BASE:  # no registry for prom/prometheus: Debian's prometheus on the same base
             engine.env["FLYWHEEL_PROMETHEUS_IMAGE"] = local_prometheus_image(engine, base, tmp_path / "prometheus")
         engine.compose(compose_file, "up", "-d", "--no-build", "--scale", f"actor={ACTORS}", *SERVICES, timeout=600)
-        check_the_running_system(engine, compose_file, port)
+        token = check_the_running_system(engine, compose_file, port)
         check_prometheus_scrapes_the_gateway(prometheus_port)
+        check_a_crashed_learner_resumes(engine, compose_file, port, token)
     except BaseException:
         logs = engine.compose(compose_file, "logs", "--no-color", "--tail", "40", timeout=120, check=False)
         log("compose logs:\n" + (logs.stdout or "")[-12000:])
@@ -166,7 +168,7 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
             log("docker image prune took over 5 minutes; the rest is left for the next run")
 
 
-def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> None:
+def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> str:
     url = f"http://127.0.0.1:{port}"
     published = engine.compose(compose_file, "port", "gateway", "8080", timeout=60).stdout.strip()
     assert published == f"127.0.0.1:{port}", f"the gateway must be published on 127.0.0.1 only, got {published!r}"
@@ -217,6 +219,51 @@ def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> N
     assert post(f"{url}/control/set_lr", "x" * len(token), {"lr": 0.0005}) == 401
     assert post(f"{url}/control/set_lr", token, {"lr": 0.0005}) == 202
     log("control: 401 without the token or with a wrong one, 202 with the token the compose file made")
+    return token
+
+
+def learner_instance(status: dict[str, Any]) -> dict[str, Any] | None:
+    learners = [i for i in status.get("services", {}).get("learner", {}).get("instances", []) if i.get("up")]
+    return learners[0] if learners else None
+
+
+def check_a_crashed_learner_resumes(engine: Engine, compose_file: Path, port: int, token: str) -> None:
+    """SIGKILL of the learner's process (as an OOM kill does): compose restarts the container, the learner resumes
+    from its checkpoint (resume=auto), its updates and weight versions go on above their last values, and the
+    actors take the new weights."""
+    url = f"http://127.0.0.1:{port}"
+
+    def checkpointed() -> dict[str, Any] | None:
+        learner = learner_instance(get_json(f"{url}/status") or {})
+        return learner if learner and learner["counters"].get("checkpoints_total", 0) >= 1 else None
+
+    assert post(f"{url}/control/checkpoint", token, {"tag": "before-crash"}) == 202
+    saved = wait_for("the learner's checkpoint", checkpointed, timeout=120)
+    container = engine.compose(compose_file, "ps", "-q", "learner", timeout=60).stdout.strip()
+    inspect = ["inspect", "--format", "{{.State.Pid}} {{.RestartCount}}", container]
+    pid, restarts = (int(v) for v in engine.docker_cmd(*inspect).stdout.split())
+    time.sleep(3)  # a few more updates and versions after the checkpoint: the restart must go above them too
+    before = learner_instance(get_json(f"{url}/status") or {}) or saved
+    last_updates, last_version = before["counters"]["updates_total"], before["gauges"]["weight_version"]
+    os.kill(pid, signal.SIGKILL)  # the container's main process, from the host: not a `docker stop`
+    log(f"killed the learner (pid {pid}) at update {last_updates:.0f}, weight version {last_version:.0f}")
+
+    def resumed() -> dict[str, Any] | None:
+        status = get_json(f"{url}/status") or {}
+        learner = learner_instance(status)
+        if not learner or (learner["restarts"] < 1 and learner["instance"] == before["instance"]):
+            return None  # not yet the restarted process (same name and a fresh sequence, or a new name)
+        actors = live_actors(status)
+        going_on = (learner["counters"].get("updates_total", 0) > last_updates
+                    and learner["gauges"].get("weight_version", 0) > last_version)
+        taken = bool(actors) and min(a["gauges"].get("weight_version", 0) for a in actors) > last_version
+        return status if going_on and taken else None
+
+    wait_for("the restarted learner to train on and the actors to take its weights", resumed, timeout=300)
+    assert int(engine.docker_cmd(*inspect).stdout.split()[1]) == restarts + 1, "compose restarted the container"
+    logs = engine.compose(compose_file, "logs", "--no-color", "learner", timeout=120).stdout
+    assert "resume=auto" in logs and "resumed from" in logs, logs[-3000:]
+    log("the killed learner came back from its checkpoint; updates, weight versions and the actors went on")
 
 
 def local_prometheus_image(engine: Engine, base: str, folder: Path) -> str:
