@@ -25,8 +25,8 @@ from . import views
 from .auth import StartupError, startup_problem
 from .control import COMMANDS, TARGET_PATTERN, CommandError, CommandSpec, TooManyRetained, UnknownCommand
 from .page import LIVE_PAGE
-from .service import GatewayService
 from .settings import GatewaySettings
+from .transport import GatewayService
 
 __all__ = ["GatewayService", "create_app"]
 log = logging.getLogger("flywheel.gateway")

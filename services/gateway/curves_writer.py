@@ -14,7 +14,7 @@ from pathlib import Path
 from flywheel.curves import Curves
 
 from . import views
-from .service import GatewayService
+from .transport import GatewayService
 
 log = logging.getLogger("flywheel.gateway")
 

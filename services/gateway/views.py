@@ -10,7 +10,7 @@ from flywheel import __version__, security
 from flywheel.transport import ProcessStats
 
 from .metrics import InstanceState, MetricsWriter, render_instances
-from .service import GatewayService
+from .transport import GatewayService
 
 _OWN_PROCESS = ProcessStats()
 

@@ -224,8 +224,8 @@ def test_every_name_the_gateway_itself_writes_passes_the_lint() -> None:
 
 
 def _gateway_families() -> dict[str, tuple[str, str, list[str]]]:
-    from flywheel.services.gateway.service import GatewayService
     from flywheel.services.gateway.settings import GatewaySettings
+    from flywheel.services.gateway.transport import GatewayService
     from flywheel.services.gateway.views import metrics_text
 
     gw = GatewayService(GatewaySettings())
