@@ -18,25 +18,25 @@ class ClipRejected(proto.DecodeError):
 
 @dataclass
 class Clip:
-    """A whole clip: the mp4 bytes and what the episode did."""
+    """A whole clip: the mp4 bytes, and what the episode did as its last piece told it."""
 
-    instance: str
-    weight_version: int
-    env_id: str
-    fps: float
-    frames: int
-    episode_return: float
-    length: int
-    x_pos: int | None
-    flag: bool
-    sent_time: float
+    piece: proto.ClipChunk
     received_wall: float
     data: bytes
 
+    @property
+    def weight_version(self) -> int:
+        return self.piece.weight_version
+
+    @property
+    def sent_time(self) -> float:
+        return self.piece.time
+
     def info(self) -> dict[str, Any]:
-        return {"instance": self.instance, "weight_version": self.weight_version, "env_id": self.env_id,
-                "fps": self.fps, "frames": self.frames, "episode_return": self.episode_return,
-                "length": self.length, "x_pos": self.x_pos, "flag": self.flag, "sent_time": self.sent_time,
+        p = self.piece
+        return {"instance": p.instance, "weight_version": p.weight_version, "env_id": p.env_id, "fps": p.fps,
+                "frames": p.frames, "episode_return": p.episode_return, "length": p.length,
+                "x_pos": p.x_pos if p.x_pos >= 0 else None, "flag": p.flag, "sent_time": p.time,
                 "received_time": self.received_wall, "bytes": len(self.data)}
 
 
@@ -89,9 +89,7 @@ class ClipAssembler:
             self.dropped += 1
             raise ClipRejected(f"clip_chunk: clip {chunk.clip} from {chunk.instance} has {len(data)} bytes, "
                                f"its pieces said {chunk.total_bytes}")
-        clip = Clip(chunk.instance, chunk.weight_version, chunk.env_id, chunk.fps, chunk.frames,
-                    chunk.episode_return, chunk.length, chunk.x_pos if chunk.x_pos >= 0 else None, chunk.flag,
-                    chunk.time, time.time(), data)
+        clip = Clip(chunk, time.time(), data)
         if self.newest is None or (clip.weight_version, clip.sent_time) >= (self.newest.weight_version,
                                                                             self.newest.sent_time):
             self.newest = clip

@@ -131,9 +131,10 @@ class GatewayService:
             if isinstance(msg, proto.ClipChunk):
                 clip = self.clips.add(msg)
                 if clip is not None:
-                    log.info("clip from %s: weights v%d, %d frames, return %.1f%s (%d KiB)", clip.instance,
-                             clip.weight_version, clip.frames, clip.episode_return,
-                             f", x {clip.x_pos}" if clip.x_pos is not None else "", len(clip.data) >> 10)
+                    info = clip.info()
+                    log.info("clip from %s: weights v%d, %d frames, return %.1f%s (%d KiB)", info["instance"],
+                             clip.weight_version, info["frames"], info["episode_return"],
+                             f", x {info['x_pos']}" if info["x_pos"] is not None else "", info["bytes"] >> 10)
                 return True
             self.registry.update(msg)
         except proto.DecodeError as exc:  # TelemetryRejected and ClipRejected are ones too

@@ -36,7 +36,7 @@ def test_pieces_in_any_order_make_the_clip_and_bad_ones_are_refused() -> None:
     assert clips.add(chunk(data, 2, 3)) is None and clips.add(chunk(data, 0, 3)) is None
     whole = clips.add(chunk(data, 1, 3))
     assert whole is not None and whole.data == data and clips.newest is whole and clips.received == 1
-    assert whole.info()["bytes"] == len(data) and whole.info()["x_pos"] is None
+    assert whole.info()["bytes"] == len(data) and whole.info()["x_pos"] is None and whole.weight_version == 7
     clips.add(chunk(data, 0, 3, clip=2, version=8))
     with pytest.raises(ClipRejected, match="disagrees"):
         clips.add(chunk(data, 1, 3, clip=2, version=9))
