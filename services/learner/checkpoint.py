@@ -19,12 +19,12 @@ from safetensors.torch import save as st_save
 from flywheel.checkpoints import process_running
 
 from .core import LearnerCore
+from .state import StateError
 
 CHECKPOINT_FILE = "learner.safetensors"
 FORMAT = "flywheel-learner-checkpoint"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 had no RNG, step or gradient-scaler entries
-_OPTIM_STATE = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 _RNG_KEY = re.compile(r"rng\.(cpu|cuda\.\d{1,3})")
 log = logging.getLogger("flywheel.learner")
 
@@ -43,12 +43,6 @@ class CheckpointInfo:
     weight_version: int
     saved_at: float
 
-
-def network_spec(net: torch.nn.Module) -> dict[str, Any]:
-    """What flywheel.nets.build_q_network needs to rebuild ``net`` (kept in the metadata for flywheel.policy)."""
-    return {"obs_shape": [int(d) for d in net.obs_shape], "n_actions": int(net.n_actions),
-            "dueling": bool(net.dueling), "hidden": int(net.hidden), "head": str(net.head),
-            "num_quantiles": int(net.num_quantiles)}
 
 
 def check_format(meta: object, path: Path, error: type[CheckpointError] = CheckpointError) -> dict[str, Any]:
@@ -107,20 +101,10 @@ def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight
     if torch.cuda.is_available() and core.cuda:
         for index, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{index}"] = state
-    for prefix, net in (("online", core.online), ("target", core.target)):
-        for key, value in net.state_dict().items():
-            tensors[f"{prefix}.{key}"] = value.detach().to("cpu", copy=True).contiguous()
-    for index, state in core.optimizer.state_dict()["state"].items():
-        for name, value in state.items():
-            if name in _OPTIM_STATE and isinstance(value, torch.Tensor):
-                tensors[f"optim.{index}.{name}"] = value.detach().to("cpu", copy=True).contiguous()
-    meta = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "network": core.name,
-        "updates": int(core.updates), "steps": int(core.steps), "skipped": int(core.skipped),
-        "weight_version": int(weight_version), "lr": core.lr, "saved_at": time.time(),
-        "precision": core.config.precision, "grad_scaler": core.scaler.state_dict() if core.scaler else None,
-        "env_id": getattr(core, "env_id", None), "network_spec": network_spec(core.online),
-    }
+    state, core_meta = core.state_dict()
+    tensors.update(state)
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **core_meta, "weight_version": int(weight_version),
+            "saved_at": time.time(), "env_id": getattr(core, "env_id", None)}
     blob = st_save(tensors, metadata={"flywheel": json.dumps(meta)})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -166,66 +150,19 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, meta
 
 
-def _check_net(path: Path, prefix: str, net: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict:
-    own = net.state_dict()
-    found = {key[len(prefix) + 1:]: value for key, value in tensors.items() if key.startswith(prefix + ".")}
-    if set(found) != set(own):
-        missing, extra = sorted(set(own) - set(found)), sorted(set(found) - set(own))
-        raise CheckpointError(f"{path}: {prefix} network keys differ (missing {missing[:3]}, unexpected {extra[:3]})")
-    for key, value in own.items():
-        if found[key].shape != value.shape or found[key].dtype != value.dtype:
-            raise CheckpointError(f"{path}: {prefix}.{key} is {found[key].dtype}{tuple(found[key].shape)}, "
-                                  f"expected {value.dtype}{tuple(value.shape)}")
-    return found
-
 
 def load_checkpoint(directory: str | os.PathLike[str], core: LearnerCore) -> CheckpointInfo:
     """Restore ``core`` from ``directory``; everything is checked before anything is changed."""
     path = checkpoint_path(directory)
     tensors, meta = _read(path)
-    if meta.get("network") != core.name:
-        raise CheckpointError(f"{path} is for network {meta.get('network')!r} but this learner builds "
-                              f"{core.name!r}; check --env-id, --dueling, --hidden, --head and --num-quantiles")
-    online = _check_net(path, "online", core.online, tensors)
-    target = _check_net(path, "target", core.target, tensors)
-    optim_state = core.optimizer.state_dict()
-    n_params = len(optim_state["param_groups"][0]["params"])
-    params = list(core.online.parameters())
-    state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        if key.startswith("rng."):
-            if not _RNG_KEY.fullmatch(key) or value.dtype != torch.uint8 or value.dim() != 1:
-                raise CheckpointError(f"{path}: {key} is not a torch RNG state")
-            continue
-        if key.startswith(("online.", "target.")):
-            continue
-        if not key.startswith("optim."):
-            raise CheckpointError(f"{path}: unexpected entry {key!r}")
-        parts = key.split(".")
-        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= n_params or parts[2] not in _OPTIM_STATE:
-            raise CheckpointError(f"{path}: unexpected optimizer entry {key!r}")
-        index = int(parts[1])
-        if parts[2] != "step" and value.shape != params[index].shape:
-            raise CheckpointError(f"{path}: optimizer {key} has shape {tuple(value.shape)}, "
-                                  f"expected {tuple(params[index].shape)}")
-        state.setdefault(index, {})[parts[2]] = value
-    for index, entry in state.items():
-        if not {"step", "exp_avg", "exp_avg_sq"} <= set(entry):
-            raise CheckpointError(f"{path}: optimizer state of parameter {index} is incomplete")
-    scaler_state = meta.get("grad_scaler")
-    if scaler_state is not None and not (isinstance(scaler_state, dict) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in scaler_state.values())):
-        raise CheckpointError(f"{path}: metadata field 'grad_scaler' is not a gradient-scaler state")
-    core.online.load_state_dict(online)
-    core.target.load_state_dict(target)
-    optim_state["state"] = state
-    core.optimizer.load_state_dict(optim_state)  # keeps this run's lr / eps / flags
-    skipped = meta.get("skipped", 0) if isinstance(meta.get("skipped", 0), int) else 0
-    steps = meta.get("steps")
-    core.steps = steps if isinstance(steps, int) and steps >= 0 else int(meta["updates"]) + skipped
+        if key.startswith("rng.") and (not _RNG_KEY.fullmatch(key) or value.dtype != torch.uint8 or value.dim() != 1):
+            raise CheckpointError(f"{path}: {key} is not a torch RNG state")
+    try:
+        core.load_state_dict({k: v for k, v in tensors.items() if not k.startswith("rng.")}, meta)
+    except StateError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
     _restore_rng(path, tensors)
-    if core.scaler is not None and scaler_state:
-        core.scaler.load_state_dict(scaler_state)
     return CheckpointInfo(path=path, network=str(meta["network"]), updates=core.updates,
                           weight_version=int(meta["weight_version"]), saved_at=float(meta.get("saved_at", 0.0)))
 

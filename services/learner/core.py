@@ -20,6 +20,7 @@ from flywheel.nets import QNetwork, as_tensor, build_q_network
 
 from .losses import LossTerms, large_margin_loss, q_td_loss, quantile_td_loss
 from .staging import Batch, BatchStager, DeviceBatch
+from .state import core_state, load_core_state
 
 log = logging.getLogger("flywheel.learner")
 Compiler = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -356,6 +357,15 @@ class LearnerCore:
         """Hard copy online -> target."""
         with torch.no_grad():
             torch._foreach_copy_(list[torch.Tensor](self.target.parameters()), list[torch.Tensor](self.params))
+
+    # ---- state ---------------------------------------------------------------------------------------------------
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Networks and Adam moments as CPU tensors, and the counters as JSON metadata (services/learner/state.py)."""
+        return core_state(self)
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        """Load a ``state_dict``; a StateError, before anything changed, when it does not fit this core."""
+        load_core_state(self, tensors, meta)
 
     # ---- reading results -----------------------------------------------------------------------------------------
     def _fold_metrics(self) -> None:
