@@ -153,8 +153,8 @@ def test_every_example_parses(example: Example) -> None:
 
 def _check_service(example: Example, workspace: Path) -> None:
     """Settings, env id and CURVE keys as the service checks them before it starts (it is not started)."""
-    from flywheel.cli import _settings_class
     from flywheel.envs import env_spec
+    from flywheel.registry import settings_class
     from flywheel.security import keys_from_settings
     from flywheel.settings import settings_from_args
 
@@ -166,7 +166,7 @@ def _check_service(example: Example, workspace: Path) -> None:
     cwd = os.getcwd()
     try:
         os.chdir(workspace)
-        settings = settings_from_args(_settings_class(example.command), args, example.command)
+        settings = settings_from_args(settings_class(example.command), args, example.command)
         keys_from_settings(settings, example.command)
         if getattr(settings, "env_id", None):
             env_spec(settings.env_id)
