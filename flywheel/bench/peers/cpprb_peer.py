@@ -2,7 +2,8 @@
 
 Run as ``python -m flywheel.bench.peers.cpprb_peer '<json config>'``: it fills a buffer, prints one JSON line,
 then answers commands read from stdin, one JSON line each, so the suite can interleave its measurements with
-Flywheel's (the same load for both): ``insert SECONDS``, ``sample SECONDS``, ``checkpoint``, ``quit``.
+Flywheel's (the same load for both): ``insert SECONDS``, ``sample SECONDS``, ``checkpoint``, ``memory``, ``quit``.
+Rates come per second and per CPU-second of this process (user + system, psutil).
 Mario data is one in-order stream of 1-step transitions, cpprb's best case: ``stack_compress`` and ``next_of``
 only work when consecutive adds are consecutive steps of one episode.
 """
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import psutil
+
+from flywheel.bench.peers.cpu_clock import SideClock
 
 EPISODE = 500
 
@@ -57,23 +60,26 @@ class Peer:
 
     def insert(self, count: int | None = None, seconds: float | None = None) -> dict[str, float]:
         """Add batches (``count`` rows, or for ``seconds``); rows per second and per CPU-second."""
-        start, cpu, done = time.perf_counter(), time.process_time(), 0
-        while (count is not None and done < count) or (seconds is not None and time.perf_counter() - start < seconds):
+        clock, done = SideClock([os.getpid()]), 0
+        clock.start()
+        while (count is not None and done < count) or (seconds is not None and clock.elapsed() < seconds):
             self.rb.add(**self.batches[(self.added // self.rows) % len(self.batches)])
             self.added += self.rows
             done += self.rows
             if self.config["kind"] == "mario" and self.added % (EPISODE // self.rows * self.rows) == 0:
                 self.rb.on_episode_end()
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        return {"insert_rate": done / wall, "insert_rate_cpu": done / max(cpu, 1e-9)}
+        measured = clock.rates(done)
+        return {"insert_rate": measured["rate"], "insert_rate_cpu": measured["rate_per_cpu"]}
 
     def sample(self, seconds: float) -> dict[str, float]:
-        batches, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        """512-batches, each followed by its priority update (synchronous, in-process), for ``seconds``."""
+        clock, batches = SideClock([os.getpid()]), 0
+        clock.start()
+        while clock.elapsed() < seconds:
             sample = self.rb.sample(512, beta=0.4)
             self.rb.update_priorities(sample["indexes"], self.rng.uniform(0.1, 2, 512))
             batches += 1
-        return {"sample_rate": batches / (time.perf_counter() - start)}
+        return clock.rates(batches)
 
     def checkpoint(self) -> dict[str, float]:
         with tempfile.TemporaryDirectory(dir=self.config.get("tmp")) as tmp:
@@ -91,7 +97,7 @@ def main() -> None:
     if config.get("cpus") and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, config["cpus"])
     peer = Peer(config)
-    print(json.dumps(peer.insert(count=config["fill"]) | peer.memory()), flush=True)
+    print(json.dumps(peer.insert(count=config["fill"]) | peer.memory() | {"pids": [os.getpid()]}), flush=True)
     for line in sys.stdin:
         command, _, arg = line.strip().partition(" ")
         if command == "insert":

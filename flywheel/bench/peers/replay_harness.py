@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +22,11 @@ from flywheel import proto
 from flywheel.bench.runner import BenchError
 from flywheel.testing.ports import free_port
 
+from .cpu_clock import SideClock, pin_process
 from .replay_data import sender_main
 
 SPAWN = mp.get_context("spawn")
+SHM_DIR = "/dev/shm"  # where the replay creates its clients' segments (services/replay/shm.py)
 
 
 def cpu_split() -> tuple[list[int], list[int]]:
@@ -37,7 +41,7 @@ class ReplayService:
     def __init__(self, workdir: Path, name: str, capacity: int, cpus: list[int] | None = None,
                  **settings: str) -> None:
         self.workdir = workdir
-        sock = f"/tmp/fw-bench-{os.getpid()}-{name}"
+        sock = self.sock_prefix = f"/tmp/fw-bench-{os.getpid()}-{name}"
         self.transitions_ipc, self.sample_ipc = f"ipc://{sock}-tr", f"ipc://{sock}-sa"
         self.transitions_tcp = f"tcp://127.0.0.1:{free_port()}"
         self.sample_tcp = f"tcp://127.0.0.1:{free_port()}"
@@ -103,6 +107,10 @@ class ReplayService:
     def rss(self) -> int:
         return int(self.process.memory_info().rss)
 
+    def pin(self, cpus: list[int]) -> None:
+        """Pin every thread of the replay process to ``cpus`` (a checkpoint writer it forks later inherits them)."""
+        pin_process(self.proc.pid, cpus)
+
     def close(self, kill: bool = False) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
@@ -114,6 +122,10 @@ class ReplayService:
         for child in psutil.Process().children(recursive=True):  # a checkpoint writer left behind by a kill
             if child.pid != os.getpid() and "flywheel" in " ".join(child.cmdline()):
                 child.kill()
+        for segment in Path(SHM_DIR).glob(f"flywheel-replay-{self.proc.pid}-*"):  # a killed replay leaves them
+            segment.unlink(missing_ok=True)
+        for sock in Path(self.sock_prefix).parent.glob(f"{Path(self.sock_prefix).name}-*"):  # ipc socket files
+            sock.unlink(missing_ok=True)
         self.telemetry.close(0)
         self.control.close(0)
         self.ctx.term()
@@ -161,20 +173,25 @@ def insert_rate(service: ReplayService, sender_args: dict[str, Any], warm_rows: 
 
 
 def _client_main(endpoint: str, transport: str, batch: int, seconds: float, cpus: list[int], result: Any,
-                 stop: Any = None) -> None:
+                 stop: Any = None, inflight: int = 4, side_pids: tuple[int, ...] = ()) -> None:
+    """Sample for ``seconds``: after each batch, its priority update, then the release that sends the next
+    request; with ``inflight=1`` the update reaches the replay before the next request (synchronous). CPU-seconds
+    are those of this process and ``side_pids`` (the replay) over the same window."""
     from flywheel.services.replay.client import ReplayClient
 
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
     rng = np.random.default_rng(0)
     arrivals: list[float] = []
-    with ReplayClient(endpoint, batch, inflight=4, transport=transport) as client:
+    clock = SideClock([os.getpid(), *side_pids])
+    with ReplayClient(endpoint, batch, inflight=inflight, transport=transport) as client:
         for _ in range(3):  # warm up: the first replies carry the shared-memory offer
             got = client.poll(timeout_ms=60_000)
             if got is None:
                 raise SystemExit("no batch within 60 s")
             client.release(got)
         start = time.monotonic()
+        clock.start()
         while time.monotonic() - start < seconds and not (stop is not None and stop.is_set()):
             got = client.poll(timeout_ms=1000)
             if got is None:
@@ -183,17 +200,19 @@ def _client_main(endpoint: str, transport: str, batch: int, seconds: float, cpus
             assert got.obs.shape[0] == batch
             client.update_priorities(got.index, rng.uniform(0.1, 2, batch).astype(np.float32))
             client.release(got)
-        result.put({"rate": len(arrivals) / (time.monotonic() - start), "arrivals": arrivals,
-                    "shm": client.counters["shm_batches"], "tcp": client.counters["tcp_batches"], "start": start})
+        result.put(clock.rates(len(arrivals)) | {
+            "arrivals": arrivals, "shm": client.counters["shm_batches"], "tcp": client.counters["tcp_batches"],
+            "start": start})
 
 
 def sample_run(endpoint: str, transport: str, batch: int, seconds: float, cpus: list[int],
-               stop: Any = None) -> dict[str, Any]:
-    """Run a sampling client in its own process (until ``seconds`` or ``stop`` is set); returns its batches/s,
-    arrival times and path counters."""
+               stop: Any = None, inflight: int = 4, side_pids: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Run a sampling client in its own process (until ``seconds`` or ``stop`` is set); returns its batches per
+    second (``rate``) and per CPU-second of it and ``side_pids`` (``rate_per_cpu``), arrival times and path
+    counters."""
     queue = SPAWN.Queue()
-    proc = SPAWN.Process(target=_client_main, args=(endpoint, transport, batch, seconds, cpus, queue, stop),
-                         daemon=True)
+    proc = SPAWN.Process(target=_client_main, daemon=True, args=(endpoint, transport, batch, seconds, cpus, queue,
+                                                                 stop, inflight, tuple(side_pids)))
     proc.start()
     try:
         return queue.get(timeout=seconds + 180)
@@ -203,40 +222,133 @@ def sample_run(endpoint: str, transport: str, batch: int, seconds: float, cpus: 
         proc.join(30)
 
 
-class CpprbPeer:
-    """``cpprb_peer`` in its own process, answering one command at a time (see that module)."""
+class PeerProcess:
+    """A peer in its own process(es), filled at start, answering one command at a time on stdin/stdout (one
+    JSON line each: see ``cpprb_peer`` and ``reverb_peer``); its first line lists the ``pids`` of its side.
+    Its stderr goes to a temporary file (TensorFlow logs a lot), whose last line names a failure."""
 
-    def __init__(self, config: dict[str, Any], timeout_s: float = 7200) -> None:
-        import json
+    name = "peer"
 
-        self.timeout_s = timeout_s
-        self.proc = subprocess.Popen([sys.executable, "-m", "flywheel.bench.peers.cpprb_peer", json.dumps(config)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.filled = self._answer()
+    def __init__(self, command: list[str]) -> None:
+        self.stderr = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True)
+        self.pids: list[int] = [self.proc.pid]
+        try:
+            self.filled = self._answer()
+        except BenchError:
+            self.close()
+            raise
+        self.pids = [int(pid) for pid in self.filled.get("pids", self.pids)]
+        self.started = {pid: psutil.Process(pid).create_time() for pid in self.pids[1:]}
+
+    def pin(self, cpus: list[int]) -> None:
+        """Pin every thread of every process of this peer's side to ``cpus``."""
+        for pid in self.pids:
+            pin_process(pid, cpus)
 
     def _answer(self) -> dict[str, Any]:
-        import json
-
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise BenchError(f"cpprb peer failed: {err.strip().splitlines()[-1:] or 'no output'}")
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass  # stdout closed but still running: the reason is in its stderr all the same
+            self.stderr.seek(0)
+            last = [text for text in self.stderr.read().strip().splitlines() if text.strip()][-1:]
+            raise BenchError(f"{self.name} peer failed (exit {self.proc.returncode}): {last or 'no output'}")
         return json.loads(line)
 
     def ask(self, command: str) -> dict[str, Any]:
+        """Send one command and return its JSON answer."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # it has exited: _answer says why
         return self._answer()
 
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
                 self.ask("quit")
-            except (BenchError, OSError, ValueError):
+            except (BenchError, OSError, ValueError, subprocess.TimeoutExpired):
                 pass
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for pid, created in getattr(self, "started", {}).items():  # a server its main process could not stop
+            try:
+                leftover = psutil.Process(pid)
+                if leftover.create_time() == created:  # the same process, not a new one with its pid
+                    leftover.kill()
+            except psutil.Error:
+                pass
+        self.stderr.close()
+
+
+class CpprbPeer(PeerProcess):
+    """``cpprb_peer``: cpprb's PrioritizedReplayBuffer in-process, in its own process."""
+
+    name = "cpprb"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__([sys.executable, "-m", "flywheel.bench.peers.cpprb_peer", json.dumps(config)])
+
+
+class ReverbPeer(PeerProcess):
+    """``reverb_peer.py`` run by Reverb's own venv interpreter ``python``: a server process and a gRPC client."""
+
+    name = "Reverb"
+
+    def __init__(self, python: Path, config: dict[str, Any]) -> None:
+        script = Path(__file__).resolve().parent / "reverb_peer.py"
+        super().__init__([str(python), str(script), json.dumps(config)])
+
+
+def reverb_maker(python: Path | None, config: dict[str, Any]) -> Callable[[], PeerProcess] | None:
+    """What starts a Reverb peer with ``config`` and a free port (None without Reverb's ``python``)."""
+    if python is None:
+        return None
+    return lambda: ReverbPeer(python, config | {"port": free_port()})
+
+
+class OptionalPeer:
+    """A peer (Reverb) whose failure costs its rows, not the whole run: ``on_failure`` gets the reason once and
+    every later ``ask`` answers None."""
+
+    def __init__(self, make: Callable[[], PeerProcess] | None, on_failure: Callable[[str], None]) -> None:
+        self.on_failure, self.peer = on_failure, None
+        if make is not None:
+            try:
+                self.peer = make()
+            except BenchError as exc:
+                self._failed(str(exc))
+
+    def _failed(self, why: str) -> None:
+        self.on_failure(why)
+        self.close()
+
+    def ask(self, command: str) -> dict[str, Any] | None:
+        if self.peer is None:
+            return None
+        try:
+            return self.peer.ask(command)
+        except BenchError as exc:
+            self._failed(str(exc))
+            return None
+
+    def pin(self, cpus: list[int]) -> None:
+        if self.peer is not None:
+            try:
+                self.peer.pin(cpus)
+            except psutil.Error as exc:
+                self._failed(f"cannot pin its processes: {exc}")
+
+    def close(self) -> None:
+        if self.peer is not None:
+            self.peer.close()
+            self.peer = None

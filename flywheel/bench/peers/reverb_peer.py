@@ -1,14 +1,19 @@
 """DeepMind Reverb on the replay benchmark's shapes: a server process and a gRPC client, in Reverb's own venv.
 
-Not imported by Flywheel: ``flywheel bench replay`` runs it with the venv's interpreter (NumPy, Reverb and
-TensorFlow only). Create the venv with::
+Not imported by Flywheel: ``flywheel bench replay`` runs it with the venv's interpreter (NumPy, Reverb,
+TensorFlow, psutil, and ``cpu_clock.py`` from this folder). Create the venv with::
 
     python3 -m venv .venv-reverb
-    .venv-reverb/bin/pip install tensorflow==2.15.1 'dm-reverb[tensorflow]==0.14.0'
+    .venv-reverb/bin/pip install tensorflow==2.15.1 'dm-reverb[tensorflow]==0.14.0' psutil
 
-Usage: ``python reverb_peer.py '<json config>'``; prints one JSON line. Items hold the same (4, 84, 84) uint8
-obs and next_obs stacks Flywheel receives (Reverb compresses chunks with zstd; it has no frame sharing across
-items of this shape), a prioritized sampler with alpha 0.6 and FIFO removal.
+Usage: ``python reverb_peer.py '<json config>'`` (``kind``, ``frames``, ``fill``, ``port``, ``server_cpus``,
+``client_cpus``): it fills the table with ``fill`` items, prints one JSON line (the fill's rate and the
+``pids`` of its side: this client, the server), then answers commands read from stdin, one JSON line each,
+so the suite can measure it in turns with Flywheel and cpprb: ``insert SECONDS``, ``sample SECONDS``, ``quit``.
+Items hold the same (4, 84, 84) uint8 obs and next_obs stacks Flywheel receives (Reverb compresses chunks with
+zstd; it has no frame sharing across items of this shape), a prioritized sampler with alpha 0.6 and FIFO
+removal. Rates come per second and per CPU-second (user + system, psutil) of the server (inserts) or of both
+processes (sampling).
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ import json
 import multiprocessing as mp
 import os
 import sys
-import time
 
 import numpy as np
+from cpu_clock import SideClock  # this folder is on sys.path: the script runs by path, without flywheel
 
 
 def _table(kind: str, size: int) -> object:
@@ -58,8 +63,63 @@ def _steps(config: dict, rows: int) -> list[dict[str, np.ndarray]]:
              "discount": np.float32(0.97)} for i in range(rows)]
 
 
+class Writer:
+    """The gRPC client's trajectory writer, kept across commands: one item per step, flushed every 32."""
+
+    def __init__(self, client: object, steps: list[dict[str, np.ndarray]], server_pid: int) -> None:
+        self.writer = client.trajectory_writer(num_keep_alive_refs=1)  # type: ignore[attr-defined]
+        self.steps, self.server_pid = steps, server_pid
+        self.rng = np.random.default_rng(1)
+        self.added = 0
+
+    def insert(self, count: int | None = None, seconds: float | None = None) -> dict[str, float]:
+        """Add items (``count``, or for ``seconds``); items per second and per CPU-second of the server."""
+        clock, done = SideClock([self.server_pid]), 0
+        clock.start()
+        while (count is not None and done < count) or (seconds is not None and clock.elapsed() < seconds):
+            self.writer.append(self.steps[self.added % len(self.steps)])
+            self.writer.create_item("replay", float(self.rng.uniform(0.1, 2)),
+                                    {k: self.writer.history[k][-1] for k in self.steps[0]})
+            self.added += 1
+            done += 1
+            if done % 32 == 0:
+                self.writer.flush()
+        self.writer.flush()
+        measured = clock.rates(done)
+        return {"insert_rate": measured["rate"], "insert_rate_cpu": measured["rate_per_cpu"]}
+
+    def close(self) -> None:
+        self.writer.end_episode()
+        self.writer.close()
+
+
+def sample(address: str, client: object, pids: list[int], seconds: float) -> dict[str, float]:
+    """512-batches through Reverb's TF dataset, each followed by mutate_priorities, for ``seconds``; per second
+    and per CPU-second of both processes. The dataset is built per command and dropped after, so it does not
+    prefetch while the others are measured."""
+    import reverb
+
+    rng = np.random.default_rng(2)
+    dataset = reverb.TrajectoryDataset.from_table_signature(address, "replay", max_in_flight_samples_per_worker=1024)
+    batches = iter(dataset.batch(512, drop_remainder=True).prefetch(2))
+    next(batches)
+    clock, count = SideClock(pids), 0
+    clock.start()
+    while clock.elapsed() < seconds:
+        got = next(batches)
+        client.mutate_priorities("replay", dict(zip(got.info.key.numpy().tolist(),  # type: ignore[attr-defined]
+                                                    rng.uniform(0.1, 2, 512).tolist(), strict=True)))
+        count += 1
+    measured = clock.rates(count)
+    del batches, dataset
+    return measured
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
+    if config.get("client_cpus") and hasattr(os, "sched_setaffinity"):  # before TensorFlow starts its threads
+        os.sched_setaffinity(0, config["client_cpus"])
+    import psutil
     import reverb
     import tensorflow as tf
 
@@ -68,40 +128,27 @@ def main() -> None:
         target=_serve, args=(config["kind"], config["fill"], config["port"], config.get("server_cpus", [])),
         daemon=True)
     server.start()
-    address = f"localhost:{config['port']}"
-    client = reverb.Client(address)
-    client.server_info(timeout=120)
-    steps = _steps(config, 256)
-    rng = np.random.default_rng(1)
-    start = time.perf_counter()
-    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
-        for i in range(config["fill"]):
-            writer.append(steps[i % len(steps)])
-            writer.create_item("replay", float(rng.uniform(0.1, 2)),
-                               {k: writer.history[k][-1] for k in steps[0]})
-            if i % 32 == 31:
-                writer.flush()
-        writer.end_episode()
-        writer.flush()
-    result = {"insert_rate": config["fill"] / (time.perf_counter() - start)}
-    if config["kind"] == "mario":
-        dataset = reverb.TrajectoryDataset.from_table_signature(address, "replay",
-                                                                max_in_flight_samples_per_worker=1024)
-        batches = iter(dataset.batch(512, drop_remainder=True).prefetch(2))
-        next(batches)
-        count = 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < config["seconds"]:
-            sample = next(batches)
-            client.mutate_priorities("replay", dict(zip(sample.info.key.numpy().tolist(),
-                                                        rng.uniform(0.1, 2, 512).tolist(), strict=True)))
-            count += 1
-        result["sample_rate"] = count / (time.perf_counter() - start)
-        import psutil
-
-        result["server_rss_bytes"] = psutil.Process(server.pid).memory_info().rss
-    server.terminate()
-    print(json.dumps(result), flush=True)
+    try:
+        address = f"localhost:{config['port']}"
+        client = reverb.Client(address)
+        client.server_info(timeout=120)
+        pids = [os.getpid(), int(server.pid or 0)]
+        writer = Writer(client, _steps(config, 256), pids[1])
+        filled = writer.insert(count=config["fill"])
+        rss = psutil.Process(pids[1]).memory_info().rss
+        print(json.dumps(filled | {"pids": pids, "server_rss_bytes": rss}), flush=True)
+        for line in sys.stdin:
+            command, _, arg = line.strip().partition(" ")
+            if command == "insert":
+                print(json.dumps(writer.insert(seconds=float(arg))), flush=True)
+            elif command == "sample":
+                print(json.dumps(sample(address, client, pids, float(arg))), flush=True)
+            else:
+                break
+        writer.close()
+    finally:
+        server.terminate()
+        server.join(30)
 
 
 if __name__ == "__main__":

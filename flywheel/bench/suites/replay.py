@@ -1,58 +1,84 @@
 """Replay benchmark: inserts, samples over loopback, memory at 1M Mario transitions, checkpoint pauses, vs peers.
 
 Flywheel runs as ``flywheel replay`` child processes fed by a sender process over real sockets and read by a
-ReplayClient in another process; cpprb runs in-process (its own process, one core) on the same shapes, and
-DeepMind Reverb (server process + gRPC client) when ``.venv-reverb`` exists (see peers/reverb_peer.py).
+ReplayClient in another process; cpprb runs in-process (its own process) on the same shapes, and DeepMind
+Reverb (server process + gRPC client) when ``.venv-reverb`` exists (see peers/reverb_peer.py). Every comparison
+is measured in turns (the same machine load) on the same fill, each side's processes pinned to the same cores.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from flywheel.bench.peers.replay_data import mario_frames
 from flywheel.bench.peers.replay_harness import (
     SPAWN,
     CpprbPeer,
+    OptionalPeer,
     ReplayService,
     Sender,
     cpu_split,
     insert_rate,
+    reverb_maker,
     sample_run,
 )
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
 from flywheel.bench.suites._plots import pyplot, save_figure
+from flywheel.bench.suites._replay_rows import (
+    BATCH,
+    checkpoint_rows,
+    common_fill,
+    core_budgets,
+    plot_label,
+    reverb_insert_rows,
+    sampling_rows,
+)
 
-DESCRIPTION = ("replay: insert rate (Mario, CartPole, one core), 512-batch Mario sampling over loopback (shm, TCP), "
-               "RSS at 1M Mario, checkpoint pauses; vs cpprb and Reverb")
+DESCRIPTION = ("replay: insert rate (Mario, CartPole, one core), 512-batch Mario sampling (shm, TCP; async and "
+               "synchronous priority updates) on the same fill and cores as cpprb and Reverb, RSS at 1M Mario, "
+               "checkpoint pauses and write times")
 OPTIONS = {
     "transitions": "Mario transitions stored for the memory, sampling and big checkpoint cases "
                    "(default 1000000, quick 30000)",
+    "sample_fill": "Mario transitions both Flywheel and cpprb hold for the big sampling comparison (default: "
+                   "transitions, or the largest fill both hold in memory at once, which the notes then say)",
+    "cores": "core budgets for sampling, comma-separated (default 1,2, capped to the CPUs here): every process "
+             "of a side (Flywheel: replay + client; cpprb; Reverb: server + client) is pinned to the same N cores; "
+             "the group at the insert fill (with Reverb) uses the largest",
     "seconds": "seconds per rate measurement (default 6, quick 2)",
     "frames": "distinct Mario frames recorded from the emulator for the data (default 2000, quick 300)",
     "reverb": "run the Reverb peer when .venv-reverb in the repository (or REVERB_PYTHON) exists: 1/0 (default 1)",
-    "reverb_fill": "items Reverb is filled with (default 30000, quick 3000): it inserts ~3k Mario items/s",
+    "reverb_max_fill": "most items Reverb is filled with (default 1000000, quick 10000; it inserts ~3-5k items/s): "
+                       "a case with a larger fill shows Reverb's figure alone, without a ratio",
 }
 REVERB_PYTHON = Path(__file__).resolve().parents[3] / ".venv-reverb" / "bin" / "python"
-MARIO_ROWS, CARTPOLE_ROWS, BATCH = 128, 256, 512
+MARIO_ROWS, CARTPOLE_ROWS = 128, 256
+RESERVE_BYTES = 3 * 2**30  # sampling clients, shared-memory slots, this process and some page cache
+FLYWHEEL_SAMPLERS = (("shm", "shm", 4), ("shm_sync", "shm", 1), ("tcp", "tcp", 4))  # key, transport, in flight
+SECTIONS = ("insert", "memory", "sample", "checkpoint")
 
 
 def run(ctx: BenchContext) -> SuiteResult:
     quick = ctx.quick
     big = ctx.option_int("transitions", 30_000 if quick else 1_000_000)
     seconds = ctx.option_float("seconds", 2.0 if quick else 6.0)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    budgets = core_budgets(ctx.option("cores", ",".join(str(n) for n in (1, 2) if n <= len(cpus))), cpus)
     replay_cpu, other_cpus = cpu_split()
     work = Path(tempfile.mkdtemp(prefix="flywheel-bench-replay-"))
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     result = SuiteResult("replay", "Replay: inserts, sampling, memory, checkpoints")
+    reverb_python = _reverb_python(ctx, result)
     try:
         ctx.progress("recording Mario frames for the data")
         frames, source = mario_frames(ctx.option_int("frames", 300 if quick else 2000), ctx.out_dir, ctx.seed)
@@ -60,32 +86,74 @@ def run(ctx: BenchContext) -> SuiteResult:
         np.save(frames_file, frames, allow_pickle=False)
         result.notes.append(f"Mario data: {source}; 16 streams per actor, 3-step rows, episodes of 200-1000 steps, "
                             f"{MARIO_ROWS}-row messages; CartPole: {CARTPOLE_ROWS}-row messages.")
-        _inserts(ctx, result, work, frames_file, seconds, replay_cpu, other_cpus)
-        _big_buffer(ctx, result, work, frames_file, big, seconds, replay_cpu, other_cpus)
-        _peers(ctx, result, frames_file, seconds)
+        cpprb_bytes_per = _inserts(ctx, result, work, frames_file, seconds, (replay_cpu, other_cpus), budgets,
+                                   reverb_python)
+        _big_buffer(ctx, result, work, frames_file, big, seconds, budgets, cpus, other_cpus, cpprb_bytes_per)
+        result.rows.sort(key=lambda row: next((i for i, s in enumerate(SECTIONS) if row.case.startswith(s)), 9))
         result.plots = _plot(ctx, result)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result.notes.append("TorchRL: not measured. TorchRL 0.14's compiled extension does not load with torch 2.13, so "
-                        "its PrioritizedSampler (C++ sum tree) is unavailable here.")
-    result.notes.append("The machine is shared with other work; rates are medians of runs, ratios side by side.")
+    result.notes += [
+        "cpprb gets one in-order stream (its stack_compress/next_of need consecutive adds of one episode); Flywheel "
+        "gets 16 interleaved streams, as actors send them. Each Flywheel run is followed by cpprb's (and Reverb's) "
+        "run of the same case on the same fill, so all see the same machine load.",
+        "Sampling: each side's processes (Flywheel: replay + client; cpprb: its one process; Reverb: server + "
+        "client) are pinned, every thread, to the same cores; per CPU-second rows count user + system time of all "
+        "of them over the measured window (psutil). cpprb's update_priorities is synchronous; Flywheel's "
+        "synchronous row keeps one request in flight and sends each update before the next request, so every "
+        "batch is drawn after the previous one's priorities are applied, as in cpprb; the async rows keep 4 in "
+        "flight, as a learner does. The replay runs its default 2 gather threads (on a 1-core budget they share "
+        "it).",
+        "TorchRL: not measured. TorchRL 0.14's compiled extension does not load with torch 2.13, so its "
+        "PrioritizedSampler (C++ sum tree) is unavailable here.",
+        "The machine is shared with other work; rates are medians of runs, ratios side by side.",
+    ]
     return result
 
 
+def _reverb_python(ctx: BenchContext, result: SuiteResult) -> Path | None:
+    python = Path(os.environ.get("REVERB_PYTHON", REVERB_PYTHON))
+    if ctx.option_int("reverb", 1) == 0 or not python.exists():
+        result.notes.append("Reverb: skipped (--opt reverb=0)." if python.exists() else
+                            f"Reverb: skipped ({python} not found). Create it with `python3 -m venv .venv-reverb && "
+                            ".venv-reverb/bin/pip install tensorflow==2.15.1 'dm-reverb[tensorflow]==0.14.0' psutil`.")
+        return None
+    result.notes.append("Reverb 0.14 (server process + gRPC client, in turns with the others): items hold the same "
+                        "whole (4, 84, 84) stacks Flywheel receives; its sampling goes through its TF dataset "
+                        "(batch 512, built per run) plus mutate_priorities.")
+    return python
+
+
+def _reverb_failed(result: SuiteResult, kind: str, why: str) -> None:
+    result.notes.append(f"Reverb failed ({kind}); its {kind} rows are missing: {why}")
+
+
 def _inserts(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Path, seconds: float,
-             replay_cpu: list[int], other_cpus: list[int]) -> None:
-    """Insert rates, Flywheel and cpprb measured in turns (the same load for both), both on the same core."""
+             split: tuple[list[int], list[int]], budgets: list[list[int]], reverb_python: Path | None) -> float:
+    """Insert rates, Flywheel, cpprb and Reverb in turns (the same load), replay/cpprb/server on the same core;
+    at the Mario fill, the small checkpoint and the sampling group with Reverb. Returns cpprb's resident bytes
+    per Mario transition."""
+    replay_cpu, other_cpus = split
     mario_capacity = 10_000 if ctx.quick else 50_000
+    reverb_max = ctx.option_int("reverb_max_fill", 10_000 if ctx.quick else 1_000_000)
+    cpprb_bytes_per = 0.0
     for kind, rows, capacity, goal in (("mario", MARIO_ROWS, mario_capacity, 20_000),
                                        ("cartpole", CARTPOLE_ROWS, 1_000_000, 100_000)):
         service = ReplayService(work, f"insert-{kind}", capacity, cpus=replay_cpu, checkpoint_dir=str(work / kind))
         peer = CpprbPeer({"kind": kind, "frames": str(frames_file), "fill": capacity, "batch_rows": rows,
                           "cpus": replay_cpu, "tmp": str(work)})
+        reverb_fill = min(capacity, reverb_max)
+        if reverb_python is not None:
+            ctx.progress(f"filling Reverb with {reverb_fill:,} {kind} items (a few thousand a second)")
+        config = {"kind": kind, "frames": str(frames_file), "fill": reverb_fill, "server_cpus": replay_cpu,
+                  "client_cpus": other_cpus}
+        reverb = OptionalPeer(reverb_maker(reverb_python, config), partial(_reverb_failed, result, kind))
         try:
-            ctx.progress(f"insert {kind} over ipc and tcp, and cpprb in-process: {ctx.warmup} warm-up + "
-                         f"{ctx.runs} runs each")
+            ctx.progress(f"insert {kind} over ipc and tcp, cpprb in-process{', Reverb' if reverb.peer else ''}: "
+                         f"{ctx.warmup} warm-up + {ctx.runs} runs each")
             flywheel: dict[str, list[tuple[float, float]]] = {"ipc": [], "tcp": []}
             cpprb: list[dict[str, float]] = []
+            reverb_runs: list[float] = []
             for i in range(ctx.warmup + ctx.runs):
                 for transport, endpoint in (("ipc", service.transitions_ipc), ("tcp", service.transitions_tcp)):
                     args = {"endpoint": endpoint, "kind": kind, "frames_file": frames_file, "rows": rows,
@@ -93,6 +161,8 @@ def _inserts(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Pa
                     flywheel[transport].append(insert_rate(service, args, capacity if i == 0 else rows * 50,
                                                            seconds))
                 cpprb.append(peer.ask(f"insert {seconds}"))
+                if (got := reverb.ask(f"insert {seconds}")) is not None:
+                    reverb_runs.append(got["insert_rate"])
             cpprb = cpprb[ctx.warmup:]
             for transport, measured in flywheel.items():
                 measured = measured[ctx.warmup:]
@@ -107,17 +177,18 @@ def _inserts(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Pa
                                        "inserts", "transitions/s", median(wall),
                                        median(peer_wall) if peer_wall else None, name, flywheel_runs=wall,
                                        peer_runs=peer_wall))
+            if reverb.peer is not None:
+                tcp_wall = next(r for r in result.rows if r.case.startswith(f"insert {kind} (tcp), wall"))
+                result.rows += reverb_insert_rows(kind, tcp_wall, reverb_runs[ctx.warmup:], reverb_fill, capacity)
             if kind == "mario":
-                ctx.progress(f"checkpoint of {capacity:,} Mario transitions: Flywheel (fork) and cpprb (blocking)")
-                _checkpoint_once(service)
-                saved = peer.ask("checkpoint")
-                result.rows.append(Row(f"checkpoint {capacity:,} Mario: traffic stopped", "pause", "ms",
-                                       1e3 * service.gauges.get("checkpoint_max_pause_seconds", 0.0),
-                                       1e3 * saved["checkpoint_s"], "cpprb save_transitions (blocks)",
-                                       higher_is_better=False))
+                cpprb_bytes_per = peer.filled["rss_growth_bytes"] / capacity
+                _small_checkpoint(ctx, result, service, peer, capacity)
+                _sampling_group(ctx, result, service, peer, reverb, capacity, budgets[-1], seconds, reverb_fill)
         finally:
+            reverb.close()
             peer.close()
             service.close(kill=True)
+    return cpprb_bytes_per
 
 
 def _checkpoint_once(service: ReplayService) -> None:
@@ -127,60 +198,132 @@ def _checkpoint_once(service: ReplayService) -> None:
     service.wait(lambda: service.counters.get("checkpoints_total", 0) > before, 3600, "the checkpoint")
 
 
-def _big_buffer(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Path, big: int, seconds: float,
-                replay_cpu: list[int], other_cpus: list[int]) -> None:
-    service = ReplayService(work, "big", big, checkpoint_dir=str(work / "ckpt"))
+def _small_checkpoint(ctx: BenchContext, result: SuiteResult, service: ReplayService, peer: CpprbPeer,
+                      fill: int) -> None:
+    """A checkpoint of the insert case's full Mario buffer on both sides: what blocks, and the whole write."""
+    ctx.progress(f"checkpoint of {fill:,} Mario transitions: Flywheel (forked writer) and cpprb (save_transitions)")
+    _checkpoint_once(service)
+    saved = peer.ask("checkpoint")
+    gauges = service.gauges
+    pause, write = gauges.get("checkpoint_max_pause_seconds", 0.0), gauges.get("checkpoint_duration_seconds", 0.0)
+    result.rows += checkpoint_rows(fill, pause, write, saved["checkpoint_s"])
+    result.extra["checkpoint_small"] = {"transitions": fill, "flywheel_pause_s": pause, "flywheel_write_s": write,
+                                        "cpprb_save_s": saved["checkpoint_s"]}
+    result.notes.append(f"Checkpoint of {fill:,}: Flywheel's loop stops only for fork(); a child writes .npy files "
+                        "with CRCs while sampling and inserts go on. cpprb's save_transitions unpacks every stack and "
+                        "writes a compressed npz, and its buffer can do nothing else meanwhile.")
+
+
+def _sampling_group(ctx: BenchContext, result: SuiteResult, service: ReplayService, cpprb: CpprbPeer,
+                    reverb: OptionalPeer | None, fill: int, cpus: list[int], seconds: float,
+                    reverb_fill: int | None = None, goal: str = "") -> None:
+    """512-batches with priority updates from ``fill`` stored: Flywheel's samplers, cpprb and Reverb in turns,
+    every side pinned to ``cpus``."""
+    with_reverb = reverb is not None and reverb.peer is not None
+    ctx.progress(f"sampling 512-batches of {fill:,} on {len(cpus)} core(s) per side (shm async and synchronous, "
+                 f"tcp, cpprb{', Reverb' if with_reverb else ''}): {ctx.warmup} warm-up + {ctx.runs} runs each")
+    service.pin(cpus)
+    cpprb.pin(cpus)
+    if reverb is not None:
+        reverb.pin(cpus)
+    runs: dict[str, list[dict[str, float]]] = {key: [] for key in ("shm", "shm_sync", "tcp", "cpprb", "reverb")}
+    for _ in range(ctx.warmup + ctx.runs):
+        for key, transport, inflight in FLYWHEEL_SAMPLERS:
+            got = sample_run(service.sample_tcp, transport, BATCH, seconds, cpus, inflight=inflight,
+                             side_pids=(service.proc.pid,))
+            runs[key].append({k: got[k] for k in ("rate", "rate_per_cpu", "wall_s", "cpu_s", "shm", "tcp")})
+        runs["cpprb"].append(cpprb.ask(f"sample {seconds}"))
+        if reverb is not None and (answer := reverb.ask(f"sample {seconds}")) is not None:
+            runs["reverb"].append(answer)
+    runs = {key: values[ctx.warmup:] for key, values in runs.items()}
+    if reverb is None or reverb.peer is None:
+        runs["reverb"] = []
+    result.rows += sampling_rows(fill, cpus, runs, goal, reverb_fill)
+    result.extra.setdefault("sampling", []).append({"fill": fill, "cpus": cpus, "runs": runs})
+
+
+def _filled_service(ctx: BenchContext, work: Path, name: str, capacity: int, frames_file: Path,
+                    other_cpus: list[int]) -> ReplayService:
+    """A Mario replay of ``capacity`` fed 12% more than that: the frame ring wraps once, so every page it will
+    ever use is resident."""
+    service = ReplayService(work, name, capacity, checkpoint_dir=str(work / f"ckpt-{name}"))
     try:
-        # 12% more than the capacity: the frame ring wraps once, so every page it will ever use is resident.
-        target = int(big * 1.12)
-        ctx.progress(f"inserting {target:,} Mario transitions into a {big:,}-transition replay")
+        target = int(capacity * 1.12)
+        ctx.progress(f"inserting {target:,} Mario transitions into a {capacity:,}-transition replay")
         sender = Sender(service.transitions_ipc, "mario", frames_file, MARIO_ROWS, target + MARIO_ROWS, 7200,
                         other_cpus, ctx.seed)
         service.wait(lambda: _progress(ctx, service, target), 7200, f"{target:,} inserted transitions")
         sender.join(60)
         service.wait(lambda: True, 5, "telemetry")
-        rss = service.rss()
-        gauges = dict(service.gauges)
+    except BaseException:
+        service.close(kill=True)
+        raise
+    return service
+
+
+def _big_buffer(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Path, big: int, seconds: float,
+                budgets: list[list[int]], cpus: list[int], other_cpus: list[int], cpprb_bytes_per: float) -> None:
+    """Memory at ``big``, sampling against cpprb on the same fill (``big`` when both fit at once) for every core
+    budget, and a checkpoint of the big buffer while a client samples."""
+    service = _filled_service(ctx, work, "big", big, frames_file, other_cpus)
+    cpprb_filled: dict[str, Any] | None = None
+    try:
+        rss, gauges = service.rss(), dict(service.gauges)
         result.extra["big"] = {"transitions": big, "rss_bytes": rss, "gauges": gauges}
         result.rows.append(Row(f"memory, {big:,} Mario transitions (84x84, stack 4)", "resident", "GiB",
                                rss / 2**30, higher_is_better=False, goal="<= 8 GiB" if big >= 1_000_000 else ""))
         result.notes.append(f"Frames stored per transition at {big:,}: {gauges.get('frames_per_transition', 0):.3f} "
                             "(whole stacks would be 8).")
-        _sampling(ctx, result, service, frames_file, big, seconds, replay_cpu, other_cpus)
+        available = psutil.virtual_memory().available
+        fill = ctx.option_int("sample_fill", 0) or common_fill(big, available, rss, rss / big, cpprb_bytes_per,
+                                                               RESERVE_BYTES)
+        if not 0 < fill <= big:
+            raise BenchError(f"sampling fill {fill:,}: must be 1..{big:,} (available memory "
+                             f"{available / 2**30:.1f} GiB, cpprb ~{cpprb_bytes_per:,.0f} B per transition)")
+        result.extra["sample_fill"] = {"fill": fill, "available_bytes": available, "cpprb_bytes_per": cpprb_bytes_per}
+        if fill < big:
+            why = "(--opt sample_fill)" if "sample_fill" in ctx.options else (
+                f"cpprb (~{cpprb_bytes_per:,.0f} B per transition) cannot hold {big:,} beside Flywheel's buffer in "
+                f"the {available / 2**30:.1f} GiB available here")
+            result.notes.append(f"Sampling uses {fill:,} stored transitions on both sides, not {big:,}: {why}.")
+        else:
+            cpprb_filled = _sampling_groups(ctx, result, service, frames_file, fill, budgets, seconds)
+        service.pin(cpus)
         _checkpoint(ctx, result, service, other_cpus, big)
     finally:
         service.close(kill=True)
-    ctx.progress(f"cpprb PrioritizedReplayBuffer (stack_compress, next_of): memory with {big:,} Mario transitions")
-    peer = CpprbPeer({"kind": "mario", "frames": str(frames_file), "fill": big, "batch_rows": MARIO_ROWS,
-                      "cpus": replay_cpu})
-    peer.close()
-    result.extra["cpprb_memory"] = peer.filled
+    if fill < big:
+        service = _filled_service(ctx, work, "sampling", fill, frames_file, other_cpus)
+        try:
+            _sampling_groups(ctx, result, service, frames_file, fill, budgets, seconds)
+        finally:
+            service.close(kill=True)
+    if cpprb_filled is None:
+        ctx.progress(f"cpprb PrioritizedReplayBuffer (stack_compress, next_of): memory with {big:,} Mario "
+                     "transitions")
+        peer = CpprbPeer({"kind": "mario", "frames": str(frames_file), "fill": big, "batch_rows": MARIO_ROWS,
+                          "cpus": budgets[0]})
+        peer.close()
+        cpprb_filled = peer.filled
+    result.extra["cpprb_memory"] = cpprb_filled
     row = next(r for r in result.rows if r.case.startswith("memory"))
-    row.peer, row.peer_name = peer.filled["rss_growth_bytes"] / 2**30, "cpprb (stack_compress, next_of)"
+    row.peer, row.peer_name = cpprb_filled["rss_growth_bytes"] / 2**30, "cpprb (stack_compress, next_of)"
 
 
-def _sampling(ctx: BenchContext, result: SuiteResult, service: ReplayService, frames_file: Path, big: int,
-              seconds: float, replay_cpu: list[int], other_cpus: list[int]) -> None:
-    """512-batches with priority updates: Flywheel over shm and TCP and cpprb in-process, in turns."""
-    fill = min(big, 200_000)
-    ctx.progress(f"filling cpprb with {fill:,} transitions for sampling")
+def _sampling_groups(ctx: BenchContext, result: SuiteResult, service: ReplayService, frames_file: Path, fill: int,
+                     budgets: list[list[int]], seconds: float) -> dict[str, Any]:
+    """cpprb filled with ``fill`` Mario transitions, sampled in turns with ``service`` on every core budget;
+    returns cpprb's fill answer (its memory)."""
+    ctx.progress(f"filling cpprb with {fill:,} Mario transitions (the same fill as Flywheel's)")
     peer = CpprbPeer({"kind": "mario", "frames": str(frames_file), "fill": fill, "batch_rows": MARIO_ROWS,
-                      "cpus": replay_cpu})
+                      "cpus": budgets[0]})
     try:
-        ctx.progress(f"sampling 512-batches (shm, tcp, cpprb): {ctx.warmup} warm-up + {ctx.runs} runs each")
-        runs: dict[str, list[float]] = {"shm": [], "tcp": [], "cpprb": []}
-        for _ in range(ctx.warmup + ctx.runs):
-            for transport in ("shm", "tcp"):
-                runs[transport].append(sample_run(service.sample_tcp, transport, BATCH, seconds, other_cpus)["rate"])
-            runs["cpprb"].append(peer.ask(f"sample {seconds}")["sample_rate"])
-        runs = {k: v[ctx.warmup:] for k, v in runs.items()}
+        for cpus in budgets:
+            _sampling_group(ctx, result, service, peer, None, fill, cpus, seconds,
+                            goal=">= 100" if cpus is budgets[-1] else "")
     finally:
         peer.close()
-    for transport in ("shm", "tcp"):
-        result.rows.append(Row(f"sample 512 Mario ({transport}, client in another process, + priority update)",
-                               "batches", "batches/s", median(runs[transport]), median(runs["cpprb"]),
-                               f"cpprb (in-process, {fill:,} stored)", goal=">= 100" if transport == "shm" else "",
-                               flywheel_runs=runs[transport], peer_runs=runs["cpprb"]))
+    return peer.filled
 
 
 def _progress(ctx: BenchContext, service: ReplayService, target: int) -> bool:
@@ -214,73 +357,28 @@ def _checkpoint(ctx: BenchContext, result: SuiteResult, service: ReplayService, 
     gaps = np.diff(arrivals) if arrivals.size > 1 else np.zeros(1)
     inside = (arrivals[1:] >= began) & (arrivals[1:] <= ended) if arrivals.size > 1 else np.ones(1, bool)
     during, usual = gaps[inside], gaps[~inside] if (~inside).any() else gaps
-    result.extra["checkpoint"] = {"duration_s": gauges.get("checkpoint_duration_seconds"),
-                                  "gaps_during_ms": (1e3 * during).tolist()}
-    result.rows.append(Row(f"checkpoint {big:,} Mario: longest loop pause (fork)", "pause", "ms",
-                           1e3 * gauges.get("checkpoint_max_pause_seconds", 0.0), higher_is_better=False))
-    pct = np.percentile(1e3 * during, [50, 99]) if during.size else np.zeros(2)
-    result.rows.append(Row(f"checkpoint {big:,} Mario: gap between batches at the client, p99 during it", "gap",
-                           "ms", float(pct[1]), higher_is_better=False,
-                           goal=f"p99 without a checkpoint {np.percentile(1e3 * usual, 99):.0f} ms"))
     duration = gauges.get("checkpoint_duration_seconds", 0.0)
+    result.extra["checkpoint"] = {"duration_s": duration, "gaps_during_ms": (1e3 * during).tolist()}
+    result.rows += checkpoint_rows(big, gauges.get("checkpoint_max_pause_seconds", 0.0), duration)
+    pct = np.percentile(1e3 * during, [50, 99]) if during.size else np.zeros(2)
+    result.rows.append(Row(f"checkpoint {big:,} Mario, Flywheel: gap between batches at the client, p99 during it",
+                           "gap", "ms", float(pct[1]), higher_is_better=False,
+                           goal=f"p99 without a checkpoint {np.percentile(1e3 * usual, 99):.0f} ms"))
     longest = 1e3 * float(during.max() if during.size else 0.0)
     turn = 1e3 * gauges.get("checkpoint_max_loop_turn_seconds", 0.0)
     result.notes.append(f"Checkpoint of {big:,} transitions: written in {duration:.1f} s by a forked child while "
                         f"{len(during)} batches were served (gap p50 {pct[0]:.0f} ms, usual "
                         f"{np.median(1e3 * usual):.0f} ms; longest {longest:.0f} ms); longest loop turn during it "
-                        f"{turn:.0f} ms.")
-
-
-def _peers(ctx: BenchContext, result: SuiteResult, frames_file: Path, seconds: float) -> None:
-    result.notes.append("cpprb gets one in-order stream (its stack_compress/next_of need consecutive adds of one "
-                        "episode); Flywheel gets 16 interleaved streams, as actors send them. Each Flywheel run is "
-                        "followed by the cpprb run of the same case, so both see the same machine load.")
-    _reverb(ctx, result, frames_file, seconds)
-
-
-def _reverb(ctx: BenchContext, result: SuiteResult, frames_file: Path, seconds: float) -> None:
-    import os
-
-    python = Path(os.environ.get("REVERB_PYTHON", REVERB_PYTHON))
-    if ctx.option_int("reverb", 1) == 0 or not python.exists():
-        result.notes.append(f"Reverb: skipped ({python} not found). Create it with `python3 -m venv .venv-reverb && "
-                            ".venv-reverb/bin/pip install tensorflow==2.15.1 'dm-reverb[tensorflow]==0.14.0'`.")
-        return
-    fill = ctx.option_int("reverb_fill", 3000 if ctx.quick else 30_000)
-    script = Path(__file__).resolve().parents[1] / "peers" / "reverb_peer.py"
-    ctx.progress(f"Reverb 0.14 (server process + gRPC client), {fill:,} Mario items")
-    from flywheel.testing.ports import free_port
-
-    mario = _run_json([str(python), str(script), json.dumps({"kind": "mario", "frames": str(frames_file),
-                                                              "fill": fill, "seconds": seconds, "port": free_port()})])
-    cartpole = _run_json([str(python), str(script), json.dumps({"kind": "cartpole", "fill": fill * 4,
-                                                                 "seconds": seconds, "port": free_port()})])
-    result.extra["reverb"] = {"mario": mario, "cartpole": cartpole, "fill": fill}
-    for case, metric, value in (("insert mario (tcp), wall", "inserts", mario["insert_rate"]),
-                                ("insert cartpole (tcp), wall", "inserts", cartpole["insert_rate"]),
-                                ("sample 512 Mario (tcp", "batches", mario["sample_rate"])):
-        flywheel = next(r for r in result.rows if r.case.startswith(case))
-        result.rows.append(Row(flywheel.case.replace("(tcp", "(gRPC vs TCP"), metric, flywheel.unit,
-                               flywheel.flywheel, peer=value, peer_name=f"Reverb ({fill:,} items)",
-                               flywheel_runs=flywheel.flywheel_runs))
-    result.notes.append("Reverb items hold the same whole (4, 84, 84) stacks Flywheel receives; its sampling goes "
-                        "through its TF dataset (batch 512) plus mutate_priorities.")
-
-
-def _run_json(command: list[str]) -> dict[str, Any]:
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=7200)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise BenchError(f"peer {Path(command[1]).name if len(command) > 1 else command[0]} failed: "
-                         f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
-    return json.loads(lines[-1])
+                        f"{turn:.0f} ms. cpprb's save at this size is not measured: save_transitions unpacks every "
+                        f"stack first (56 KB per transition, {big * 56_448 / 1e9:.0f} GB here).")
 
 
 def _plot(ctx: BenchContext, result: SuiteResult) -> list[str]:
     plt = pyplot()
     rows = [r for r in result.rows if r.peer is not None and r.ratio is not None]
-    fig, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * len(rows)))
-    ax.barh([f"{r.case} vs {r.peer_name}" for r in rows], [r.ratio for r in rows], color="#4a7")
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.3 * len(rows)))
+    ax.barh([plot_label(r) for r in rows], [r.ratio for r in rows], color="#4a7")
+    ax.invert_yaxis()  # the table's order, top down
     ax.axvline(1.0, color="k", lw=1)
     ax.set_xscale("log")
     ax.set_xlabel("Flywheel ÷ peer (above 1: Flywheel better)")
