@@ -137,6 +137,7 @@ def test_compiled_loss_matches_eager() -> None:
     assert compiled.compile_state == "on"
 
 
+@pytest.mark.timeout(600)  # the first inductor compile on a busy 2-core machine
 def test_inductor_on_cpu_with_channels_last_matches_eager() -> None:
     """The pixel preset's CPU path for real: torch.compile with inductor (C++ codegen) on a channels-last Nature CNN."""
     rng = np.random.default_rng(6)
