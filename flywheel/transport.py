@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import psutil
 import zmq
@@ -13,6 +14,7 @@ import zmq
 from flywheel import __version__, proto, security
 
 log = logging.getLogger("flywheel.transport")
+M = TypeVar("M", bound=proto.Message)
 
 
 class EndpointInUse(RuntimeError):
@@ -58,6 +60,35 @@ def connect(sock: zmq.Socket, endpoint: str) -> None:
     sock.connect(endpoint)
 
 
+def subscriber(ctx: zmq.Context, endpoint: str, *, rcvhwm: int = 1000, max_msg_bytes: int = -1) -> zmq.Socket:
+    """A SUB socket that takes every message published at ``endpoint`` (``make_socket`` limits, ``connect``)."""
+    sock = make_socket(ctx, zmq.SUB, rcvhwm=rcvhwm, max_msg_bytes=max_msg_bytes)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    connect(sock, endpoint)
+    return sock
+
+
+def queued_frames(sock: zmq.Socket) -> Iterator[list[zmq.Frame]]:
+    """The multipart messages waiting on ``sock``, oldest first, received without blocking until none is left."""
+    while True:
+        try:
+            frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        yield frames
+
+
+def queued_messages(sock: zmq.Socket, expect: type[M], refused: Callable[[proto.DecodeError], None]) -> Iterator[M]:
+    """The queued messages of kind ``expect``, decoded; each one refused by the codec goes to ``refused`` instead."""
+    for frames in queued_frames(sock):
+        try:
+            msg = proto.decode(frames, expect)
+        except proto.DecodeError as exc:
+            refused(exc)
+            continue
+        yield msg
+
+
 class FaultCounter:
     """Counts refused messages by kind of fault and logs the first of each kind once."""
 
@@ -76,6 +107,14 @@ class FaultCounter:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+    def as_counters(self) -> dict[str, float]:
+        """``rejected_total{where=...,reason=...}`` counters of every fault seen, for telemetry."""
+        out: dict[str, float] = {}
+        for key, count in self.counts.items():
+            where, _, fault = key.partition(":")
+            out[f'rejected_total{{where="{where}",reason="{fault}"}}'] = float(count)
+        return out
 
 
 class ProcessStats:
@@ -170,29 +209,23 @@ class TelemetryReporter:
 
 
 class ControlSubscriber:
-    """SUBscribes to the gateway's control channel and yields commands meant for this instance."""
+    """SUBscribes to the gateway's control channel and yields the typed commands meant for this instance.
+
+    A command is checked once, here (``proto.Command.from_message``); one with bad arguments or an unknown name is
+    dropped, counted in ``rejected`` and in the fault counter (``control:bad_args``, ``control:unknown_command``).
+    """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, service: str, instance: str,
                  faults: FaultCounter) -> None:
-        self.sock = make_socket(ctx, zmq.SUB, rcvhwm=100, max_msg_bytes=64 * 1024)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        connect(self.sock, endpoint)
+        self.sock = subscriber(ctx, endpoint, rcvhwm=100, max_msg_bytes=64 * 1024)
         self.service, self.instance, self.faults = service, instance, faults
         self.seen: set[int] = set()
+        self.rejected = 0
 
-    def drain(self) -> list[proto.Control]:
+    def drain(self) -> list[proto.Command[Any]]:
         """All pending commands for this instance (non-blocking); duplicates by seq are skipped."""
-        commands: list[proto.Control] = []
-        while True:
-            try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return commands
-            try:
-                msg = proto.decode(frames, expect=proto.Control)
-            except proto.DecodeError as exc:
-                self.faults.record("control", exc)
-                continue
+        commands: list[proto.Command[Any]] = []
+        for msg in queued_messages(self.sock, proto.Control, lambda exc: self.faults.record("control", exc)):
             if msg.target not in ("*", self.service, self.instance):
                 continue
             if msg.seq in self.seen:  # the gateway repeats retained commands for late joiners
@@ -200,7 +233,12 @@ class ControlSubscriber:
             if len(self.seen) > 4096:
                 self.seen.clear()
             self.seen.add(msg.seq)
-            commands.append(msg)
+            try:
+                commands.append(proto.Command.from_message(msg))
+            except proto.CommandError as exc:
+                self.rejected += 1
+                self.faults.record("control", exc)
+        return commands
 
     def close(self) -> None:
         self.sock.close(0)

@@ -1,14 +1,34 @@
 """Flywheel's wire protocol: typed messages and the one codec that encodes and decodes them."""
 
 from .codec import DEFAULT_LIMITS, Limits, decode, encode, peek_kind
+from .commands import (
+    COMMAND_ARGS,
+    CheckpointArgs,
+    Command,
+    CommandArgs,
+    CommandHandlers,
+    CommandKind,
+    ExplorationArgs,
+    LrArgs,
+    PauseArgs,
+    PublishIntervalArgs,
+    ReplayRatioArgs,
+    ResumeArgs,
+    SetArgs,
+    command_kind,
+    dispatch,
+    parse_args,
+)
 from .errors import (
     FAULTS,
     BadDtype,
     BadShape,
+    CommandError,
     DecodeError,
     MalformedMessage,
     OversizedMessage,
     TruncatedMessage,
+    UnknownCommand,
     UnknownKind,
     VersionMismatch,
     WrongKind,
@@ -34,4 +54,8 @@ __all__ = [
     "Control", "DecodeError", "LeaseReply", "LeaseRequest", "Limits", "MalformedMessage", "Message",
     "OversizedMessage", "PriorityUpdate", "SampleBatch", "SampleRequest", "Telemetry", "TransitionBatch",
     "TruncatedMessage", "UnknownKind", "VersionMismatch", "Weights", "WrongKind", "decode", "encode", "peek_kind",
+    # control commands (proto/commands.py)
+    "COMMAND_ARGS", "CheckpointArgs", "Command", "CommandArgs", "CommandError", "CommandHandlers", "CommandKind",
+    "ExplorationArgs", "LrArgs", "PauseArgs", "PublishIntervalArgs", "ReplayRatioArgs", "ResumeArgs", "SetArgs",
+    "UnknownCommand", "command_kind", "dispatch", "parse_args",
 ]

@@ -102,10 +102,15 @@ def peek_kind(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> str:
 
 
 M = TypeVar("M", bound=Message)
+N = TypeVar("N", bound=Message)
 
 
 @overload
 def decode(frames: Sequence[Frame], expect: type[M], limits: Limits = DEFAULT_LIMITS) -> M: ...
+
+
+@overload
+def decode(frames: Sequence[Frame], expect: tuple[type[M], type[N]], limits: Limits = DEFAULT_LIMITS) -> M | N: ...
 
 
 @overload
@@ -120,8 +125,8 @@ def decode(
 ) -> Message:
     """Decode and validate a multipart message; arrays are read-only views of the frames.
 
-    With one expected class, ``decode(frames, proto.Weights)`` is typed as returning that class; any other kind
-    raises WrongKind.
+    With one expected class, ``decode(frames, proto.Weights)`` is typed as returning that class, with two,
+    ``decode(frames, (proto.Telemetry, proto.ClipChunk))``, as returning either; any other kind raises WrongKind.
     """
     header = _header(frames, limits)
     cls = MESSAGE_TYPES[header["k"]]

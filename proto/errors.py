@@ -57,6 +57,19 @@ class BadShape(DecodeError):
     fault = "shape"
 
 
+class CommandError(DecodeError):
+    """A control command's arguments are missing, unknown, of the wrong type or out of range (proto/commands.py)."""
+
+    fault = "bad_args"
+
+
+class UnknownCommand(CommandError):
+    """A control command names no CommandKind."""
+
+    fault = "unknown_command"
+
+
 FAULTS: tuple[str, ...] = (
-    "malformed", "truncated", "oversized", "unknown_kind", "wrong_kind", "version", "dtype", "shape",
+    "malformed", "truncated", "oversized", "unknown_kind", "wrong_kind", "version", "dtype", "shape", "bad_args",
+    "unknown_command",
 )

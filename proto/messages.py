@@ -108,7 +108,7 @@ class SampleRequest(Message):
     KIND: ClassVar[str] = "sample_request"
     SCALARS: ClassVar[dict[str, str]] = {
         "request_id": INT, "batch_size": INT, "beta": FLOAT,
-        "shm": BOOL, "shm_segment": STR, "release_slot": INT, "slots": INT,
+        "shm": BOOL, "shm_segment": STR, "release_slot": INT, "slots": INT, "compact": BOOL,
     }
     request_id: int
     batch_size: int
@@ -121,6 +121,9 @@ class SampleRequest(Message):
     shm_segment: str = ""
     release_slot: int = -1
     slots: int = 0
+    # The client rebuilds pixel stacks from distinct frames: socket replies of a frame-deduplicating replay may
+    # then come in the compact form (SampleBatch.frames). Absent (old clients): whole stacks, as before.
+    compact: bool = False
 
     def validate(self) -> None:
         if not 1 <= self.batch_size <= 65536:
@@ -146,6 +149,9 @@ class SampleBatch(Message):
         "index": BATCH_I64,
         "weight": BATCH_F32,
         "is_demo": ArraySpec(("uint8",), optional=True),
+        "frames": ArraySpec(("uint8",), 3, 3, optional=True),
+        "obs_idx": ArraySpec(("int64",), 1, 2, optional=True),
+        "next_idx": ArraySpec(("int64",), 1, 2, optional=True),
     }
     request_id: int
     replay_size: int
@@ -162,13 +168,49 @@ class SampleBatch(Message):
     # segment; with "slot" >= 0 (and "offset", "next_offset", "dtype", "shape") the observations are in that
     # slot and obs/next_obs travel as empty (B, 0) placeholders. Empty for an ordinary reply.
     shm: dict[str, Any] = field(default_factory=dict)
+    # The compact form of a pixel batch (asked for with SampleRequest.compact): each distinct frame once,
+    # ``frames`` (F, H, W), and per row the frames of its stacks, ``obs_idx``/``next_idx`` (B, K) (or (B,) for
+    # single-frame observations); obs/next_obs travel as (B, 0) placeholders. ``expand_frames`` rebuilds them.
+    frames: np.ndarray | None = None
+    obs_idx: np.ndarray | None = None
+    next_idx: np.ndarray | None = None
 
     def validate(self) -> None:
-        _batch_size(self, ("obs", "action", "reward", "discount", "next_obs", "index", "weight", "is_demo"))
+        _batch_size(self, ("obs", "action", "reward", "discount", "next_obs", "index", "weight", "is_demo",
+                           "obs_idx", "next_idx"))
         _same_obs(self)
         slot = self.shm.get("slot", -1)
-        if isinstance(slot, int) and slot >= 0 and (self.obs.shape[1:] != (0,) or self.next_obs.shape[1:] != (0,)):
+        placeholders = self.obs.shape[1:] == (0,) and self.next_obs.shape[1:] == (0,)
+        in_slot = isinstance(slot, int) and slot >= 0
+        if in_slot and not placeholders:
             raise BadShape("sample_batch: a shared-memory reply carries (B, 0) observation placeholders")
+        if self.frames is not None or self.obs_idx is not None or self.next_idx is not None:
+            self._check_frame_refs(placeholders and not in_slot)
+
+    def _check_frame_refs(self, placeholders: bool) -> None:
+        frames, obs_idx, next_idx = self.frames, self.obs_idx, self.next_idx
+        if frames is None or obs_idx is None or next_idx is None:
+            raise BadShape("sample_batch: frames, obs_idx and next_idx come together")
+        if not placeholders:
+            raise BadShape("sample_batch: a compact reply carries (B, 0) observation placeholders and no slot")
+        if obs_idx.shape != next_idx.shape or (obs_idx.ndim == 2 and not 1 <= obs_idx.shape[1] <= 64):
+            raise BadShape(f"sample_batch: obs_idx {obs_idx.shape} and next_idx {next_idx.shape} differ or are "
+                           "deeper than 64 frames")
+        count = frames.shape[0]
+        if not 1 <= count <= 2 * obs_idx.size:
+            raise BadShape(f"sample_batch: {count} frames for {obs_idx.size} stack references")
+        for refs in (obs_idx, next_idx):
+            if int(refs.min()) < 0 or int(refs.max()) >= count:
+                raise BadShape(f"sample_batch: frame index outside 0..{count - 1}")
+
+    def expand_frames(self) -> None:
+        """Rebuild obs/next_obs of a compact batch with one gather of its frames (a no-op for other batches)."""
+        if self.frames is None or self.obs_idx is None or self.next_idx is None:
+            return
+        rows = self.obs_idx.shape[0]
+        stacks = np.take(self.frames, np.concatenate((self.obs_idx, self.next_idx)), axis=0)
+        self.obs, self.next_obs = stacks[:rows], stacks[rows:]
+        self.frames = self.obs_idx = self.next_idx = None
 
     def demo_mask(self) -> np.ndarray:
         """Boolean mask of the rows that are demonstrations (all False when ``is_demo`` is absent)."""

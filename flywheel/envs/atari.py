@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 
-from flywheel.envs.options import config_from_options
+from flywheel.envs.options import EnvOptions
 from flywheel.envs.preprocessing import FrameStack, resize_area
 
 _REGISTERED = False
@@ -48,8 +48,10 @@ def atari_env_ids() -> list[str]:
 
 
 @dataclass(frozen=True)
-class AtariConfig:
+class AtariConfig(EnvOptions):
     """Preprocessing options for :class:`AtariEnv` (defaults: the DQN / Ape-X standard)."""
+
+    FAMILY: ClassVar[str] = "Atari"
 
     noop_max: int = 30
     frame_skip: int = 4
@@ -72,11 +74,6 @@ class AtariConfig:
             raise ValueError(f"repeat_action_probability must be in [0, 1], got {self.repeat_action_probability!r}")
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
             raise ValueError(f"max_episode_steps must be >= 1 or None, got {self.max_episode_steps!r}")
-
-    @classmethod
-    def from_options(cls, **options: Any) -> AtariConfig:
-        """Build from keyword options, rejecting unknown names."""
-        return config_from_options(cls, "Atari", **options)
 
     @property
     def obs_shape(self) -> tuple[int, int, int]:

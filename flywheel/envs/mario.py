@@ -13,7 +13,7 @@ import gymnasium
 import numpy as np
 
 from flywheel.envs import nes_compat
-from flywheel.envs.options import config_from_options
+from flywheel.envs.options import EnvOptions
 from flywheel.envs.preprocessing import FrameStack, bgrx_to_grey, resize_area, rgb_to_grey
 
 # Button bitmaps of the NES joypad (same as nes_py.wrappers.JoypadSpace).
@@ -82,8 +82,10 @@ def mario_env_ids() -> list[str]:
 
 
 @dataclass(frozen=True)
-class MarioConfig:
+class MarioConfig(EnvOptions):
     """Validated preprocessing options for :class:`MarioEnv`."""
+
+    FAMILY: ClassVar[str] = "Mario"
 
     actions: str = "simple"
     frame_skip: int = 4
@@ -128,10 +130,10 @@ class MarioConfig:
 
     @classmethod
     def from_options(cls, **options: Any) -> MarioConfig:
-        """Build from keyword options, rejecting unknown names."""
+        """Build from keyword options, rejecting unknown names (``stages`` may come as a list)."""
         if isinstance(options.get("stages"), list | tuple):
             options["stages"] = tuple(options["stages"])
-        return config_from_options(cls, "Mario", **options)
+        return super().from_options(**options)
 
     @property
     def obs_shape(self) -> tuple[int, int, int]:

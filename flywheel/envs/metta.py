@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from flywheel.envs.options import config_from_options
+from flywheel.envs.options import EnvOptions
 from flywheel.envs.vector import EpisodeEnd, SyncVectorEnv, VectorStep
 
 METTAGRID_IDS = ("MettaGrid-v0", "MettaGrid-Arena-v0")
@@ -30,8 +30,10 @@ _PADDING, _GLOBAL = 0xFF, 0xFE
 
 
 @dataclass(frozen=True)
-class MettaConfig:
+class MettaConfig(EnvOptions):
     """Options of the MettaGrid ids (``size``, ``walls``, ``hearts`` apply to MettaGrid-v0 only)."""
+
+    FAMILY: ClassVar[str] = "MettaGrid"
 
     agents: int | None = None  # default: 4 (v0) or 24 (Arena)
     size: int = 15
@@ -42,7 +44,7 @@ class MettaConfig:
     @classmethod
     def from_options(cls, **options: Any) -> MettaConfig:
         """Build from keyword options, rejecting unknown names."""
-        config = config_from_options(cls, "MettaGrid", **options)
+        config = super().from_options(**options)
         if config.agents is not None and config.agents < 1:
             raise ValueError(f"MettaGrid option agents must be >= 1, got {config.agents!r}")
         if config.size < 5:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 C = TypeVar("C")
 
@@ -35,3 +35,14 @@ def config_from_options(cls: type[C], family: str, **options: Any) -> C:
         if not _accepts(annotation, value):
             raise TypeError(f"{family} option {name} must be {annotation}, got {value!r}")
     return cls(**options)
+
+
+class EnvOptions:
+    """Base of the env configs (frozen dataclasses): ``from_options`` builds one from an env's keyword options."""
+
+    FAMILY: ClassVar[str]  # the env family as error messages name it ("unknown Atari option(s) ...")
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Self:
+        """Build from keyword options, rejecting unknown names and values of the wrong type."""
+        return config_from_options(cls, cls.FAMILY, **options)

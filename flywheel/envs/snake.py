@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 
-from flywheel.envs.options import config_from_options
+from flywheel.envs.options import EnvOptions
 from flywheel.envs.vector import EpisodeEnd, SyncVectorEnv, VectorStep
 
 SNAKE_IDS = ("Snake-v0", "flywheel/Snake-v0")
@@ -25,8 +25,10 @@ _MOVES = np.array([[-1, 0], [0, 1], [1, 0], [0, -1]], dtype=np.int64)  # up, rig
 
 
 @dataclass(frozen=True)
-class SnakeConfig:
+class SnakeConfig(EnvOptions):
     """Board size, starting length, starting distance to the walls and episode limits."""
+
+    FAMILY: ClassVar[str] = "Snake"
 
     size: int = 10
     start_length: int = 3
@@ -51,11 +53,6 @@ class SnakeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"Snake option {name} must be >= 1 or None, got {value!r}")
-
-    @classmethod
-    def from_options(cls, **options: Any) -> SnakeConfig:
-        """Build from keyword options, rejecting unknown names."""
-        return config_from_options(cls, "Snake", **options)
 
     @property
     def obs_shape(self) -> tuple[int, int, int]:

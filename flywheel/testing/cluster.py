@@ -16,6 +16,7 @@ from flywheel.checkpoints import process_running
 from flywheel.processes import launch
 from flywheel.run import fetch_status
 from flywheel.testing.errors import HarnessError
+from flywheel.testing.polling import wait_until
 from flywheel.testing.ports import free_port_block
 from flywheel.testing.run import clean_env, tail
 
@@ -183,18 +184,9 @@ class Cluster:
     def wait(self, check: Callable[[], Any], timeout: float, what: str, *, poll_s: float = 0.25,
              alive: list[str] | None = None) -> Any:
         """Poll ``check`` until truthy; a dead process among ``alive`` (default: none checked) or the timeout raises."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if alive:
-                self.check_alive(alive)
-            value = check()
-            if value:
-                return value
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(poll_s)
-        logs = "\n".join(f"--- {s.name}\n{tail(s.log, 12)}" for s in self.services.values())
-        raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs}")
+        return wait_until(check, timeout, what, interval=poll_s, error=ClusterError,
+                          before=(lambda: self.check_alive(alive)) if alive else None,
+                          detail=lambda: "".join(f"\n--- {s.name}\n{tail(s.log, 12)}" for s in self.services.values()))
 
     def rss(self, name: str) -> int:
         """Resident bytes of one process and its children (env workers, checkpoint writers); 0 when gone."""

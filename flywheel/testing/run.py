@@ -17,15 +17,18 @@ import psutil
 from flywheel.processes import launch
 from flywheel.run import fetch_status
 from flywheel.testing.errors import HarnessError
+from flywheel.testing.polling import wait_until
 from flywheel.testing.ports import free_port_block
 
 SERVICES = ("actor", "replay", "learner", "gateway")
 
 
-def clean_env() -> dict[str, str]:
-    """This process's environment without FLYWHEEL_* variables, so only the command line shapes a run."""
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without FLYWHEEL_* variables, so only the command line (and ``extra``) shapes a
+    child process; its output unbuffered."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
     return env
 
 
@@ -122,14 +125,27 @@ class FlywheelRun:
 
     def wait_for(self, check: Callable[[], Any], timeout: float, what: str) -> Any:
         """Poll ``check`` twice a second until it is truthy; a dead run or the timeout is a HarnessError."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.check_alive()
-            value = check()
-            if value:
-                return value
-            time.sleep(0.5)
-        raise HarnessError(f"timed out after {timeout:.0f} s waiting for {what}; log {self.log}:\n{tail(self.log)}")
+        return wait_until(check, timeout, what, error=HarnessError, before=self.check_alive,
+                          detail=lambda: f"; log {self.log}:\n{tail(self.log)}")
+
+    def wait_until_learning(self, timeout: float, what: str = "the learner's first update") -> Snapshot:
+        """The first snapshot in which the learner has made an update."""
+        def learning() -> Snapshot | None:
+            snap = self.snapshot()
+            return snap if snap is not None and snap.total("learner", "updates_total") > 0 else None
+
+        return self.wait_for(learning, timeout, what)
+
+    def window(self, warmup_s: float, seconds: float) -> tuple[Snapshot, Snapshot]:
+        """Snapshots ``seconds`` apart, the first ``warmup_s`` from now; a gateway that does not answer is a
+        HarnessError."""
+        time.sleep(warmup_s)
+        first = self.snapshot()
+        time.sleep(seconds)
+        last = self.snapshot()
+        if first is None or last is None:
+            raise HarnessError(f"the gateway did not answer; log {self.log}:\n{tail(self.log)}")
+        return first, last
 
     def status(self) -> dict[str, Any] | None:
         return fetch_status(self.url, timeout=5.0)

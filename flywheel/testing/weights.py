@@ -15,7 +15,7 @@ import numpy as np
 import zmq
 
 from flywheel import proto
-from flywheel.transport import connect, make_socket
+from flywheel.transport import queued_messages, subscriber
 
 
 class WeightsWatcher:
@@ -36,9 +36,7 @@ class WeightsWatcher:
         self.seen: list[tuple[float, int]] = []
         self._ctx = zmq.Context()
         hwm = rcvhwm if rcvhwm is not None else (2 if obs_shape is not None else 100)  # nets are big; versions small
-        self._sock = make_socket(self._ctx, zmq.SUB, rcvhwm=hwm, max_msg_bytes=512 << 20)
-        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
-        connect(self._sock, endpoint)
+        self._sock = subscriber(self._ctx, endpoint, rcvhwm=hwm, max_msg_bytes=512 << 20)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -59,19 +57,14 @@ class WeightsWatcher:
         newest = None
         if not self._sock.poll(timeout_ms):
             return None
-        while True:
-            try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return newest
-            try:
-                msg = proto.decode(frames, proto.Weights)
-            except proto.DecodeError:
-                self.rejected += 1
-                continue
+        for msg in queued_messages(self._sock, proto.Weights, self._refused):
             self.seen.append((time.monotonic(), msg.version))
             if newest is None or msg.version > newest.version:
                 newest = msg
+        return newest
+
+    def _refused(self, _exc: proto.DecodeError) -> None:
+        self.rejected += 1
 
     def _build(self, name: str) -> Any:
         from flywheel.nets import build_q_network

@@ -1,8 +1,12 @@
-"""Ape-X exploration over env slots: the epsilon of every slot, and the set_exploration command's arguments."""
+"""Ape-X exploration over env slots: the epsilon of every slot, and the actor's exploration setting."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from flywheel import proto
 
 
 def apex_epsilon(index: int, count: int, base: float = 0.4, alpha: float = 7.0) -> float:
@@ -27,29 +31,26 @@ def apex_epsilons(actor_index: int, actor_count: int, num_envs: int, base: float
     return np.asarray(base ** (1.0 + alpha * slots / (total - 1)), dtype=np.float64)
 
 
-class ControlArgError(ValueError):
-    """A control command's arguments are out of range or of the wrong type; it is refused and counted."""
+@dataclass
+class Exploration:
+    """What an actor explores with: a fixed ``epsilon`` for all its slots, or (None) the Ape-X schedule's ``base``
+    and ``alpha`` spread over the slots its lease gives it."""
 
-    fault = "control_args"
+    epsilon: float | None = None
+    base: float = 0.4
+    alpha: float = 7.0
 
+    def apply(self, args: proto.ExplorationArgs) -> None:
+        """set_exploration (checked when decoded): fix epsilon, or go back to the schedule with a new base/alpha."""
+        if args.epsilon is not None:
+            self.epsilon = args.epsilon
+            return
+        self.epsilon = None
+        self.base = self.base if args.base is None else args.base
+        self.alpha = self.alpha if args.alpha is None else args.alpha
 
-def _unit(args: dict, name: str, low_open: bool = False) -> float:
-    value = args[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ControlArgError(f"set_exploration: {name} must be a number, got {value!r}")
-    if not (0 < value <= 1 if low_open else 0 <= value <= 1):
-        raise ControlArgError(f"set_exploration: {name} {value!r} is out of range")
-    return float(value)
-
-
-def apply_exploration_command(state: dict, args: dict) -> None:
-    """Apply set_exploration args (epsilon | base, alpha) to ``state``; raise ControlArgError and change nothing."""
-    epsilon = _unit(args, "epsilon") if "epsilon" in args else None
-    base = _unit(args, "base", low_open=True) if "base" in args else state["base"]
-    alpha = state["alpha"]
-    if "alpha" in args:
-        value = args["alpha"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
-            raise ControlArgError(f"set_exploration: alpha must be a number in [0, 100], got {value!r}")
-        alpha = float(value)
-    state.update(epsilon_override=epsilon, base=base, alpha=alpha)
+    def rates(self, actor_index: int, actor_count: int, slots: int) -> np.ndarray:
+        """The epsilon of each of this actor's ``slots`` env slots as actor ``actor_index`` of ``actor_count``."""
+        if self.epsilon is not None:
+            return np.full(slots, float(self.epsilon))
+        return apex_epsilons(actor_index, actor_count, slots, self.base, self.alpha)

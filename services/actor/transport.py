@@ -11,7 +11,7 @@ import zmq
 
 from flywheel import proto
 from flywheel.netspec import WeightsMismatch
-from flywheel.transport import FaultCounter, connect, make_socket
+from flywheel.transport import FaultCounter, connect, make_socket, queued_messages, subscriber
 
 from .nstep import Emitted
 from .policy import Policy
@@ -130,9 +130,7 @@ class WeightsReceiver:
 
     def __init__(self, ctx: zmq.Context, endpoint: str, policy: Policy, faults: FaultCounter, *,
                  interval_s: float = 0.0) -> None:
-        self.sock = make_socket(ctx, zmq.SUB, rcvhwm=2, max_msg_bytes=512 << 20)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        connect(self.sock, endpoint)
+        self.sock = subscriber(ctx, endpoint, rcvhwm=2, max_msg_bytes=512 << 20)
         self.policy, self.faults = policy, faults
         self.interval_s = interval_s
         self.version = 0  # the version acting now
@@ -157,16 +155,7 @@ class WeightsReceiver:
 
     def poll(self, now: float | None = None) -> bool:
         """Drain waiting messages; load the newest if the interval allows. Returns whether the network changed."""
-        while True:
-            try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            try:
-                msg = proto.decode(frames, expect=proto.Weights)
-            except proto.DecodeError as exc:
-                self._refuse("weights", exc)
-                continue
+        for msg in queued_messages(self.sock, proto.Weights, lambda exc: self._refuse("weights", exc)):
             floor = max(self.version, self.pending.version if self.pending is not None else 0)
             if msg.version <= floor:
                 if msg.version <= self.version:
@@ -223,16 +212,7 @@ class LeaseClient:
                 pass
             self.next_request = now + 1.0 if not self.have_lease else now + max(0.5, (self.valid_until - now) / 3)
         changed = False
-        while True:
-            try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return changed
-            try:
-                reply = proto.decode(frames, expect=proto.LeaseReply)
-            except proto.DecodeError as exc:
-                self.faults.record("lease", exc)
-                continue
+        for reply in queued_messages(self.sock, proto.LeaseReply, lambda exc: self.faults.record("lease", exc)):
             if reply.instance != self.instance:
                 continue
             if (reply.index, reply.count) != (self.index, self.count) or not self.have_lease:
@@ -241,6 +221,7 @@ class LeaseClient:
             self.index, self.count, self.have_lease = reply.index, reply.count, True
             self.valid_until = now + reply.ttl
             self.next_request = now + max(0.5, reply.ttl / 3)
+        return changed
 
     def wait_first(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -1,8 +1,7 @@
-"""Control commands: their checks, JSON schemas and examples, and the book the gateway re-publishes for late joiners."""
+"""Control commands over HTTP: targets, JSON schemas and examples, and the book re-published for late joiners."""
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections import deque
@@ -11,114 +10,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel import proto
+from flywheel.proto import CommandError, CommandKind, UnknownCommand
+from flywheel.proto.commands import TAG_PATTERN
 
 TARGET_MAX = 128
 TARGET_PATTERN = r"^[^\x00-\x1f\x7f]{1,128}$"
 _TARGET_RE = re.compile(TARGET_PATTERN)
-TAG_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$"
-_TAG_RE = re.compile(TAG_PATTERN)
 
-
-class CommandError(ValueError):
-    """A control request that cannot be sent; the message says why."""
-
-
-class UnknownCommand(CommandError):
-    """The command name is not one of COMMANDS."""
+__all__ = ["COMMANDS", "TARGET_PATTERN", "CommandError", "CommandSpec", "ControlBook", "Issued", "TooManyRetained",
+           "UnknownCommand", "check_target"]
 
 
 class TooManyRetained(CommandError):
     """Retaining the command would exceed the book's bound on distinct (group, target) pairs."""
-
-
-def _only(args: dict[str, Any], allowed: set[str], hint: str) -> None:
-    extra = set(args) - allowed
-    if extra:
-        raise CommandError(f"unknown arguments {sorted(extra)}; {hint}")
-
-
-def _number(args: dict[str, Any], name: str, low: float, high: float, low_open: bool = False) -> float:
-    value = args[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CommandError(f"{name} must be a number, got {value!r:.60}")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
-        raise CommandError(f"{name} must be a finite number, got {value!r:.60}")
-    if number > high or number < low or (low_open and number == low):
-        bracket = "(" if low_open else "["
-        raise CommandError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r:.60}")
-    return number
-
-
-def _integer(args: dict[str, Any], name: str, low: int, high: int) -> int:
-    number = _number(args, name, low, high)
-    if not number.is_integer():
-        raise CommandError(f"{name} must be a whole number, got {args[name]!r:.60}")
-    return int(number)
-
-
-def _no_args(args: dict[str, Any]) -> dict[str, Any]:
-    if args:
-        raise CommandError(f"takes no arguments, got {sorted(args)}")
-    return {}
-
-
-def _exploration(args: dict[str, Any]) -> dict[str, Any]:
-    _only(args, {"epsilon", "base", "alpha"}, "use epsilon, or base and alpha")
-    if not args:
-        raise CommandError("give epsilon (a fixed value for the targets) or base and/or alpha (the Ape-X schedule)")
-    if "epsilon" in args and len(args) > 1:
-        raise CommandError("epsilon fixes exploration and cannot be combined with base or alpha")
-    out: dict[str, Any] = {}
-    if "epsilon" in args:
-        out["epsilon"] = _number(args, "epsilon", 0.0, 1.0)
-    if "base" in args:
-        out["base"] = _number(args, "base", 0.0, 1.0, low_open=True)
-    if "alpha" in args:
-        out["alpha"] = _number(args, "alpha", 0.0, 100.0)
-    return out
-
-
-def _lr(args: dict[str, Any]) -> dict[str, Any]:
-    if set(args) != {"lr"}:
-        raise CommandError(f"takes exactly one argument, lr; got {sorted(args)}")
-    return {"lr": _number(args, "lr", 0.0, 1.0, low_open=True)}
-
-
-def _replay_ratio(args: dict[str, Any]) -> dict[str, Any]:
-    _only(args, {"samples_per_insert", "error_buffer"}, "use samples_per_insert and optionally error_buffer")
-    if "samples_per_insert" not in args:
-        raise CommandError("samples_per_insert is required (sampled transitions per inserted one, > 0)")
-    out: dict[str, Any] = {"samples_per_insert": _number(args, "samples_per_insert", 0.0, 1e6, low_open=True)}
-    if "error_buffer" in args:
-        out["error_buffer"] = _number(args, "error_buffer", 0.0, 1e12)
-    return out
-
-
-def _publish_interval(args: dict[str, Any]) -> dict[str, Any]:
-    _only(args, {"updates", "seconds"}, "use updates and/or seconds")
-    if not args:
-        raise CommandError("give updates (publish every N updates) and/or seconds (at least every S seconds)")
-    out: dict[str, Any] = {}
-    if "updates" in args:
-        out["updates"] = _integer(args, "updates", 1, 1_000_000_000)
-    if "seconds" in args:
-        out["seconds"] = _number(args, "seconds", 0.0, 86_400.0, low_open=True)
-    return out
-
-
-def _checkpoint(args: dict[str, Any]) -> dict[str, Any]:
-    _only(args, {"tag"}, "only tag is allowed")
-    if "tag" in args:
-        tag = args["tag"]
-        if not isinstance(tag, str) or not _TAG_RE.match(tag):
-            raise CommandError("tag must be 1-64 characters of letters, digits, '-', '_' or '.', not starting "
-                               "with '.' or '-'")
-        return {"tag": tag}
-    return {}
 
 
 def _obj(properties: dict[str, Any], required: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
@@ -133,25 +37,35 @@ _NO_ARGS = {"type": "object", "additionalProperties": False, "maxProperties": 0}
 
 @dataclass(frozen=True)
 class CommandSpec:
-    """One command: which state it sets (None for one-shot commands), its usual target and its argument check.
+    """One command as the HTTP API offers it: which state it sets (None for one-shot commands), its usual target.
 
-    ``schema`` is the JSON schema of the arguments (it goes into the OpenAPI document and says exactly what
-    ``check`` accepts); ``examples`` are request bodies for the documentation.
+    The arguments are checked by the command's proto argument class, the rule every service decodes with;
+    ``schema`` is their JSON schema (it goes into the OpenAPI document and says exactly what ``check`` accepts);
+    ``examples`` are request bodies for the documentation.
     """
 
+    kind: CommandKind
     group: str | None
     default_target: str
-    check: Callable[[dict[str, Any]], dict[str, Any]]
     help: str
     schema: dict[str, Any] = field(default_factory=lambda: dict(_NO_ARGS))
     examples: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def parse(self, args: dict[str, Any]) -> proto.CommandArgs:
+        """The typed arguments; raises CommandError."""
+        return proto.parse_args(self.kind, args)
+
+    def check(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The arguments as they go on the wire (checked, numbers normalised); raises CommandError."""
+        return self.parse(args).to_wire()
+
 
 COMMANDS: dict[str, CommandSpec] = {
-    "pause": CommandSpec("run_state", "*", _no_args, "stop stepping environments and training; sockets stay up"),
-    "resume": CommandSpec("run_state", "*", _no_args, "undo pause"),
+    "pause": CommandSpec(CommandKind.PAUSE, "run_state", "*",
+                         "stop stepping environments and training; sockets stay up"),
+    "resume": CommandSpec(CommandKind.RESUME, "run_state", "*", "undo pause"),
     "set_exploration": CommandSpec(
-        "exploration", "actor", _exploration, "actors: fixed epsilon, or Ape-X base/alpha for eps_i",
+        CommandKind.SET_EXPLORATION, "exploration", "actor", "actors: fixed epsilon, or Ape-X base/alpha for eps_i",
         {"oneOf": [
             _obj({"epsilon": {"type": "number", "minimum": 0, "maximum": 1}}, ("epsilon",)),
             _obj({"base": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
@@ -159,23 +73,23 @@ COMMANDS: dict[str, CommandSpec] = {
         ]},
         {"fixed": {"epsilon": 0.01}, "apex": {"base": 0.4, "alpha": 7}}),
     "set_lr": CommandSpec(
-        "lr", "learner", _lr, "learner: new learning rate",
+        CommandKind.SET_LR, "lr", "learner", "learner: new learning rate",
         _obj({"lr": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, ("lr",)),
         {"lower": {"lr": 1e-4}}),
     "set_replay_ratio": CommandSpec(
-        "replay_ratio", "replay", _replay_ratio,
+        CommandKind.SET_REPLAY_RATIO, "replay_ratio", "replay",
         "replay: rate limiter's samples per insert (and optionally its error buffer)",
         _obj({"samples_per_insert": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},
               "error_buffer": {"type": "number", "minimum": 0, "maximum": 1e12}}, ("samples_per_insert",)),
         {"ratio": {"samples_per_insert": 4}, "with_buffer": {"samples_per_insert": 8, "error_buffer": 2000}}),
     "set_publish_interval": CommandSpec(
-        "publish_interval", "learner", _publish_interval,
+        CommandKind.SET_PUBLISH_INTERVAL, "publish_interval", "learner",
         "learner: publish weights every N updates and/or at least every S seconds",
         _obj({"updates": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
               "seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86_400}}, minProperties=1),
         {"updates": {"updates": 50}, "both": {"updates": 100, "seconds": 2.5}}),
     "checkpoint": CommandSpec(
-        None, "*", _checkpoint, "replay and learner: write a checkpoint now",
+        CommandKind.CHECKPOINT, None, "*", "replay and learner: write a checkpoint now",
         _obj({"tag": {"type": "string", "pattern": TAG_PATTERN}}),
         {"now": {}, "tagged": {"tag": "before-lr-change"}}),
 }
@@ -231,7 +145,7 @@ class ControlBook:
         if spec is None:
             raise UnknownCommand(f"unknown command {command[:40]!r}; known: {', '.join(sorted(COMMANDS))}")
         target = check_target(spec.default_target if target is None else target)
-        checked = spec.check(dict(args or {}))
+        checked = spec.parse(dict(args or {}))
         if (spec.group is not None and target != "*" and (spec.group, target) not in self.retained
                 and len(self.retained) >= self.max_retained):
             raise TooManyRetained(f"{self.max_retained} retained commands already; send this command with "
@@ -241,7 +155,7 @@ class ControlBook:
             raise TooManyRetained(f"{self.max_retained} one-shot commands in the last {self.one_shot_repeat_s:g} s; "
                                   "try again shortly")
         self.seq += 1
-        msg = proto.Control(self.seq, command, target, checked)
+        msg = proto.Command(checked, self.seq, target).to_message()
         proto.encode(msg)  # fails here, not in the publisher, if anything is not wire-safe
         issued = Issued(msg, self.clock(), time.time(), dict(by or {}))
         if spec.group is None:

@@ -21,10 +21,10 @@ import numpy as np
 import zmq
 
 from flywheel import proto
+from flywheel.services.replay.client import ReplayClient
 from flywheel.transport import ControlSubscriber, FaultCounter
 
 from .core import BadBatch, finite_priorities
-from .sampling import SampleClient
 from .staging import DeviceBatch, HostCopy
 
 log = logging.getLogger("flywheel.learner")
@@ -57,15 +57,15 @@ class ReadyBatch:
 class Feeder:
     """Owns the sampling client and the control subscriber in one thread; ``events`` yields what arrived.
 
-    ``events`` holds ``ReadyBatch`` and ``proto.Control`` items; each reply of ``group * train_batch``
+    ``events`` holds ``ReadyBatch`` and ``proto.Command`` items; each reply of ``group * train_batch``
     transitions becomes ``group`` training batches. Up to ``in_flight`` requests are outstanding, and requests
     plus received-but-not-yet-``taken`` replies never exceed ``2 * in_flight``: the update loop always has a
     batch ready while the next ones travel. ``beta`` and ``paused`` are set by the update loop;
     plain attribute writes are safe across threads.
     """
 
-    def __init__(self, ctx: zmq.Context, client: SampleClient, control: ControlSubscriber, faults: FaultCounter,
-                 *, check: Callable[[proto.SampleBatch], None], stage: Callable[[proto.SampleBatch], DeviceBatch],
+    def __init__(self, ctx: zmq.Context, client: ReplayClient, control: ControlSubscriber, faults: FaultCounter,
+                 *, check: Callable[[proto.SampleBatch], None], stage: Callable[..., DeviceBatch],
                  beta: float, train_batch: int, group: int = 1) -> None:
         self.client, self.control, self.faults = client, control, faults
         # the update loop's doorbell: one byte per trained batch wakes this thread to top up and send priorities
@@ -79,7 +79,7 @@ class Feeder:
         self._bell_tx.connect(address)
         self.check, self.stage = check, stage
         self.train_batch, self.group = train_batch, group  # each reply is split into `group` training batches
-        self.events: queue.SimpleQueue[ReadyBatch | proto.Control] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[ReadyBatch | proto.Command] = queue.SimpleQueue()
         self.beta = beta
         self.paused = False
         self.delivered = 0  # written by this thread only
@@ -112,7 +112,7 @@ class Feeder:
         self._priorities.append((index, copy))
         self.taken += 1
         if (self._thread is not None and self.client.outstanding == 0
-                and self.delivered - self.taken <= self.client.in_flight * self.group):
+                and self.delivered - self.taken <= self.client.inflight * self.group):
             self.ring()
 
     def ring(self) -> None:
@@ -179,7 +179,7 @@ class Feeder:
 
     def _request_limit(self) -> int:
         """How many requests may be outstanding now: 2 * in_flight minus the replies waiting to be trained on."""
-        return 2 * self.client.in_flight - math.ceil((self.delivered - self.taken) / self.group)
+        return 2 * self.client.inflight - math.ceil((self.delivered - self.taken) / self.group)
 
     def _drain_bell(self) -> None:
         while True:
@@ -196,13 +196,18 @@ class Feeder:
             try:
                 self.check(batch)
             except BadBatch as exc:
+                self.client.release(batch, refill=False)
                 self.faults.record("sample", exc)
                 continue
             size = self.train_batch
-            batch = spread_demos(batch, size)
-            for i, part in enumerate(self.stage(batch).split(size)):
+            # A shared-memory batch is a view of a slot the replay reuses once released: staging copies it
+            # (pinned buffers on a GPU; ``shared`` makes the CPU stager copy instead of keeping views).
+            ordered = spread_demos(batch, size)
+            staged = self.stage(ordered, shared=self.client.shared(batch))
+            self.client.release(batch, refill=False)
+            for i, part in enumerate(staged.split(size)):
                 self.delivered += 1
-                self.events.put(ReadyBatch(batch.index[i * size:(i + 1) * size], batch.replay_size, part))
+                self.events.put(ReadyBatch(ordered.index[i * size:(i + 1) * size], batch.replay_size, part))
 
     def _flush_priorities(self, *, wait: bool, at_least: int = 1) -> None:
         """Send every priority update whose copy has landed, as one message (fewer sends, fewer GIL hand-offs)."""
@@ -216,8 +221,8 @@ class Feeder:
             indices.append(index)
             values.append(finite_priorities(copy.numpy()["p"]))
         if len(indices) == 1:
-            self.client.send_priorities(indices[0], values[0])
+            self.client.update_priorities(indices[0], values[0])
         elif indices:
-            self.client.send_priorities(np.concatenate(indices), np.concatenate(values))
+            self.client.update_priorities(np.concatenate(indices), np.concatenate(values))
         if wait and self._priorities:
             self._flush_priorities(wait=True)

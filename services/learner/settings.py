@@ -53,6 +53,9 @@ class LearnerSettings(CommonSettings):
     weights_republish_s: float = Field(5.0, gt=0, le=3600,
                                        description="re-send the latest weights (same version) when idle this long")
     sample_endpoint: str = Field("tcp://127.0.0.1:5556", min_length=1, description="replay sample ROUTER to connect")
+    sample_transport: Literal["auto", "shm", "tcp"] = Field(
+        "auto", description="how batches arrive: auto (through the replay's shared memory when it runs on this host "
+                            "and shares /dev/shm, else TCP), shm (insist: stop if it cannot) or tcp (never ask)")
     weights_bind: str = Field("tcp://*:5557", min_length=1, description="address the weights PUB socket binds")
     checkpoint_dir: str | None = Field(None, description="directory for learner checkpoints (unset = none)")
     checkpoint_interval_s: float = Field(600.0, gt=0, le=86400, description="seconds between periodic checkpoints")
@@ -96,6 +99,16 @@ class LearnerSettings(CommonSettings):
             return "on" if value else "off"
         if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
             return "on" if value.lower() in ("true", "1", "yes") else "off"
+        return value
+
+    @field_validator("sample_transport", mode="before")
+    @classmethod
+    def _transport_word(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip().lower()
+            if value not in ("auto", "shm", "tcp"):
+                raise ValueError(f"must be auto, shm or tcp (got {value!r}): auto takes the replay's shared memory "
+                                 "when it runs on this host, tcp between hosts")
         return value
 
     @field_validator("resume", mode="before")

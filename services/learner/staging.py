@@ -95,14 +95,19 @@ class BatchStager:
         self._stream = torch.cuda.Stream(device) if self.cuda else None
         _silence_read_only_warning()
 
-    def stage(self, batch: Batch) -> DeviceBatch:
-        """The batch on the device; its optional ``is_demo`` column comes along when present."""
+    def stage(self, batch: Batch, *, shared: bool = False) -> DeviceBatch:
+        """The batch on the device; its optional ``is_demo`` column comes along when present.
+
+        ``shared``: the observations are views of memory the caller hands back right after (a replay's
+        shared-memory slot), so they are copied here; on CUDA the pinned buffers copy anyway.
+        """
         self.staged += 1
         is_demo = getattr(batch, "is_demo", None)
         if not self.cuda:  # zero-copy views; the update never writes to its inputs
-            return DeviceBatch(obs=torch.from_numpy(batch.obs), action=torch.from_numpy(batch.action),
+            obs, next_obs = (np.array(batch.obs), np.array(batch.next_obs)) if shared else (batch.obs, batch.next_obs)
+            return DeviceBatch(obs=torch.from_numpy(obs), action=torch.from_numpy(batch.action),
                                reward=torch.from_numpy(batch.reward), discount=torch.from_numpy(batch.discount),
-                               next_obs=torch.from_numpy(batch.next_obs), weight=torch.from_numpy(batch.weight),
+                               next_obs=torch.from_numpy(next_obs), weight=torch.from_numpy(batch.weight),
                                is_demo=None if is_demo is None else torch.from_numpy(is_demo))
         slot = self._next
         self._next = (slot + 1) % len(self._slots)

@@ -7,20 +7,21 @@ import queue
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
 
 from flywheel import proto
+from flywheel.services.replay.client import ReplayClient
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket
 
 from .checkpoint import reserve_versions, save_checkpoint
-from .control import ControlArgError, parse_publish_interval, parse_set, parse_set_lr
 from .core import LearnerCore, beta_at
 from .feeder import Feeder, ReadyBatch
 from .metrics import GpuProbe, MetricsWindow, flops_per_update
 from .publishing import WeightsSnapshots
-from .sampling import SampleClient, batches_per_request
+from .sampling import batch_limits, batches_per_request
 from .settings import LearnerSettings
 from .staging import HostCopy
 
@@ -37,8 +38,11 @@ class LearnerService:
         self.settings, self.core, self.ctx = settings, core, ctx
         self.faults = FaultCounter(SERVICE)
         self.group = batches_per_request(settings.batches_per_request, settings.batch_size, core.obs_shape)
-        self.sampler = SampleClient(ctx, settings.sample_endpoint, batch_size=settings.batch_size * self.group,
-                                    obs_shape=core.obs_shape, in_flight=settings.requests_in_flight,
+        rows = settings.batch_size * self.group
+        # Up to 2 x requests_in_flight requests are outstanding (the feeder's bound): as many shared-memory slots.
+        self.sampler = ReplayClient(settings.sample_endpoint, rows, inflight=settings.requests_in_flight,
+                                    beta=self.beta, transport=settings.sample_transport, ctx=ctx,
+                                    limits=batch_limits(rows, core.obs_shape), slots=2 * settings.requests_in_flight,
                                     request_timeout_s=settings.request_timeout_s, faults=self.faults)
         self.pub = make_socket(ctx, zmq.PUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
         try:
@@ -59,6 +63,11 @@ class LearnerService:
                                           every_seconds=settings.publish_interval_s,
                                           reserve=self._reserve_versions if settings.checkpoint_dir else None)
         self.paused = False
+        K = proto.CommandKind
+        self.handlers: proto.CommandHandlers = {
+            K.PAUSE: self._on_pause, K.RESUME: self._on_resume, K.CHECKPOINT: self._on_checkpoint,
+            K.SET_LR: self._on_set_lr, K.SET_PUBLISH_INTERVAL: self._on_publish_interval, K.SET: self._on_set,
+        }
         self._stop = False
         self._held: deque[ReadyBatch] = deque()  # batches that arrived while paused
         self._since_pump = 0
@@ -142,7 +151,7 @@ class LearnerService:
 
     def step(self, timeout_ms: int) -> None:
         """One turn: take a ready batch or command (waiting up to ``timeout_ms`` for one), train, timers."""
-        item: ReadyBatch | proto.Control | None = None
+        item: ReadyBatch | proto.Command[Any] | None = None
         if not self.paused and self._held:
             item = self._held.popleft()
         else:
@@ -158,7 +167,7 @@ class LearnerService:
                 waited = time.monotonic() - start
                 self.window.wait_s += waited
                 self.counters["data_wait_seconds_total"] += waited
-        if isinstance(item, proto.Control):
+        if isinstance(item, proto.Command):
             self.handle_control(item)
         elif isinstance(item, ReadyBatch):
             if self.paused:
@@ -173,7 +182,7 @@ class LearnerService:
         self._publish_ready(wait=False)
         self._timers()
 
-    def _take_inline(self, timeout_ms: int) -> ReadyBatch | proto.Control:
+    def _take_inline(self, timeout_ms: int) -> ReadyBatch | proto.Command[Any]:
         """Without a sampling thread: the next queued item, else wait for one on the sockets (raises Empty)."""
         try:
             return self.feeder.events.get_nowait()
@@ -241,9 +250,6 @@ class LearnerService:
             log.error("learner: cannot note weight versions up to %d in %s (%s); a resume after a crash may "
                       "publish versions the actors refuse as stale", upto, self.settings.checkpoint_dir, exc)
 
-    def _reject(self, where: str, exc: Exception) -> None:
-        self.faults.record(where, exc)
-
     # ---- timers, telemetry, control, checkpoints -------------------------------------------------------------
     def _timers(self) -> None:
         now = time.monotonic()
@@ -262,7 +268,8 @@ class LearnerService:
         self.counters["updates_total"] = float(self.core.steps - self._skipped_total)
         self.counters["skipped_updates_total"] = float(self._skipped_total)
         self.counters["messages_rejected_total"] = float(self.faults.total)
-        counters = {**self.counters, **self.sampler.counters}
+        self.counters["control_rejected_total"] = float(self.control.rejected)  # refused by the subscriber
+        counters = {**self.counters, **self.sampler.metrics(), **self.faults.as_counters()}
         gauges = {
             **self.window.gauges(now, self.paused),
             "weight_version": float(self.version), "beta": self.beta, "lr": self.core.lr,
@@ -278,7 +285,7 @@ class LearnerService:
         gauges = {k: v for k, v in gauges.items() if np.isfinite(v)}
         info = {"device": str(self.core.device), "network": self.core.name, "env_id": self.settings.env_id,
                 "state": "paused" if self.paused else "running", "precision": self.core.config.precision,
-                "compile": self.core.compile_state}
+                "compile": self.core.compile_state, "sample_path": self.sampler.path}
         self.telemetry.send(counters, gauges, info)
         self.last_gauges = gauges  # what was last reported; for tests and the CLI's progress line
         self.window.reset(now)
@@ -298,38 +305,39 @@ class LearnerService:
                  why, self.core.steps, self.version, path)
         return path
 
-    def handle_control(self, command: proto.Control) -> None:
-        """pause | resume | set_lr | set_publish_interval | set {...} | checkpoint; others are not ours."""
-        name = command.command
-        try:
-            if name == "pause" and not self.paused:
-                self.paused = self.feeder.paused = True
-                log.info("learner: paused by control command %d", command.seq)
-            elif name == "resume" and self.paused:
-                self.sampler.idle_since_now()
-                self.paused = self.feeder.paused = False
-                log.info("learner: resumed by control command %d", command.seq)
-            elif name == "checkpoint":
-                self.checkpoint(f"control command {command.seq}")
-            elif name == "set_lr":
-                self._apply({"lr": parse_set_lr(command.args)}, command.seq)
-            elif name == "set_publish_interval":
-                interval = parse_publish_interval(command.args)
-                self.snapshots.set_interval(updates=interval.updates, seconds=interval.seconds)
-                log.info("learner: publishing weights every %d updates / %.3g s (control command %d)",
-                         self.snapshots.every_updates, self.snapshots.every_seconds, command.seq)
-            elif name == "set":
-                self._apply(parse_set(command.args), command.seq)
-        except ControlArgError as exc:
-            self.counters["control_rejected_total"] += 1
-            self._reject("control", exc)
+    def handle_control(self, command: proto.Command[Any]) -> None:
+        """pause | resume | set_lr | set_publish_interval | set {...} | checkpoint; others are not ours.
 
-    def _apply(self, changes: dict[str, object], seq: int) -> None:
-        for key, value in changes.items():
-            if key == "lr":
-                self.core.set_lr(float(value))  # type: ignore[arg-type]
-            elif key == "publish_interval_updates":
-                self.snapshots.set_interval(updates=int(value))  # type: ignore[call-overload]
-            elif key == "publish_interval_s":
-                self.snapshots.set_interval(seconds=float(value))  # type: ignore[arg-type]
-            log.info("learner: set %s=%r by control command %d", key, value, seq)
+        Commands arrive checked: bad ones were refused and counted by the subscriber (``control_rejected_total``).
+        """
+        proto.dispatch(command, self.handlers)
+
+    def _on_pause(self, command: proto.Command[proto.PauseArgs]) -> None:
+        if not self.paused:
+            self.paused = self.feeder.paused = True
+            log.info("learner: paused by control command %d", command.seq)
+
+    def _on_resume(self, command: proto.Command[proto.ResumeArgs]) -> None:
+        if self.paused:
+            self.sampler.idle_since_now()
+            self.paused = self.feeder.paused = False
+            log.info("learner: resumed by control command %d", command.seq)
+
+    def _on_checkpoint(self, command: proto.Command[proto.CheckpointArgs]) -> None:
+        self.checkpoint(f"control command {command.seq}")
+
+    def _on_set_lr(self, command: proto.Command[proto.LrArgs]) -> None:
+        self._on_set(proto.Command(proto.SetArgs(lr=command.args.lr), command.seq, command.target))
+
+    def _on_publish_interval(self, command: proto.Command[proto.PublishIntervalArgs]) -> None:
+        self.snapshots.set_interval(updates=command.args.updates, seconds=command.args.seconds)
+        log.info("learner: publishing weights every %d updates / %.3g s (control command %d)",
+                 self.snapshots.every_updates, self.snapshots.every_seconds, command.seq)
+
+    def _on_set(self, command: proto.Command[proto.SetArgs]) -> None:
+        args = command.args
+        if args.lr is not None:
+            self.core.set_lr(args.lr)
+        self.snapshots.set_interval(updates=args.publish_interval_updates, seconds=args.publish_interval_s)
+        for key, value in args.to_wire().items():
+            log.info("learner: set %s=%r by control command %d", key, value, command.seq)

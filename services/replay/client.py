@@ -1,27 +1,4 @@
-"""Learner-side replay client: requests in flight, zero-copy shared-memory batches on one host, TCP elsewhere.
-
-Usage::
-
-    client = ReplayClient("tcp://replay:5556", batch_size=512, inflight=4)
-    while training:
-        batch = client.poll(timeout_ms=100)        # a proto.SampleBatch, or None when nothing arrived in time
-        if batch is None:
-            continue
-        obs = torch.from_numpy(batch.obs).to(device)   # copy out what you need first ...
-        ...
-        client.update_priorities(batch.index, new_priorities)   # sent at once, no reply awaited
-        client.release(batch)                      # ... then hand the batch back: this sends the next request
-
-Every batch ``poll`` returns must be passed to ``release`` once the caller has copied what it needs: on the
-shared-memory path ``obs``/``next_obs`` are read-only views of a slot the replay reuses after the release, and
-the release is what keeps ``inflight`` requests outstanding (requests in flight + batches held = ``inflight``).
-
-Transport: ``"auto"`` (default) takes the replay's shared-memory offer when its segment can be opened here and
-its token matches (same host, same /dev/shm), otherwise stays on TCP; ``"shm"`` insists (ReplayClientError if
-the segment cannot be opened); ``"tcp"`` never asks. Several clients may sample from one replay at once; each
-gets its own segment. When the replay restarts, the client notices the reconnection and re-sends its requests.
-Only flywheel.proto, flywheel.transport, zmq and NumPy are used.
-"""
+"""The one client of the replay's sampling protocol: requests in flight, shared memory on one host, TCP elsewhere."""
 
 from __future__ import annotations
 
@@ -37,10 +14,11 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from flywheel import proto
-from flywheel.transport import connect, make_socket
+from flywheel.transport import FaultCounter, connect, make_socket
 
 log = logging.getLogger("flywheel.replay.client")
 SHM_DIR = "/dev/shm"
+TRANSPORTS = ("auto", "shm", "tcp")
 _SEGMENT_RE = re.compile(r"^flywheel-replay-[0-9]+-[0-9]+-[0-9a-f]{8}$")
 _DTYPES = {"uint8": np.uint8, "float32": np.float32}
 
@@ -57,34 +35,63 @@ class _Segment:
 
 
 class ReplayClient:
-    """Keeps ``inflight`` sample requests outstanding on one DEALER socket; see the module docstring."""
+    """Sample requests kept in flight on one DEALER socket; batches through shared memory or over the socket.
+
+    Simple use (``poll`` keeps ``inflight`` requests outstanding; requests in flight + batches held = ``inflight``)::
+
+        client = ReplayClient("tcp://replay:5556", batch_size=512, inflight=4)
+        batch = client.poll(timeout_ms=100)           # a proto.SampleBatch, or None when none came in time
+        obs = torch.from_numpy(batch.obs).to(device)  # copy out what you need first ...
+        client.update_priorities(batch.index, new_priorities)   # sent at once, no reply awaited
+        client.release(batch)                         # ... then hand it back: this sends the next request
+
+    A service with its own poller (the learner's feeder) drives it instead: ``top_up(beta, limit)`` sends requests
+    up to a bound, ``receive()`` takes one reply without blocking when ``sock`` is readable, ``release(batch,
+    refill=False)`` hands a batch back, ``resend_stale`` re-sends after a replay restart or ``request_timeout_s``.
+
+    Every batch handed out must be released once the caller has copied what it needs: on the shared-memory path
+    ``obs``/``next_obs`` are read-only views of a slot the replay reuses after the release (which travels with the
+    next request). Batches that came over the socket own their arrays.
+
+    ``transport``: ``"auto"`` takes the replay's shared-memory offer when its segment can be opened here and its
+    token matches (same host, same /dev/shm), otherwise stays on TCP; ``"shm"`` insists (ReplayClientError if the
+    segment cannot be opened); ``"tcp"`` never asks. With ``compact`` (default), pixel batches over the socket come
+    as distinct frames plus stack indices and are rebuilt here with one gather. Replies that do not decode are
+    counted in ``faults`` (logged once per kind) and free their request's place.
+    """
 
     def __init__(self, endpoint: str, batch_size: int, *, inflight: int = 4, beta: float = 0.4,
-                 transport: str = "auto", ctx: zmq.Context | None = None, max_message_mb: int = 1024) -> None:
+                 transport: str = "auto", ctx: zmq.Context | None = None, max_message_mb: int = 1024,
+                 limits: proto.Limits | None = None, slots: int = 0, request_timeout_s: float = 60.0,
+                 faults: FaultCounter | None = None, compact: bool = True) -> None:
         if not 1 <= batch_size <= 65536 or not 1 <= inflight <= 256:
             raise ValueError("batch_size must be in 1..65536 and inflight in 1..256")
-        if transport not in ("auto", "shm", "tcp"):
+        if transport not in TRANSPORTS:
             raise ValueError(f"transport must be auto, shm or tcp, got {transport!r}")
-        self.batch_size, self.inflight, self.transport = batch_size, inflight, transport
+        self.endpoint, self.batch_size, self.inflight, self.transport = endpoint, batch_size, inflight, transport
+        self.slots = min(slots or inflight, 256)  # shared-memory slots asked for: the most this client holds
         self.beta = self._check_beta(beta)
+        self.request_timeout_s, self.compact = request_timeout_s, compact
+        self.faults = faults if faults is not None else FaultCounter("replay client")
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
-        limit = max_message_mb << 20
-        self.sock = make_socket(self.ctx, zmq.DEALER, sndhwm=10_000, rcvhwm=10_000, max_msg_bytes=limit)
+        size = max_message_mb << 20
+        self.limits = limits or proto.Limits(max_total_bytes=size, max_array_bytes=size)
+        self.sock = make_socket(self.ctx, zmq.DEALER, sndhwm=10_000, rcvhwm=2 * inflight + 4,
+                                max_msg_bytes=self.limits.max_total_bytes + (1 << 16))
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         connect(self.sock, endpoint)
-        self.limits = proto.Limits(max_total_bytes=limit, max_array_bytes=limit)
         self.segment: _Segment | None = None
         self.shm_refused = transport == "tcp"
-        self.outstanding: set[int] = set()
+        self._outstanding: dict[int, float] = {}  # request id -> when it was sent
         self.held: dict[int, tuple[str, int]] = {}  # request id -> (segment, slot) of batches handed out
-        self._to_release: list[int] = []  # slots of replies nobody waits for any more
-        self._next_id = 0
+        self._to_release: list[int] = []  # slots of the current segment to hand back with the next requests
+        self._next_id = 1
         self._disconnected = False
-        self.counters = {"shm_batches": 0, "tcp_batches": 0, "bad_replies": 0, "stale_replies": 0,
-                         "priority_updates": 0, "reconnects": 0}
-        for _ in range(inflight):
-            self._request()
+        self._last_progress = time.monotonic()
+        self.counters = {"shm_batches": 0, "tcp_batches": 0, "compact_batches": 0, "bad_replies": 0,
+                         "unrequested_replies": 0, "priority_updates": 0, "priority_updates_dropped": 0,
+                         "requests_resent": 0, "reconnects": 0}
 
     @staticmethod
     def _check_beta(beta: float) -> float:
@@ -96,105 +103,181 @@ class ReplayClient:
         """Importance-sampling exponent for the requests sent from now on (the learner anneals it)."""
         self.beta = self._check_beta(beta)
 
-    def _request(self, release_slot: int = -1) -> None:
-        if release_slot < 0 and self._to_release:
-            release_slot = self._to_release.pop()
+    @property
+    def outstanding(self) -> int:
+        """Requests sent and not yet answered."""
+        return len(self._outstanding)
+
+    @property
+    def path(self) -> str:
+        """Where batches come from now: ``shm`` once a segment is attached, else ``tcp``."""
+        return "shm" if self.segment is not None else "tcp"
+
+    def metrics(self) -> dict[str, float]:
+        """Counters for telemetry, Prometheus-named (``shm_batches_total`` vs ``tcp_batches_total``: the path)."""
+        c = self.counters
+        return {"sample_batches_total": float(c["shm_batches"] + c["tcp_batches"]),
+                "shm_batches_total": float(c["shm_batches"]), "tcp_batches_total": float(c["tcp_batches"]),
+                "compact_batches_total": float(c["compact_batches"]),
+                "requests_resent_total": float(c["requests_resent"]),
+                "replay_reconnects_total": float(c["reconnects"]),
+                "replies_unrequested_total": float(c["unrequested_replies"]),
+                "priority_updates_dropped_total": float(c["priority_updates_dropped"])}
+
+    # ---- requests ---------------------------------------------------------------------------------------------
+    def top_up(self, beta: float | None = None, limit: int | None = None) -> None:
+        """Send requests until ``inflight`` (or the smaller ``limit``) are outstanding; stops if the queue is full."""
+        if beta is not None:
+            self.set_beta(beta)
+        target = self.inflight if limit is None else min(limit, self.inflight)
+        while len(self._outstanding) < target and self._send_request():
+            pass
+
+    def _send_request(self) -> bool:
+        release = self._to_release.pop() if self._to_release else -1
         request = proto.SampleRequest(
             request_id=self._next_id, batch_size=self.batch_size, beta=self.beta, shm=not self.shm_refused,
-            shm_segment=self.segment.name if self.segment else "", release_slot=release_slot, slots=self.inflight)
+            shm_segment=self.segment.name if self.segment else "", release_slot=release, slots=self.slots,
+            compact=self.compact)
+        try:
+            self.sock.send_multipart(proto.encode(request), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            if release >= 0:
+                self._to_release.append(release)
+            return False
+        self._outstanding[self._next_id] = time.monotonic()
         self._next_id += 1
-        self.sock.send_multipart(proto.encode(request), copy=False)
-        self.outstanding.add(request.request_id)
+        return True
 
+    def resend_stale(self, now: float | None = None, beta: float | None = None, limit: int | None = None) -> int:
+        """Forget and re-send outstanding requests when the replay reconnected (a restarted replay knows none of
+        them) or no batch came for ``request_timeout_s``; returns how many were re-sent."""
+        now = time.monotonic() if now is None else now
+        if self._reconnected():
+            self.counters["reconnects"] += 1
+            self._to_release.clear()  # a new replay: new segment, no slots of ours
+            self._drop_segment()
+            self.shm_refused = self.transport == "tcp"  # it may run elsewhere now: look at its offer again
+            log.info("replay %s is back: re-sending %d sample requests", self.endpoint, len(self._outstanding))
+        elif not self._outstanding or self.request_timeout_s <= 0:
+            return 0
+        elif now - max(self._last_progress, max(self._outstanding.values())) < self.request_timeout_s:
+            return 0
+        else:
+            log.warning("no batch from replay %s for %.0f s: re-sending %d sample requests", self.endpoint,
+                        self.request_timeout_s, len(self._outstanding))
+        count = len(self._outstanding)
+        self.counters["requests_resent"] += count
+        self._outstanding.clear()
+        self._last_progress = now
+        self.top_up(beta, limit)
+        return count
+
+    def _reconnected(self) -> bool:
+        back = False
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._disconnected = True
+            elif event == zmq.EVENT_CONNECTED and self._disconnected:
+                self._disconnected, back = False, True
+        return back
+
+    def idle_since_now(self) -> None:
+        """Restart the stale-request clock (after a pause, when silence was expected)."""
+        self._last_progress = time.monotonic()
+
+    # ---- replies ----------------------------------------------------------------------------------------------
     def poll(self, timeout_ms: int = 0) -> proto.SampleBatch | None:
-        """The next ready batch, waiting at most ``timeout_ms`` (0: don't wait); None when none came."""
+        """The next batch, waiting at most ``timeout_ms`` (0: don't wait); None when none came. Keeps requests in
+        flight + batches held at ``inflight``."""
         deadline = time.monotonic() + timeout_ms / 1000
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.monitor, zmq.POLLIN)
         while True:
+            self.resend_stale(limit=self.inflight - len(self.held))
+            self.top_up(limit=self.inflight - len(self.held))
             remaining = max(0, int((deadline - time.monotonic()) * 1000))
             events = dict(poller.poll(remaining))
-            if self.monitor in events:
-                self._on_monitor()
             if self.sock in events:
-                batch = self._receive()
+                batch = self.receive()
                 if batch is not None:
                     return batch
                 continue
             if remaining == 0:
                 return None
 
-    def _on_monitor(self) -> None:
-        while self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor)["event"]
-            if event == zmq.EVENT_DISCONNECTED:
-                self._disconnected = True
-            elif event == zmq.EVENT_CONNECTED and self._disconnected:
-                # A restarted replay knows nothing of our requests or segment: start over, keep held batches.
-                self._disconnected = False
-                self.counters["reconnects"] += 1
-                self.outstanding.clear()
-                self._to_release.clear()
-                self._drop_segment()
-                log.info("replay reconnected: re-sending %d sample requests", self.inflight - len(self.held))
-                for _ in range(self.inflight - len(self.held)):
-                    self._request()
-
-    def _receive(self) -> proto.SampleBatch | None:
-        frames = self.sock.recv_multipart(copy=False)
+    def receive(self) -> proto.SampleBatch | None:
+        """The next reply if one has arrived (never blocks); None when none has or it was refused (counted)."""
+        try:
+            frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        self._last_progress = time.monotonic()
         try:
             batch = proto.decode(frames, expect=proto.SampleBatch, limits=self.limits)
         except proto.DecodeError as exc:
-            self.counters["bad_replies"] += 1
-            if self.counters["bad_replies"] == 1:
-                log.warning("refused a reply from replay: %s", exc)
+            self._refuse(exc)
             return None
         shm = batch.shm
         if shm.get("segment") and not self.shm_refused and (self.segment is None or
                                                             self.segment.name != shm.get("segment")):
             self._attach(shm)
         slot = shm.get("slot", -1)
-        in_segment = isinstance(slot, int) and slot >= 0
-        if batch.request_id not in self.outstanding:
-            self.counters["stale_replies"] += 1
-            if in_segment and self.segment is not None and shm.get("segment") == self.segment.name:
-                self._to_release.append(slot)
-            return None
-        self.outstanding.discard(batch.request_id)
-        if in_segment:
+        ours = (isinstance(slot, int) and slot >= 0 and self.segment is not None
+                and shm.get("segment") == self.segment.name)
+        if self._outstanding.pop(batch.request_id, None) is None:
+            # An answer to a request re-sent after request_timeout_s (the replay had held it back, not lost it):
+            # it stands in for the oldest one still outstanding; with none left it is one more than was asked
+            # for and is dropped, so batches received but not yet used stay within what was asked for.
+            if not self._outstanding:
+                self.counters["unrequested_replies"] += 1
+                if ours:
+                    self._to_release.append(slot)
+                return None
+            self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
+        if isinstance(slot, int) and slot >= 0:
             try:
                 self._map_slot(batch)
             except ReplayClientError as exc:
-                self.counters["bad_replies"] += 1
-                log.warning("cannot read a shared-memory batch: %s; asking again", exc)
-                self._request()
+                self._refuse(exc, freed=True)
+                if ours:
+                    self._to_release.append(slot)
                 return None
             self.counters["shm_batches"] += 1
             self.held[batch.request_id] = (str(shm["segment"]), slot)
-        else:
-            self.counters["tcp_batches"] += 1
-            self.held[batch.request_id] = ("", -1)
-        if batch.is_demo is None:
-            batch.is_demo = np.zeros(batch.action.shape[0], np.uint8)
+            return batch
+        if batch.frames is not None:
+            batch.expand_frames()
+            self.counters["compact_batches"] += 1
+        self.counters["tcp_batches"] += 1
+        self.held[batch.request_id] = ("", -1)
         return batch
+
+    def _refuse(self, exc: Exception, freed: bool = False) -> None:
+        """A reply that cannot be used: counted; it answered one of ours, so the oldest request's place is freed."""
+        self.counters["bad_replies"] += 1
+        self.faults.record("sample", exc)
+        if not freed and self._outstanding:
+            self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
 
     def _map_slot(self, batch: proto.SampleBatch) -> None:
         shm, segment = batch.shm, self.segment
         if segment is None or shm.get("segment") != segment.name:
-            raise ReplayClientError("the reply names a segment this client has not attached")
+            raise ReplayClientError("the reply names a shared-memory segment this client has not attached")
         dtype = _DTYPES.get(str(shm.get("dtype")))
         try:
             shape = tuple(int(d) for d in str(shm.get("shape")).split(","))
             offsets = int(shm["offset"]), int(shm["next_offset"])
         except (KeyError, ValueError):
-            raise ReplayClientError("malformed slot description") from None
+            raise ReplayClientError("malformed shared-memory slot description") from None
         if dtype is None or not shape or any(d <= 0 for d in shape):
             raise ReplayClientError(f"bad slot dtype {shm.get('dtype')!r} or shape {shm.get('shape')!r}")
         full = (batch.action.shape[0], *shape)
         nbytes = int(np.prod(full)) * np.dtype(dtype).itemsize
         if any(off < 0 or off + nbytes > segment.size for off in offsets):
-            raise ReplayClientError("slot lies outside the segment")
+            raise ReplayClientError("shared-memory slot lies outside the segment")
         batch.obs = np.ndarray(full, dtype, buffer=segment.mm, offset=offsets[0])
         batch.next_obs = np.ndarray(full, dtype, buffer=segment.mm, offset=offsets[1])
 
@@ -215,13 +298,15 @@ class ReplayClient:
                 raise OSError("token differs: another host's segment of the same name")
         except (OSError, ValueError, TypeError) as exc:
             if self.transport == "shm":
-                raise ReplayClientError(f"cannot attach the replay's shared memory {name!r}: {exc}") from None
-            log.info("replay shared memory not reachable (%s): sampling over the socket", exc)
+                raise ReplayClientError(f"cannot attach the replay's shared memory {name!r}: {exc}; the replay "
+                                        "must run on this host and share its /dev/shm (sample transport shm)") from None
+            log.info("replay %s offered shared memory, not reachable here (%s): sampling over TCP", self.endpoint, exc)
             self.shm_refused = True
             return
         self._drop_segment()
+        self._to_release.clear()  # slots of an older segment mean nothing to the new one
         self.segment = _Segment(name, mm, size)
-        log.info("sampling through shared memory %s (%.0f MB)", name, size / 1e6)
+        log.info("replay %s: sampling through shared memory %s (%.1f MB)", self.endpoint, name, size / 1e6)
 
     def _drop_segment(self) -> None:
         if self.segment is not None:
@@ -231,21 +316,36 @@ class ReplayClient:
                 pass
             self.segment = None
 
-    def release(self, batch: proto.SampleBatch) -> None:
-        """Hand ``batch`` back (its views become invalid) and send the request that replaces it."""
+    def shared(self, batch: proto.SampleBatch) -> bool:
+        """Whether a batch held by this client lies in shared memory (valid only until it is released)."""
+        return self.held.get(batch.request_id, ("", -1))[1] >= 0
+
+    def release(self, batch: proto.SampleBatch, *, refill: bool = True) -> None:
+        """Hand ``batch`` back (shared-memory views become invalid); its slot goes back with the next request.
+
+        ``refill`` (the simple use) sends that request now, keeping requests in flight + batches held at
+        ``inflight``; a caller that bounds its requests itself (``top_up(limit=...)``) passes False.
+        """
         entry = self.held.pop(batch.request_id, None)
         if entry is None:
             raise ValueError(f"batch {batch.request_id} is not held by this client (released twice?)")
         name, slot = entry
-        current = self.segment is not None and name == self.segment.name
-        self._request(slot if current else -1)
+        if slot >= 0 and self.segment is not None and name == self.segment.name:
+            self._to_release.append(slot)
+        if refill:
+            self.top_up(limit=self.inflight - len(self.held))
 
-    def update_priorities(self, index: np.ndarray, priority: np.ndarray) -> None:
-        """Send new priorities for sampled indices; no reply is awaited."""
+    def update_priorities(self, index: np.ndarray, priority: np.ndarray) -> bool:
+        """Send new priorities for sampled indices without waiting; a full queue drops them (counted)."""
         update = proto.PriorityUpdate(index=np.ascontiguousarray(index, np.int64),
                                       priority=np.ascontiguousarray(priority, np.float32))
-        self.sock.send_multipart(proto.encode(update), copy=False)
+        try:
+            self.sock.send_multipart(proto.encode(update), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.counters["priority_updates_dropped"] += 1
+            return False
         self.counters["priority_updates"] += 1
+        return True
 
     def close(self) -> None:
         self.sock.disable_monitor()

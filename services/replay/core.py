@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -161,21 +160,22 @@ class ReplayCore:
         self.demos = table
         return table.size
 
-    def sample_into(self, batch_size: int, beta: float, obs_out: np.ndarray, next_out: np.ndarray) -> SampleParts:
-        """Sample ``batch_size`` rows, writing observations into the outputs; the caller checks ``can_sample``."""
+    def _draw(self, batch_size: int, beta: float) -> tuple[np.ndarray, np.ndarray | None, SampleParts]:
+        """Rows of both tables for one batch: (main slots, demo slots or None, everything but observations)."""
         if self.size == 0:
             raise ValueError("cannot sample from an empty replay")
         demo_count = self.demo_rows(batch_size)
         main_count = batch_size - demo_count
         slots, probs = self.main.sample(main_count, self.rng)
-        small = self.main.storage.gather(slots, obs_out[:main_count], next_out[:main_count], self.helper)
+        small = self.main.storage.small(slots)
         index = self.main.storage.positions_of(slots)
         total_size = self.size
+        demo_slots = None
         if demo_count:
             assert self.demos is not None
             share = demo_count / batch_size
             demo_slots, demo_probs = self.demos.sample(demo_count, self.rng)
-            demo_small = self.demos.storage.gather(demo_slots, obs_out[main_count:], next_out[main_count:])
+            demo_small = self.demos.storage.small(demo_slots)
             small = {k: np.concatenate([small[k], demo_small[k]]) for k in small}
             index = np.concatenate([index, -1 - self.demos.storage.positions_of(demo_slots)])
             probs = np.concatenate([probs * (1 - share), demo_probs * share])
@@ -186,7 +186,46 @@ class ReplayCore:
         is_demo = np.zeros(batch_size, np.uint8)
         is_demo[main_count:] = 1
         self.limiter.record_sample(main_count)
-        return SampleParts(index=index, weight=weights, is_demo=is_demo, replay_size=self.size, **small)
+        return slots, demo_slots, SampleParts(index=index, weight=weights, is_demo=is_demo,
+                                              replay_size=self.size, **small)
+
+    def sample_into(self, batch_size: int, beta: float, obs_out: np.ndarray, next_out: np.ndarray) -> SampleParts:
+        """Sample ``batch_size`` rows, writing observations into the outputs; the caller checks ``can_sample``."""
+        slots, demo_slots, parts = self._draw(batch_size, beta)
+        main_count = len(slots)
+        self.main.storage.gather(slots, obs_out[:main_count], next_out[:main_count], self.helper)
+        if demo_slots is not None:
+            assert self.demos is not None
+            self.demos.storage.gather(demo_slots, obs_out[main_count:], next_out[main_count:])
+        return parts
+
+    @property
+    def compact_ready(self) -> bool:
+        """Whether batches can travel in the compact form (every table keeps pixel frames deduplicated)."""
+        return self.main.storage.frames is not None and (self.demos is None or self.demos.storage.frames is not None)
+
+    def sample_compact(self, batch_size: int, beta: float, request_id: int = 0) -> proto.SampleBatch:
+        """A batch in the compact form: each distinct frame once plus the stacks' frame indices (see
+        ``proto.SampleBatch.frames``); only when ``compact_ready``. The caller checks ``can_sample``."""
+        schema = self.obs_schema
+        assert schema is not None and self.compact_ready
+        slots, demo_slots, parts = self._draw(batch_size, beta)
+        frames, obs_idx, next_idx = self.main.storage.frame_refs(slots)
+        if demo_slots is not None:
+            assert self.demos is not None
+            demo_frames, demo_obs, demo_next = self.demos.storage.frame_refs(demo_slots)
+            offset = frames.shape[0]
+            frames = np.concatenate([frames, demo_frames])
+            obs_idx = np.concatenate([obs_idx, demo_obs + offset])
+            next_idx = np.concatenate([next_idx, demo_next + offset])
+        if len(schema[0]) == 2:  # single-frame observations: one frame per row, no stack axis
+            obs_idx, next_idx = obs_idx[:, 0], next_idx[:, 0]
+        placeholder = np.empty((batch_size, 0), schema[1])
+        return proto.SampleBatch(
+            request_id=request_id, replay_size=parts.replay_size, obs=placeholder, action=parts.action,
+            reward=parts.reward, discount=parts.discount, next_obs=placeholder, index=parts.index,
+            weight=parts.weight, is_demo=parts.is_demo if self.demos is not None else None, frames=frames,
+            obs_idx=obs_idx, next_idx=next_idx)
 
     def sample(self, batch_size: int, beta: float, request_id: int = 0) -> proto.SampleBatch:
         """A ready-to-use batch in fresh arrays; the caller checks ``can_sample`` first."""
@@ -215,18 +254,12 @@ class ReplayCore:
         self.priority_updates += applied
         return applied
 
-    def set_ratio(self, samples_per_insert: float, error_buffer: float | None = None) -> None:
-        """Change the limiter's samples-per-insert ratio (and error buffer); raises ValueError when invalid."""
-        for name, value in (("samples_per_insert", samples_per_insert), ("error_buffer", error_buffer)):
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-        if samples_per_insert <= 0 or (error_buffer is not None and error_buffer < 0):
-            raise ValueError("samples_per_insert must be > 0 and error_buffer >= 0")
-        self.limiter.samples_per_insert = float(samples_per_insert)
-        if error_buffer is not None:
-            self.limiter.error_buffer = float(error_buffer)
+    def set_ratio(self, ratio: proto.ReplayRatioArgs) -> None:
+        """Change the limiter's samples-per-insert ratio (and error buffer, when given); checked when ``ratio`` was
+        built, by the set_replay_ratio command's one rule."""
+        self.limiter.samples_per_insert = ratio.samples_per_insert
+        if ratio.error_buffer is not None:
+            self.limiter.error_buffer = ratio.error_buffer
 
     def state_dict(self) -> dict[str, np.ndarray | list[np.ndarray]]:
         state = self.main.state_dict()

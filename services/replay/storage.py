@@ -227,7 +227,26 @@ class TransitionStorage:
             np.take(source, index, axis=0, out=out, mode="wrap")
         if pending is not None:
             pending.result()
+        return self.small(slots)
+
+    def small(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """The per-row arrays (action, reward, discount) of ``slots``."""
         return {name: self.arrays[name][slots] for name in SMALL_FIELDS}
+
+    def frame_refs(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(each distinct frame of the rows' stacks once (F, H, W), obs and next_obs frame indices (B, K) into it).
+
+        ``frames[obs_idx]`` is what ``gather`` writes as obs; a stack and its next stack share K - n frames, and
+        a stack at an episode start repeats its first one, so F is below the 2 * B * K frames of whole stacks.
+        """
+        store = self.frames
+        assert store is not None, "frame_refs needs deduplicated pixel storage"
+        refs = np.concatenate([self.arrays["obs_ref"][slots], self.arrays["next_ref"][slots]])
+        ids, inverse = np.unique(refs, return_inverse=True)
+        frames = np.take(store.frames, ids % store.capacity, axis=0)
+        inverse = inverse.reshape(refs.shape)
+        rows = len(slots)
+        return frames, inverse[:rows], inverse[rows:]
 
     def state_dict(self) -> dict[str, np.ndarray | list[np.ndarray]]:
         """Arrays to checkpoint; the frame ring as its live id range, possibly in two segments."""

@@ -23,12 +23,6 @@ INSERT_BURST = 32  # transition batches taken per loop turn before sample reques
 INSERT_BURST_S = 0.02  # ... or fewer, once this long was spent on them
 
 
-class ControlArgError(ValueError):
-    """A control command's arguments are refused; counted and logged, the service carries on."""
-
-    fault = "control_args"
-
-
 class ReplayServer:
     """PULL transitions, ROUTER sample requests and priority updates, SUB control, PUSH telemetry.
 
@@ -64,12 +58,16 @@ class ReplayServer:
         self._next_checkpoint = time.monotonic() + checkpoint_interval_s if checkpoint_interval_s else float("inf")
         self.running = True
         self.paused = False
+        K = proto.CommandKind
+        self.handlers: proto.CommandHandlers = {K.CHECKPOINT: self._on_checkpoint, K.PAUSE: self._on_pause,
+                                                K.RESUME: self._on_resume, K.SET_REPLAY_RATIO: self._on_ratio}
         self.counters: dict[str, float] = {
             "transitions_received_total": 0, "batches_received_total": 0, "transitions_rejected_total": 0,
             "samples_total": 0, "sample_batches_total": 0, "demo_samples_total": 0, "priority_updates_total": 0,
             "sample_requests_dropped_total": 0, "rate_limiter_sample_wait_seconds_total": 0.0,
             "rate_limiter_insert_wait_seconds_total": 0.0, "checkpoints_total": 0, "checkpoint_failures_total": 0,
             "shm_batches_total": 0, "socket_batches_total": 0, "shm_slots_exhausted_total": 0,
+            "compact_batches_total": 0,
             "control_commands_total": 0,
         }
         self.max_turn_during_checkpoint_s = 0.0
@@ -222,37 +220,36 @@ class ReplayServer:
                         shm={**segment.offer(), **where})
                     return reply, (segment, slot)
                 self.counters["shm_slots_exhausted_total"] += 1
-        batch = core.sample(rows, request.beta, request.request_id)
+        if request.compact and core.compact_ready:  # each distinct frame once; the client rebuilds the stacks
+            batch = core.sample_compact(rows, request.beta, request.request_id)
+            self.counters["compact_batches_total"] += 1
+        else:
+            batch = core.sample(rows, request.beta, request.request_id)
         if segment is not None:
             batch.shm = segment.offer()
         self.counters["socket_batches_total"] += 1
         return batch, None
 
     def _take_control(self) -> None:
+        """Commands arrive checked (bad ones were counted by the subscriber); run the ones the replay obeys."""
         for command in self.control.drain():
             self.counters["control_commands_total"] += 1
-            if command.command == "checkpoint":
-                tag = command.args.get("tag", "")
-                self.checkpoint_now(f"requested{' ' + str(tag) if tag else ''}")
-            elif command.command == "pause":
-                self.paused = True
-                log.info("control: paused (no inserts, no samples)")
-            elif command.command == "resume":
-                self.paused = False
-                log.info("control: resumed")
-            elif command.command == "set_replay_ratio":
-                self._set_ratio(command.args)
+            proto.dispatch(command, self.handlers)
 
-    def _set_ratio(self, args: dict) -> None:
-        extra = set(args) - {"samples_per_insert", "error_buffer"}
-        try:
-            if extra or "samples_per_insert" not in args:
-                raise ControlArgError(f"set_replay_ratio takes samples_per_insert and optionally error_buffer, "
-                                      f"got {sorted(args)}")
-            self.core.set_ratio(args["samples_per_insert"], args.get("error_buffer"))
-        except (ValueError, TypeError) as exc:
-            self.faults.record("control", exc if isinstance(exc, ControlArgError) else ControlArgError(str(exc)))
-            return
+    def _on_checkpoint(self, command: proto.Command[proto.CheckpointArgs]) -> None:
+        tag = command.args.tag
+        self.checkpoint_now(f"requested{' ' + tag if tag else ''}")
+
+    def _on_pause(self, _command: proto.Command[proto.PauseArgs]) -> None:
+        self.paused = True
+        log.info("control: paused (no inserts, no samples)")
+
+    def _on_resume(self, _command: proto.Command[proto.ResumeArgs]) -> None:
+        self.paused = False
+        log.info("control: resumed")
+
+    def _on_ratio(self, command: proto.Command[proto.ReplayRatioArgs]) -> None:
+        self.core.set_ratio(command.args)
         limiter = self.core.limiter
         log.info("control: samples per insert %g, error buffer %g", limiter.samples_per_insert, limiter.error_buffer)
 
@@ -280,9 +277,7 @@ class ReplayServer:
             self.shm.expire(now)
         counters = dict(self.counters)
         counters["messages_rejected_total"] = self.faults.total
-        for key, count in self.faults.counts.items():
-            where, _, fault = key.partition(":")
-            counters[f'rejected_total{{where="{where}",reason="{fault}"}}'] = count
+        counters.update(self.faults.as_counters())
         counters["telemetry_dropped_total"] = self.telemetry.dropped
         counters["stale_priority_updates_total"] = self.core.stale_priority_updates
         storage, snap = self.core.storage, self.snapshotter

@@ -27,6 +27,21 @@ def greedy(core: ActorCore, obs: np.ndarray) -> np.ndarray:
     return core.policy.q_values(obs).argmax(axis=1)
 
 
+def acted_and_greedy(core: ActorCore, epsilon: float | np.ndarray,
+                     steps: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step ``core`` (then close it) at ``epsilon`` (one rate, or one per env slot): the actions of its rows, the
+    greedy actions for the same observations, and each row's env slot."""
+    core.epsilon = epsilon
+    try:
+        rows: list[Emitted] = []
+        for _ in range(steps):
+            rows += core.step()
+        obs = np.concatenate([r.obs for r in rows])
+        return np.concatenate([r.action for r in rows]), greedy(core, obs), np.concatenate([r.stream for r in rows])
+    finally:
+        core.close()
+
+
 def test_shapes_counting_and_episode_stats() -> None:
     core = make_core()
     try:
@@ -75,32 +90,15 @@ def test_eval_env_produces_eval_returns() -> None:
 def test_epsilon_zero_acts_greedily(backend: Backend) -> None:
     core = make_core(n_step=1, backend=backend)
     assert isinstance(core.policy, TorchPolicy) == (backend == "torch")
-    core.epsilon = 0.0
-    try:
-        rows: list[Emitted] = []
-        for _ in range(60):
-            rows += core.step()
-        obs = np.concatenate([r.obs for r in rows])
-        actions = np.concatenate([r.action for r in rows])
-        assert len(actions) >= 4 * 59
-        assert np.array_equal(actions, greedy(core, obs))
-    finally:
-        core.close()
+    actions, greedy_actions, _ = acted_and_greedy(core, 0.0)
+    assert len(actions) >= 4 * 59
+    assert np.array_equal(actions, greedy_actions)
 
 
 def test_epsilon_one_explores() -> None:
-    core = make_core(n_step=1)
-    core.epsilon = 1.0
-    try:
-        rows: list[Emitted] = []
-        for _ in range(60):
-            rows += core.step()
-        obs = np.concatenate([r.obs for r in rows])
-        actions = np.concatenate([r.action for r in rows])
-        mismatch = float(np.mean(actions != greedy(core, obs)))
-        assert 0.3 < mismatch < 0.7  # random actions disagree with greedy about half the time
-    finally:
-        core.close()
+    actions, greedy_actions, _ = acted_and_greedy(make_core(n_step=1), 1.0)
+    mismatch = float(np.mean(actions != greedy_actions))
+    assert 0.3 < mismatch < 0.7  # random actions disagree with greedy about half the time
 
 
 def test_same_seed_same_trajectory() -> None:

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_actor_core import greedy, make_core
+from test_actor_core import acted_and_greedy, make_core
 
-from flywheel.services.actor.exploration import (
-    ControlArgError,
-    apex_epsilon,
-    apex_epsilons,
-    apply_exploration_command,
-)
+from flywheel import proto
+from flywheel.services.actor.exploration import Exploration, apex_epsilon, apex_epsilons
 
 
 def test_apex_epsilon() -> None:
@@ -26,21 +22,27 @@ def test_apex_epsilon() -> None:
 
 @pytest.mark.parametrize("args", [
     {"epsilon": "abc"}, {"epsilon": 1.5}, {"epsilon": -0.1}, {"epsilon": True}, {"base": 0.0}, {"base": "x"},
-    {"alpha": -1}, {"alpha": 1e9}, {"epsilon": 0.1, "alpha": "x"},
+    {"alpha": -1}, {"alpha": 1e9}, {"epsilon": 0.1, "alpha": "x"}, {}, {"epsilon": 0.1, "base": 0.5},
 ])
 def test_bad_exploration_command_is_refused_and_changes_nothing(args: dict) -> None:
-    state = {"epsilon_override": None, "base": 0.4, "alpha": 7.0}
-    with pytest.raises(ControlArgError):
-        apply_exploration_command(state, args)
-    assert state == {"epsilon_override": None, "base": 0.4, "alpha": 7.0}
+    exploration = Exploration(None, 0.4, 7.0)
+    with pytest.raises(proto.CommandError):  # set_exploration's one rule: no bad value reaches the actor
+        exploration.apply(proto.ExplorationArgs(**args))
+    with pytest.raises(proto.CommandError):
+        proto.parse_args("set_exploration", args)
+    assert exploration == Exploration(None, 0.4, 7.0)
 
 
 def test_exploration_command_sets_fixed_epsilon_or_schedule() -> None:
-    state = {"epsilon_override": None, "base": 0.4, "alpha": 7.0}
-    apply_exploration_command(state, {"epsilon": 0.05})
-    assert state["epsilon_override"] == 0.05
-    apply_exploration_command(state, {"base": 0.5, "alpha": 3})
-    assert state == {"epsilon_override": None, "base": 0.5, "alpha": 3.0}
+    exploration = Exploration(None, 0.4, 7.0)
+    exploration.apply(proto.ExplorationArgs(epsilon=0.05))
+    assert exploration == Exploration(0.05, 0.4, 7.0)
+    np.testing.assert_array_equal(exploration.rates(1, 3, 4), np.full(4, 0.05))
+    exploration.apply(proto.ExplorationArgs(base=0.5, alpha=3))
+    assert exploration == Exploration(None, 0.5, 3.0)
+    np.testing.assert_allclose(exploration.rates(1, 3, 4), apex_epsilons(1, 3, 4, base=0.5, alpha=3.0))
+    exploration.apply(proto.ExplorationArgs(alpha=1))  # base stays
+    assert exploration == Exploration(None, 0.5, 1.0)
 
 
 def test_slots_of_all_actors_cover_the_whole_schedule() -> None:
@@ -64,21 +66,9 @@ def test_slot_rates_follow_the_lease_as_actors_come_and_go() -> None:
 def test_core_explores_each_slot_at_its_own_rate() -> None:
     """Slot 0 at epsilon 1 and slot 1 at epsilon 0: only slot 0's actions differ from greedy."""
     core = make_core(num_envs=2, n_step=1)
-    core.epsilon = np.array([1.0, 0.0])
+    actions, greedy_actions, streams = acted_and_greedy(core, np.array([1.0, 0.0]), steps=80)
     assert core.epsilon == 1.0 and core.slots == 2
-    try:
-        rows = []
-        for _ in range(80):
-            rows += core.step()
-
-
-        obs = np.concatenate([r.obs for r in rows])
-        actions = np.concatenate([r.action for r in rows])
-        streams = np.concatenate([r.stream for r in rows])
-        greedy_actions = greedy(core, obs)
-        assert np.array_equal(actions[streams == 1], greedy_actions[streams == 1])
-        assert np.mean(actions[streams == 0] != greedy_actions[streams == 0]) > 0.3
-    finally:
-        core.close()
+    assert np.array_equal(actions[streams == 1], greedy_actions[streams == 1])
+    assert np.mean(actions[streams == 0] != greedy_actions[streams == 0]) > 0.3
     with pytest.raises(ValueError, match="expected one epsilon or 2"):
         core.epsilon = np.array([0.1, 0.2, 0.3])

@@ -38,6 +38,7 @@ from dockerhost import (
     wheelhouse,
 )
 
+from flywheel.testing.polling import wait_until
 from flywheel.testing.ports import free_port
 
 ACTORS = 8
@@ -78,14 +79,7 @@ def post(url: str, token: str | None, body: dict[str, Any]) -> int:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return wait_until(check, timeout, what, interval=interval)
 
 
 def apex_epsilons(n: int, envs: int = int(LIGHT["FLYWHEEL_ACTOR_NUM_ENVS"]), base: float = 0.4,

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from flywheel import proto
+from flywheel.testing.polling import wait_until
+from flywheel.testing.run import clean_env
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -51,30 +53,18 @@ def tel(service: str = "actor", instance: str = "a-0", seq: int = 1, counters: d
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"{what} not met within {timeout} s")
+    return wait_until(predicate, timeout, what, interval=0.02)
 
 
 def gateway_env(http_port: int, **extra: str) -> dict[str, str]:
     """Environment for a gateway subprocess on loopback: random ZeroMQ ports, the test token, fast sweeps."""
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
-    env.update({
-        "PYTHONUNBUFFERED": "1",
+    return clean_env(**{
         "FLYWHEEL_GATEWAY_HTTP_HOST": "127.0.0.1", "FLYWHEEL_GATEWAY_HTTP_PORT": str(http_port),
         "FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT": "tcp://127.0.0.1:*",
         "FLYWHEEL_GATEWAY_CONTROL_ENDPOINT": "tcp://127.0.0.1:*",
         "FLYWHEEL_GATEWAY_LEASE_ENDPOINT": "tcp://127.0.0.1:*",
-        "FLYWHEEL_GATEWAY_CONTROL_TOKEN": TOKEN, "FLYWHEEL_GATEWAY_INSTANCE": "gateway-test",
+        "FLYWHEEL_GATEWAY_CONTROL_TOKEN": TOKEN, "FLYWHEEL_GATEWAY_INSTANCE": "gateway-test", **extra,
     })
-    env.update(extra)
-    return env
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:

@@ -158,6 +158,25 @@ def test_schema_and_check_agree(command: str, args: dict[str, Any]) -> None:
     assert _schema_accepts(COMMANDS[command].schema, args) == _accepts(command, args), (command, args)
 
 
+@pytest.mark.parametrize(("command", "args"), BAD)
+def test_the_gateway_refuses_what_every_service_refuses(command: str, args: dict[str, Any]) -> None:
+    """One rule: the HTTP check is the proto argument class every service decodes with."""
+    with pytest.raises(proto.CommandError):
+        proto.Command.from_message(proto.Control(seq=1, command=command, args=args))
+    if command in COMMANDS:
+        assert COMMANDS[command].kind == command
+
+
+def test_what_the_gateway_sends_decodes_to_the_same_typed_command() -> None:
+    book = ControlBook()
+    for name, spec in COMMANDS.items():
+        for example in spec.examples.values() or [{}]:
+            msg = book.issue(name, None, example)
+            command = proto.Command.from_message(proto.decode(proto.encode(msg), proto.Control))
+            assert command.args == spec.parse(example) == proto.parse_args(name, example)
+            assert (command.seq, command.target, command.to_message()) == (msg.seq, msg.target, msg)
+
+
 def test_every_example_is_accepted_and_encodes() -> None:
     book = ControlBook()
     for name, spec in COMMANDS.items():

@@ -157,17 +157,33 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, timeout=90)
 
 
+def rendered(tmp_path: Path, url: str) -> Texts:
+    """The page's DOM after its script ran, parsed; its error line must be empty."""
+    done = chromium(tmp_path, "--dump-dom", url)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    page = Texts()
+    page.feed(done.stdout.decode())
+    assert page.by_id["error"].strip() == ""
+    return page
+
+
+def screenshot(tmp_path: Path, url: str, name: str) -> np.ndarray:
+    """The page as a 1280x1100 BGR image."""
+    shot = tmp_path / name
+    done = chromium(tmp_path, f"--screenshot={shot}", url)
+    assert done.returncode == 0 and shot.exists(), done.stderr.decode(errors="replace")[-2000:]
+    image = cv2.imread(str(shot))
+    assert image is not None and image.shape[:2] == (1100, 1280)
+    return image
+
+
 def test_live_page_shows_live_numbers_and_a_curve(fed_gateway: str, tmp_path: Path) -> None:
     status, html = http_get(fed_gateway + "/")
     assert status == 200 and "<canvas" in html
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), "the page must not load anything external"
 
-    done = chromium(tmp_path, "--dump-dom", fed_gateway + "/")
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
-    page = Texts()
-    page.feed(done.stdout.decode())
+    page = rendered(tmp_path, fed_gateway + "/")
     t = page.by_id
-    assert t["error"].strip() == ""
     assert t["gateway"].startswith("gateway gateway-test v") and "control on" in t["gateway"]
     # the reporters advance 1000 env steps per actor, 900 inserts and 3600 samples every 0.2 s
     # rates come from real report intervals, which stretch on a loaded machine: bounds are loose on purpose
@@ -187,11 +203,7 @@ def test_live_page_shows_live_numbers_and_a_curve(fed_gateway: str, tmp_path: Pa
     assert all(r[2] == "up" for r in rows.values())
     assert rows[("actor", "actor-1")][5] == "0.0007"
 
-    shot = tmp_path / "live-page.png"
-    done = chromium(tmp_path, f"--screenshot={shot}", fed_gateway + "/")
-    assert done.returncode == 0 and shot.exists(), done.stderr.decode(errors="replace")[-2000:]
-    image = cv2.imread(str(shot))
-    assert image is not None and image.shape[:2] == (1100, 1280)
+    image = screenshot(tmp_path, fed_gateway + "/", "live-page.png")
     curve_pixels = colour_pixels(image, CURVE_BGR)
     assert curve_pixels > 200, f"the return curve is not in the screenshot ({curve_pixels} pixels of its colour)"
     assert colour_pixels(image, DISTANCE_BGR) < 20, "a Mario chart drawn for a run without Mario"
@@ -215,22 +227,14 @@ def test_live_page_charts_mario_distance_and_flags(fed_gateway: str, tmp_path: P
     assert (summary["mario_distance_mean"], summary["mario_distance_max"]) == (670, 1360)
     assert summary["mario_flag_rate"] == pytest.approx(0.2)
 
-    done = chromium(tmp_path, "--dump-dom", fed_gateway + "/")
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
-    page = Texts()
-    page.feed(done.stdout.decode())
+    page = rendered(tmp_path, fed_gateway + "/")
     t = page.by_id
-    assert t["error"].strip() == ""
     assert "hidden" not in page.attrs["mario_panel"]
     assert t["mario_distance"] == "670 / 1360" and t["mario_flag_rate"] == "20.0 %"
     charted = int(page.attrs["mario"]["data-points"] or 0)
     assert charted >= 5 and f"{charted} points" in t["mario_info"], t["mario_info"]
 
-    shot = tmp_path / "live-page-mario.png"
-    done = chromium(tmp_path, f"--screenshot={shot}", fed_gateway + "/")
-    assert done.returncode == 0 and shot.exists(), done.stderr.decode(errors="replace")[-2000:]
-    image = cv2.imread(str(shot))
-    assert image is not None
+    image = screenshot(tmp_path, fed_gateway + "/", "live-page-mario.png")
     for name, bgr in (("distance", DISTANCE_BGR), ("flag rate", FLAGS_BGR)):
         pixels = colour_pixels(image, bgr)
         assert pixels > 200, f"the Mario {name} line is not in the screenshot ({pixels} pixels of its colour)"

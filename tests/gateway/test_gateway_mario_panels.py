@@ -1,6 +1,6 @@
 """Mario distance and flags from a real actor's telemetry reach the gateway's /metrics, /history and the Grafana panels.
 
-A real ActorCore plays Super Mario Bros 1-1 (short episodes) until episodes finish; the actor's own ``_telemetry``
+A real ActorCore plays Super Mario Bros 1-1 (short episodes) until episodes finish; the actor's own ``actor_report``
 builds the report, a TelemetryReporter sends it over ZeroMQ to a running gateway, and every metric the Mario
 panels of the Grafana dashboards query must be in the gateway's /metrics (the names come from the gateway's own
 naming, not from a list here).
@@ -20,8 +20,9 @@ from prometheus_helpers import dashboard_queries, metric_names
 
 from flywheel.envs import env_spec
 from flywheel.services.actor.core import build_core
-from flywheel.services.actor.main import _telemetry
 from flywheel.services.actor.policy import build_policy
+from flywheel.services.actor.report import StepRate
+from flywheel.services.actor.report import actor_report as report_of
 from flywheel.services.actor.transport import LeaseClient, TransitionSender, WeightsReceiver
 from flywheel.services.gateway.app import GatewayService, create_app
 from flywheel.testing.ports import free_port
@@ -48,8 +49,7 @@ def actor_report() -> tuple[dict[str, float], dict[str, float]]:
         weights = WeightsReceiver(ctx, nowhere, policy, faults)
         lease = LeaseClient(ctx, nowhere, "actor-0", faults)
         now = time.monotonic()
-        report = _telemetry(core, sender, weights, lease, {"paused": False},
-                            {"since": now, "steps": 0.0, "per_s": 0.0}, now)
+        report = report_of(core, sender, weights, lease, paused=False, rate=StepRate(now), now=now)
         for part in (sender, weights, lease):
             part.close()
         return report

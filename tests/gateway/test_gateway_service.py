@@ -195,21 +195,22 @@ def test_control_reaches_subscribers_including_late_joiners(gateway, zctx) -> No
     actor = ControlSubscriber(zctx, service.endpoints["control"], "actor", "a-0", FaultCounter("actor"))
     other = ControlSubscriber(zctx, service.endpoints["control"], "actor", "a-1", FaultCounter("actor"))
     learner = ControlSubscriber(zctx, service.endpoints["control"], "learner", "l-0", FaultCounter("learner"))
-    got: list[proto.Control] = []
+    got: list[proto.Command] = []
     wait_for(lambda: got.extend(actor.drain()) or len(got) >= 2)
     time.sleep(0.2)
     got.extend(actor.drain())
-    assert [(c.command, c.args) for c in got] == [("pause", {}), ("set_exploration", {"epsilon": 0.05})]
-    assert got[0].seq == pause_seq
-    other_got: list[proto.Control] = []
+    assert [c.args for c in got] == [proto.PauseArgs(), proto.ExplorationArgs(epsilon=0.05)]  # typed, as sent
+    assert got[0].seq == pause_seq and [c.target for c in got] == ["*", "a-0"]
+    other_got: list[proto.Command] = []
     wait_for(lambda: other_got.extend(other.drain()) or other_got)
-    assert [c.command for c in other_got] == ["pause"]  # set_exploration was for a-0 only
-    learner_got: list[proto.Control] = []
+    assert [c.kind for c in other_got] == [proto.CommandKind.PAUSE]  # set_exploration was for a-0 only
+    learner_got: list[proto.Command] = []
     wait_for(lambda: learner_got.extend(learner.drain()) or len(learner_got) >= 3)
-    assert [(c.command, c.args) for c in learner_got] == [("pause", {}), ("set_lr", {"lr": 0.001}),
-                                                          ("set_publish_interval", {"updates": 25})]
+    assert [c.args for c in learner_got] == [proto.PauseArgs(), proto.LrArgs(0.001),
+                                             proto.PublishIntervalArgs(updates=25)]
+    assert actor.rejected == other.rejected == learner.rejected == 0
     client.post("/control/resume", headers=AUTH)
-    wait_for(lambda: any(c.command == "resume" for c in actor.drain()))
+    wait_for(lambda: any(c.kind == "resume" for c in actor.drain()))
     state = client.get("/control").json()
     assert [c["command"] for c in state["retained"]] == ["set_exploration", "set_lr", "set_publish_interval",
                                                          "resume"]

@@ -16,6 +16,7 @@ from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.transport import LearnerService
 from flywheel.testing.ports import free_port
+from flywheel.transport import queued_frames, subscriber
 
 
 class FakeReplay:
@@ -36,11 +37,7 @@ class FakeReplay:
         self.identity = b""
 
     def pump(self) -> None:
-        while True:
-            try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
+        for frames in queued_frames(self.sock):
             self.identity = frames[0].bytes
             msg = proto.decode(frames[1:], expect=(proto.SampleRequest, proto.PriorityUpdate))
             if isinstance(msg, proto.SampleRequest):
@@ -82,9 +79,7 @@ class Harness:
         if self.settings.resume:
             self.start_version = load_checkpoint(tmp_path, self.core).weight_version
         self.service = LearnerService(self.settings, self.core, self.ctx, start_version=self.start_version)
-        self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(f"tcp://127.0.0.1:{self.weights_port}")
+        self.sub = subscriber(self.ctx, f"tcp://127.0.0.1:{self.weights_port}")
         self.versions: list[int] = []
         self.weights: list[proto.Weights] = []
         self.reports: list[proto.Telemetry] = []
@@ -93,12 +88,7 @@ class Harness:
 
     def collect(self) -> None:
         for sock, sink in ((self.sub, self.weights), (self.telemetry, self.reports)):
-            while True:
-                try:
-                    frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                sink.append(proto.decode(frames))
+            sink.extend(proto.decode(frames) for frames in queued_frames(sock))
         self.versions = [w.version for w in self.weights]
 
     def drive(self, until: Callable[[], bool], timeout: float = 15.0) -> None:

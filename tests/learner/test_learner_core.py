@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from learner_helpers import make_batch
+from learner_helpers import fit_one_step_rewards, make_batch
 
 from flywheel import proto
 from flywheel.services.learner.core import BadBatch, CoreConfig, LearnerCore, beta_at
@@ -82,18 +82,8 @@ def test_polyak_target_moves_by_tau() -> None:
 
 
 def test_learns_one_step_rewards() -> None:
-    # discount 0: Q(s, a) must converge to the reward of (s, a)
-    rng = np.random.default_rng(5)
-    states = np.eye(4, dtype=np.float32)
-    table = rng.uniform(-1, 1, (4, 2)).astype(np.float32)
-    core = LearnerCore((4,), 2, CoreConfig(lr=3e-3), "cpu")
-    for _ in range(300):
-        s, a = rng.integers(0, 4, 64), rng.integers(0, 2, 64)
-        core.update(proto.SampleBatch(
-            request_id=0, replay_size=8, obs=states[s], action=a.astype(np.int64), reward=table[s, a],
-            discount=np.zeros(64, np.float32), next_obs=states[s], index=np.arange(64, dtype=np.int64),
-            weight=np.ones(64, np.float32)))
-    np.testing.assert_allclose(core.q_values(states), table, atol=0.05)
+    q, table = fit_one_step_rewards(LearnerCore((4,), 2, CoreConfig(lr=3e-3), "cpu"), seed=5)
+    np.testing.assert_allclose(q, table, atol=0.05)
 
 
 def test_pixel_batches_train() -> None:

@@ -2,67 +2,24 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import zmq
+from learner_helpers import SPEC, first_weights_then_stop
 
-from flywheel import proto
 from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.main import main
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.testing.ports import free_port
 
-SPEC = SimpleNamespace(obs_shape=(4,), n_actions=2)
-
-SCRIPT = """
-import sys
-from types import SimpleNamespace
-from flywheel.services.learner.main import main
-from flywheel.services.learner.settings import LearnerSettings
-sys.exit(main(LearnerSettings(), spec=SimpleNamespace(obs_shape=(4,), n_actions=2)))
-"""
-
-
-def _env(tmp_path: Path, weights_port: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
-    env.update({
-        "FLYWHEEL_LEARNER_CHECKPOINT_DIR": str(tmp_path), "FLYWHEEL_LEARNER_WEIGHTS_BIND":
-        f"tcp://127.0.0.1:{weights_port}", "FLYWHEEL_LEARNER_SAMPLE_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
-        "FLYWHEEL_LEARNER_TELEMETRY_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
-        "FLYWHEEL_LEARNER_CONTROL_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
-        "FLYWHEEL_LEARNER_TORCH_THREADS": "1", "FLYWHEEL_LEARNER_DEVICE": "cpu", **extra,
-    })
-    return env
-
 
 def test_sigterm_leaves_a_checkpoint_and_exits_zero(tmp_path: Path) -> None:
-    port = free_port()
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.connect(f"tcp://127.0.0.1:{port}")
-    env = _env(tmp_path, port, FLYWHEEL_LEARNER_WEIGHTS_REPUBLISH_S="0.2")
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        assert sub.poll(60_000), "no weights published"  # version 1 at start (and repeated); slow imports when busy
-        weights = proto.decode(sub.recv_multipart(), expect=proto.Weights)
-        assert weights.version == 1 and weights.network == "mlp-4-2-dueling"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=40)
-    finally:
-        proc.kill()
-        sub.close()
-        ctx.term()
-    assert proc.returncode == 0, err
-    assert "learner: device cpu" in err
+    run = first_weights_then_stop(tmp_path)  # version 1 at start (and repeated); slow imports when busy
+    assert run.weights.version == 1 and run.weights.network == "mlp-4-2-dueling"
+    assert run.returncode == 0, run.err
+    assert "learner: device cpu" in run.err
     info = load_checkpoint(tmp_path, LearnerCore((4,), 2, CoreConfig()))
     assert info.weight_version == 1 and info.updates == 0
     assert (tmp_path / CHECKPOINT_FILE).exists()

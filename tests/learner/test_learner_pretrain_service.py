@@ -2,63 +2,34 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-import zmq
-from test_learner_main import _env
+from learner_helpers import SPEC, first_weights_then_stop
 from test_learner_pretrain import write_cartpole_demos
 
-from flywheel import proto
 from flywheel.demos.format import DemoSet
 from flywheel.nets import build_q_network, load_weights
 from flywheel.services.learner.main import main
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.testing.ports import free_port
 
-SCRIPT = """
-import sys
-from types import SimpleNamespace
-from flywheel.services.learner.main import main
-from flywheel.services.learner.settings import LearnerSettings
-sys.exit(main(LearnerSettings(), spec=SimpleNamespace(obs_shape=(4,), n_actions=2)))
-"""
-SPEC = SimpleNamespace(obs_shape=(4,), n_actions=2)
-
 
 def test_service_publishes_the_cloned_policy_after_pretraining(tmp_path: Path) -> None:
     demos = write_cartpole_demos(tmp_path / "demos")
-    port = free_port()
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.connect(f"tcp://127.0.0.1:{port}")
-    env = _env(tmp_path / "ckpt", port, FLYWHEEL_LEARNER_DEMOS_PATH=str(demos),
-               FLYWHEEL_LEARNER_PRETRAIN_UPDATES="1500", FLYWHEEL_LEARNER_PRETRAIN_LOSS="bc",
-               FLYWHEEL_LEARNER_BATCH_SIZE="128", FLYWHEEL_LEARNER_LR="0.001", FLYWHEEL_LEARNER_HIDDEN="64",
-               FLYWHEEL_LEARNER_SEED="0", FLYWHEEL_LEARNER_WEIGHTS_REPUBLISH_S="0.2")
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        assert sub.poll(120_000), "no weights published"
-        weights = proto.decode(sub.recv_multipart(), expect=proto.Weights)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-        sub.close()
-        ctx.term()
-    assert proc.returncode == 0, err
-    assert "pretraining 1500/1500 updates" in err and "pretraining done" in err
-    assert weights.version == 1  # the first weights out are the pretrained ones: actors start from them
+    run = first_weights_then_stop(
+        tmp_path / "ckpt", wait_s=120, stop_s=60, FLYWHEEL_LEARNER_DEMOS_PATH=str(demos),
+        FLYWHEEL_LEARNER_PRETRAIN_UPDATES="1500", FLYWHEEL_LEARNER_PRETRAIN_LOSS="bc",
+        FLYWHEEL_LEARNER_BATCH_SIZE="128", FLYWHEEL_LEARNER_LR="0.001", FLYWHEEL_LEARNER_HIDDEN="64",
+        FLYWHEEL_LEARNER_SEED="0")
+    assert run.returncode == 0, run.err
+    assert "pretraining 1500/1500 updates" in run.err and "pretraining done" in run.err
+    assert run.weights.version == 1  # the first weights out are the pretrained ones: actors start from them
     net = build_q_network((4,), 2, dueling=True, hidden=64)
-    load_weights(net, weights, net.name)
+    load_weights(net, run.weights, net.name)
     episodes = list(DemoSet(demos).episodes())
     states = np.concatenate([e.obs for e in episodes])
     expert = np.concatenate([e.action for e in episodes])

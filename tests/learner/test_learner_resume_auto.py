@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import zmq
+from learner_helpers import first_weights_then_stop
 from pydantic import ValidationError
 
-from flywheel import proto
 from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoint, reserve_versions
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.settings import LearnerSettings
-from flywheel.testing.ports import free_port
-
-SCRIPT = """
-import sys
-from types import SimpleNamespace
-from flywheel.services.learner.main import main
-from flywheel.services.learner.settings import LearnerSettings
-sys.exit(main(LearnerSettings(), spec=SimpleNamespace(obs_shape=(4,), n_actions=2)))
-"""
 
 
 @pytest.mark.parametrize(("given", "expected"), [
@@ -52,40 +38,11 @@ def test_resume_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LearnerSettings().resume is True
 
 
-def _start(folder: Path, weights_port: int) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
-    env.update({
-        "FLYWHEEL_LEARNER_RESUME": "auto", "FLYWHEEL_LEARNER_CHECKPOINT_DIR": str(folder),
-        "FLYWHEEL_LEARNER_WEIGHTS_BIND": f"tcp://127.0.0.1:{weights_port}",
-        "FLYWHEEL_LEARNER_SAMPLE_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
-        "FLYWHEEL_LEARNER_TELEMETRY_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
-        "FLYWHEEL_LEARNER_CONTROL_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
-        "FLYWHEEL_LEARNER_TORCH_THREADS": "1", "FLYWHEEL_LEARNER_DEVICE": "cpu",
-        "FLYWHEEL_LEARNER_WEIGHTS_REPUBLISH_S": "0.2",
-    })
-    return subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stderr=subprocess.PIPE, text=True)
-
-
 def _first_version_then_stop(folder: Path) -> tuple[int, str]:
     """Start a learner with resume=auto, read the first weight version it publishes, stop it with SIGTERM."""
-    port = free_port()
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.connect(f"tcp://127.0.0.1:{port}")
-    proc = _start(folder, port)
-    try:
-        assert sub.poll(60_000), "no weights published"
-        version = proto.decode(sub.recv_multipart(), expect=proto.Weights).version
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=40)
-    finally:
-        proc.kill()
-        sub.close()
-        ctx.term()
-    assert proc.returncode == 0, err
-    return version, err
+    run = first_weights_then_stop(folder, FLYWHEEL_LEARNER_RESUME="auto")
+    assert run.returncode == 0, run.err
+    return run.weights.version, run.err
 
 
 def test_auto_starts_fresh_in_an_empty_folder_and_resumes_after_a_restart(tmp_path: Path) -> None:

@@ -56,14 +56,17 @@ def test_set_publish_interval_is_validated_applied_and_logged(harness, caplog: p
            {}, {"updates": 5, "bogus": 1}, {"updates": 5, "seconds": "soon"}]
     for args in bad:
         h.send_control("set_publish_interval", **args)
-    h.drive(lambda: h.service.counters["control_rejected_total"] >= len(bad))
+    h.drive(lambda: h.service.control.rejected >= len(bad))
     assert (h.service.snapshots.every_updates, h.service.snapshots.every_seconds) == (3, 2.0)
     assert h.service.faults.counts["control:bad_args"] == len(bad)
     h.send_control("set_lr", lr=2e-4)
     h.send_control("set_lr", rate=2e-4)
-    h.drive(lambda: h.service.counters["control_rejected_total"] >= len(bad) + 1)
-    assert h.core.lr == pytest.approx(2e-4)
-    h.drive(lambda: h.counter("control_rejected_total") == len(bad) + 1)
+    h.send_control("launch")  # no such command
+    h.drive(lambda: h.service.control.rejected >= len(bad) + 2 and h.core.lr == pytest.approx(2e-4))
+    assert h.service.faults.counts["control:bad_args"] == len(bad) + 1
+    assert h.service.faults.counts["control:unknown_command"] == 1
+    h.drive(lambda: h.counter("control_rejected_total") == len(bad) + 2)
+    assert h.reports[-1].counters['rejected_total{where="control",reason="bad_args"}'] == len(bad) + 1
 
 
 def test_data_wait_is_measured_when_starved(harness) -> None:

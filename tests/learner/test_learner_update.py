@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from learner_helpers import make_batch
+from learner_helpers import fit_one_step_rewards, make_batch
 
 from flywheel import proto
 from flywheel.services.learner.core import CoreConfig, LearnerCore
@@ -169,15 +169,7 @@ def test_mixed_precision_paths_train(precision: str) -> None:
 
 
 def test_quantile_head_learns_one_step_rewards() -> None:
-    rng = np.random.default_rng(7)
-    states = np.eye(4, dtype=np.float32)
-    table = rng.uniform(-1, 1, (4, 2)).astype(np.float32)
     core = LearnerCore((4,), 2, CoreConfig(lr=3e-3, head="quantile", num_quantiles=16))
     assert core.name == "mlp-4-2-dueling-qr16"
-    for _ in range(300):
-        s, a = rng.integers(0, 4, 64), rng.integers(0, 2, 64)
-        core.update(proto.SampleBatch(
-            request_id=0, replay_size=8, obs=states[s], action=a.astype(np.int64), reward=table[s, a],
-            discount=np.zeros(64, np.float32), next_obs=states[s], index=np.arange(64, dtype=np.int64),
-            weight=np.ones(64, np.float32)))
-    np.testing.assert_allclose(core.q_values(states), table, atol=0.08)
+    q, table = fit_one_step_rewards(core, seed=7)
+    np.testing.assert_allclose(q, table, atol=0.08)

@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from flywheel.processes import launch
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
+from flywheel.testing import polling
+from flywheel.testing.run import clean_env as clean_env  # the tests' one clean environment, imported from here
+from flywheel.testing.run import tail
 
 
 def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -39,16 +33,10 @@ def get_text(url: str) -> str:
         return resp.read().decode()
 
 
-def wait_until(check: Callable[[], Any], timeout: float, what: str, logs: list[Path] = ()) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    tails = "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
-                      for p in logs if p.exists())
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+def wait_until(check: Callable[[], Any], timeout: float, what: str, logs: Sequence[Path] = ()) -> Any:
+    """``flywheel.testing.polling.wait_until``, twice a second; a timeout shows the tails of ``logs``."""
+    return polling.wait_until(check, timeout, what, detail=lambda: "\n" + "\n".join(
+        f"--- {p.name}\n{tail(p, 15)}" for p in logs if p.exists()))
 
 
 def metric_values(text: str, name: str) -> dict[str, float]:

@@ -31,8 +31,10 @@ def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None
             if status is None:
                 return False
             learner = status["services"].get("learner", {}).get("totals", {})
-            return len(children) >= 5 and learner.get("updates_total", 0) > 0
-        wait_until(running, 120, "flywheel run to train", [log])
+            # one host: the learner takes the replay's shared-memory offer (its first replies come over the socket)
+            trained = learner.get("updates_total", 0) > 0 and learner.get("shm_batches_total", 0) > 0
+            return len(children) >= 5 and trained
+        wait_until(running, 120, "flywheel run to train on batches from shared memory", [log])
         wait_until(lambda: "updates" in log.read_text(), 30, "a progress line", [log])
         sockets = Path(tempfile.gettempdir()) / f"flywheel-run-{proc.pid}-{base}"
         assert (sockets / "transitions").is_socket() and (sockets / "sample").is_socket()  # the local fast path
@@ -85,8 +87,7 @@ def test_bench_harness_measures_a_real_run(tmp_path: Path) -> None:
                       sets=["replay.min_size_to_sample=200"], progress_interval=1.0)
     with run:
         assert run.alive() and set(run.children()) == {"gateway-0", "replay-0", "learner-0", "actor-0"}
-        first = run.wait_for(lambda: (s := run.snapshot()) and s.total("learner", "updates_total") > 0 and s, 120,
-                             "the learner's first update")
+        first = run.wait_until_learning(120)
         time.sleep(3)
         last = run.snapshot()
         assert last is not None and last.t > first.t

@@ -68,6 +68,8 @@ def test_four_services_train_cartpole_end_to_end(tmp_path: Path) -> None:
         assert sum(metric_values(text, "flywheel_replay_transitions_received_total").values()) > 0
         assert sum(metric_values(text, "flywheel_replay_samples_total").values()) > 0
         assert sum(metric_values(text, "flywheel_learner_updates_total").values()) > 0
+        # learner and replay share this host: batches come through the replay's shared memory
+        assert sum(metric_values(text, "flywheel_learner_shm_batches_total").values()) > 0
         assert all(v > 0 for v in metric_values(text, "flywheel_actor_weight_version").values())
     finally:
         for name in ("actor", "actor-b", "learner", "replay", "gateway"):

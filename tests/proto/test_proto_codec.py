@@ -416,7 +416,7 @@ def test_encode_validates(make: Callable[[], Message]) -> None:
 
 def test_error_taxonomy() -> None:
     classes = [MalformedMessage, TruncatedMessage, OversizedMessage, UnknownKind, WrongKind, VersionMismatch,
-               BadDtype, BadShape]
+               BadDtype, BadShape, proto.CommandError, proto.UnknownCommand]
     assert [c.fault for c in classes] == list(FAULTS)
     assert all(issubclass(c, DecodeError) and issubclass(c, ValueError) for c in classes)
 
@@ -493,54 +493,52 @@ def test_version_mismatch() -> None:
             decode(with_header(frames, {**header, "v": version}))
 
 
-@pytest.mark.parametrize("arrays", [
-    tb_arrays(action=np.arange(3, dtype=np.float64)),
-    tb_arrays(action=np.arange(3, dtype=np.int32)),
-    tb_arrays(reward=np.ones(3, dtype=">f4")),
-    tb_arrays(obs=np.zeros((3, 4), np.float16), next_obs=np.zeros((3, 4), np.float16)),
-    tb_arrays(obs=np.zeros((3, 4), np.float64), next_obs=np.zeros((3, 4), np.float64)),
-], ids=["f64-action", "i32-action", "big-endian", "f16-obs", "f64-obs"])
-def test_bad_dtype(arrays: list[tuple[str, np.ndarray]]) -> None:
-    with pytest.raises(BadDtype):
+@pytest.mark.parametrize(("arrays", "error"), [
+    pytest.param(tb_arrays(action=np.arange(3, dtype=np.float64)), BadDtype, id="f64-action"),
+    pytest.param(tb_arrays(action=np.arange(3, dtype=np.int32)), BadDtype, id="i32-action"),
+    pytest.param(tb_arrays(reward=np.ones(3, dtype=">f4")), BadDtype, id="big-endian"),
+    pytest.param(tb_arrays(obs=np.zeros((3, 4), np.float16), next_obs=np.zeros((3, 4), np.float16)), BadDtype,
+                 id="f16-obs"),
+    pytest.param(tb_arrays(obs=np.zeros((3, 4), np.float64), next_obs=np.zeros((3, 4), np.float64)), BadDtype,
+                 id="f64-obs"),
+    pytest.param(tb_arrays(obs=np.zeros(3, np.float32), next_obs=np.zeros(3, np.float32)), BadShape, id="rank1"),
+    pytest.param(tb_arrays(obs=np.zeros((3, 1, 1, 1, 1), np.uint8), next_obs=np.zeros((3, 1, 1, 1, 1), np.uint8)),
+                 BadShape, id="rank5"),
+    pytest.param(tb_arrays(action=np.zeros((3, 1), np.int64)), BadShape, id="action-rank2"),
+    pytest.param(tb_arrays(reward=np.float32(1.0).reshape(())), BadShape, id="reward-0d"),
+    pytest.param(tb_arrays(next_obs=np.zeros((3, 5), np.float32)), BadShape, id="obs-mismatch"),
+    pytest.param(tb_arrays(next_obs=np.zeros((3, 4), np.uint8)), BadShape, id="obs-dtype-mismatch"),
+    pytest.param(tb_arrays(reward=np.ones(2, np.float32)), BadShape, id="batch"),
+    pytest.param(tb_arrays(0), BadShape, id="empty"),
+])
+def test_bad_arrays(arrays: list[tuple[str, np.ndarray]], error: type[DecodeError]) -> None:
+    with pytest.raises(error):
         decode(build("transitions", TB_SCALARS, arrays))
+
+
+def with_array_spec(frames: list[Any], array: int, item: int, value: Any) -> list[Any]:
+    """``frames`` with item ``item`` of array ``array``'s header spec ([name, dtype, shape]) set to ``value``."""
+    header = header_of(frames)
+    specs = [list(s) for s in header["a"]]
+    specs[array][item] = value
+    return with_header(frames, {**header, "a": specs})
 
 
 def test_bad_dtype_names_in_header() -> None:
     frames = build("transitions", TB_SCALARS, tb_arrays())
-    header = header_of(frames)
     for name in ("object", "O", "<f4", "float", "int", "bool", "uint8\x00", "V8", "float32 "):
-        specs = [list(s) for s in header["a"]]
-        specs[2][1] = name
         with pytest.raises(BadDtype):
-            decode(with_header(frames, {**header, "a": specs}))
+            decode(with_array_spec(frames, 2, 1, name))
     bad = build("weights", {"version": 1, "network": "n"}, [("t", np.zeros(2, np.uint8))])
     with pytest.raises(BadDtype):
         decode(bad)
 
 
-@pytest.mark.parametrize("arrays", [
-    tb_arrays(obs=np.zeros(3, np.float32), next_obs=np.zeros(3, np.float32)),  # rank 1 obs
-    tb_arrays(obs=np.zeros((3, 1, 1, 1, 1), np.uint8), next_obs=np.zeros((3, 1, 1, 1, 1), np.uint8)),  # rank 5
-    tb_arrays(action=np.zeros((3, 1), np.int64)),
-    tb_arrays(reward=np.float32(1.0).reshape(())),
-    tb_arrays(next_obs=np.zeros((3, 5), np.float32)),
-    tb_arrays(next_obs=np.zeros((3, 4), np.uint8)),
-    tb_arrays(reward=np.ones(2, np.float32)),
-    tb_arrays(0),
-], ids=["rank1", "rank5", "action-rank2", "reward-0d", "obs-mismatch", "obs-dtype-mismatch", "batch", "empty"])
-def test_bad_shape(arrays: list[tuple[str, np.ndarray]]) -> None:
-    with pytest.raises(BadShape):
-        decode(build("transitions", TB_SCALARS, arrays))
-
-
 def test_bad_shape_dims_and_other_kinds() -> None:
     frames = build("transitions", TB_SCALARS, tb_arrays())
-    header = header_of(frames)
     for shape in ([-3], [3, -4], [3.0], [True], ["3"], [None], [[3]]):
-        specs = [list(s) for s in header["a"]]
-        specs[1][2] = shape
         with pytest.raises(BadShape):
-            decode(with_header(frames, {**header, "a": specs}))
+            decode(with_array_spec(frames, 1, 2, shape))
     cases = [
         build("weights", {"version": 1, "network": "n"}, [("t", np.zeros((1, 1, 1, 1, 1), np.float32))]),
         build("priorities", {}, [("index", np.arange(3)), ("priority", np.ones(4, np.float32))]),

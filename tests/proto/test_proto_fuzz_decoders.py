@@ -38,18 +38,6 @@ full_sample_request = st.builds(
     st.booleans(), st.text(max_size=40), st.integers(-1, 4096), st.integers(0, 256))
 
 
-@pytest.fixture(scope="module")
-def pair() -> Any:
-    ctx = zmq.Context()
-    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    a.bind("inproc://fuzz-decoders")
-    b.connect("inproc://fuzz-decoders")
-    yield a, b
-    a.close(0)
-    b.close(0)
-    ctx.term()
-
-
 def _through(pair: Any, frames: list[bytes]) -> list[zmq.Frame]:
     """As a service receives them: zmq.Frame objects (copy=False) from a real socket."""
     a, b = pair

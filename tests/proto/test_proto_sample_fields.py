@@ -20,24 +20,12 @@ def batch(n: int = 4, *, is_demo: np.ndarray | None = None, shm: dict | None = N
                        shm=shm or {})
 
 
-@pytest.fixture
-def pipe() -> tuple[zmq.Socket, zmq.Socket]:
-    ctx = zmq.Context()
-    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    a.bind("inproc://sample-fields")
-    b.connect("inproc://sample-fields")
-    yield a, b
-    a.close(0)
-    b.close(0)
-    ctx.term()
-
-
-def test_is_demo_and_shm_round_trip_over_a_socket(pipe: tuple[zmq.Socket, zmq.Socket]) -> None:
+def test_is_demo_and_shm_round_trip_over_a_socket(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
     is_demo = np.array([0, 1, 0, 1], np.uint8)
     offer = {"segment": "flywheel-replay-1-2-abcdef01", "size": 4096, "token": "00" * 16}
     for msg in (batch(is_demo=is_demo), batch(shm=offer)):
-        pipe[0].send_multipart(encode(msg), copy=False)
-        got = decode(pipe[1].recv_multipart(copy=False), expect=SampleBatch)
+        pair[0].send_multipart(encode(msg), copy=False)
+        got = decode(pair[1].recv_multipart(copy=False), expect=SampleBatch)
         assert isinstance(got, SampleBatch) and got.shm == msg.shm
         if msg.is_demo is None:
             assert got.is_demo is None and not got.demo_mask().any()

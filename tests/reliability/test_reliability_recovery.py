@@ -18,7 +18,8 @@ from flywheel.services.learner.checkpoint import (
     reserved_version,
 )
 from flywheel.services.learner.publishing import WeightsSnapshots
-from flywheel.services.learner.sampling import SampleClient
+from flywheel.services.learner.sampling import batch_limits
+from flywheel.services.replay.client import ReplayClient
 from flywheel.transport import FaultCounter, make_socket
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,7 +53,7 @@ def test_sample_requests_are_resent_as_soon_as_a_restarted_replay_is_back() -> N
     router = make_socket(ctx, zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     endpoint = f"tcp://127.0.0.1:{port}"
-    client = SampleClient(ctx, endpoint, batch_size=8, obs_shape=(4,), in_flight=3, request_timeout_s=60.0,
+    client = ReplayClient(endpoint, 8, inflight=3, ctx=ctx, limits=batch_limits(8, (4,)), request_timeout_s=60.0,
                           faults=FaultCounter("learner"))
     try:
         client.top_up(0.4)
@@ -66,7 +67,7 @@ def test_sample_requests_are_resent_as_soon_as_a_restarted_replay_is_back() -> N
         while not resent and time.monotonic() < deadline:
             resent = client.resend_stale(time.monotonic(), 0.4)
             time.sleep(0.05)
-        assert resent == 3 and client.counters["replay_reconnects_total"] == 1
+        assert resent == 3 and client.metrics()["replay_reconnects_total"] == 1
         assert sorted(_requests(router, 1.0)) == [4, 5, 6]  # well before the 60 s timeout
         assert client.outstanding == 3
     finally:
@@ -90,7 +91,7 @@ def test_replies_beyond_the_requests_in_flight_are_not_handed_on() -> None:
     ctx = zmq.Context()
     router = make_socket(ctx, zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    client = SampleClient(ctx, f"tcp://127.0.0.1:{port}", batch_size=8, obs_shape=(4,), in_flight=2,
+    client = ReplayClient(f"tcp://127.0.0.1:{port}", 8, inflight=2, ctx=ctx, limits=batch_limits(8, (4,)),
                           request_timeout_s=0.3, faults=FaultCounter("learner"))
     try:
         client.top_up(0.4)
@@ -112,7 +113,7 @@ def test_replies_beyond_the_requests_in_flight_are_not_handed_on() -> None:
                 if batch is not None:
                     batches.append(batch.request_id)
         assert len(batches) == 2 and client.outstanding == 0
-        assert client.counters["replies_unrequested_total"] == 2
+        assert client.metrics()["replies_unrequested_total"] == 2
     finally:
         client.close()
         router.close(0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import zmq
 from flywheel import proto
 from flywheel.services.replay.core import ReplayConfig, ReplayCore
 from flywheel.services.replay.transport import ReplayServer
+from flywheel.testing.polling import wait_until
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter
 
 OBS_SHAPE = (4,)
@@ -84,11 +84,7 @@ def running_server(core: ReplayCore, *, sample_bind: str = "tcp://127.0.0.1:*",
 
 
 def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 10.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+    wait_until(condition, deadline_s, what, interval=0.01)
 
 
 class ActorStreams:

@@ -47,7 +47,7 @@ def test_shared_memory_batches_are_zero_copy_views_and_slots_recycle() -> None:
             if client.segment is not None and batch.shm.get("slot", -1) >= 0:
                 assert not batch.obs.flags.writeable and batch.obs.base is not None  # a view of the segment
             check_batch(batch, streams)
-            assert batch.is_demo.shape == (32,) and not batch.is_demo.any()
+            assert batch.is_demo is None and not batch.demo_mask().any()  # no demonstrations table
             client.update_priorities(batch.index, np.full(32, 2.0, np.float32))
             client.release(batch)
         assert client.counters["shm_batches"] >= 9  # the first replies carry the offer, inline
@@ -70,6 +70,7 @@ def test_tcp_client_gets_inline_batches() -> None:
             check_batch(batch, streams)
             client.release(batch)
         assert client.counters["tcp_batches"] == 5 and client.counters["shm_batches"] == 0
+        assert client.counters["compact_batches"] == 5  # pixel stacks travel as distinct frames + indices
         assert rs.server.shm.clients == {}  # a TCP client never gets a segment
 
 
@@ -168,15 +169,15 @@ def test_set_replay_ratio_control_is_applied_or_refused_and_counted() -> None:
                      {"samples_per_insert": "fast"}):
             rs.send_control("set_replay_ratio", args, seq=seq)
             seq += 1
-        rs.send_control("set_replay_ratio", {"samples_per_insert": 8.0, "error_buffer": 50.0}, seq=seq)
-
-        def applied() -> bool:
-            rs.send_control("noop", seq=10_000 + int(rs.server.counters["control_commands_total"]))
-            return core.limiter.samples_per_insert == 8.0
-
-        wait_for(applied, "the ratio change")
+        rs.send_control("noop", seq=seq)  # no such command
+        rs.send_control("set_replay_ratio", {"samples_per_insert": 8.0, "error_buffer": 50.0}, seq=seq + 1)
+        wait_for(lambda: core.limiter.samples_per_insert == 8.0, "the ratio change")
         assert core.limiter.error_buffer == 50.0
-        assert rs.faults.counts["control:control_args"] == 4
+        wait_for(lambda: rs.server.control.rejected == 5, "the refusals")
+        assert rs.faults.counts["control:bad_args"] == 4 and rs.faults.counts["control:unknown_command"] == 1
+        assert rs.faults.as_counters()['rejected_total{where="control",reason="bad_args"}'] == 4  # in telemetry
+        assert rs.server.counters["control_commands_total"] == 1  # only the good one reached the replay
+        assert rs.server.running
 
 
 def test_pending_requests_wait_for_the_limiter_then_flow(tmp_path: Path) -> None:
@@ -191,3 +192,30 @@ def test_pending_requests_wait_for_the_limiter_then_flow(tmp_path: Path) -> None
             client.release(next_batch(client))
         assert rs.server.counters["rate_limiter_sample_wait_seconds_total"] > 0
         push.close(0)
+
+
+def test_a_reply_naming_a_slot_of_no_attached_segment_is_counted_not_fatal() -> None:
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    client = ReplayClient(f"tcp://127.0.0.1:{port}", 4, inflight=2, ctx=ctx)
+    try:
+        client.top_up()
+        for shm in ({"slot": 0}, {}):  # a slot, but no segment this client ever attached; then a plain reply
+            assert router.poll(5000)
+            frames = router.recv_multipart()
+            request = proto.decode(frames[1:], expect=proto.SampleRequest)
+            rows, placeholder = 4, np.empty((4, 0), np.float32)
+            obs = placeholder if shm else np.zeros((rows, 4), np.float32)
+            router.send_multipart([frames[0], *proto.encode(proto.SampleBatch(
+                request_id=request.request_id, replay_size=10, obs=obs, action=np.zeros(rows, np.int64),
+                reward=np.zeros(rows, np.float32), discount=np.ones(rows, np.float32), next_obs=obs,
+                index=np.arange(rows), weight=np.ones(rows, np.float32), shm=shm))])
+        batch = next_batch(client)
+        assert batch.obs.shape == (4, 4) and client.counters["bad_replies"] == 1
+        assert client.faults.counts["sample:malformed"] == 1
+        client.release(batch)
+    finally:
+        client.close()
+        router.close(0)
+        ctx.term()

@@ -223,14 +223,15 @@ def test_inconsistent_storage_state_is_refused() -> None:
 
 def test_set_ratio_validates_and_applies() -> None:
     core = make_core(8, samples_per_insert=1.0, error_buffer=10.0)
-    core.set_ratio(4.0)
+    core.set_ratio(proto.ReplayRatioArgs(4.0))
     assert (core.limiter.samples_per_insert, core.limiter.error_buffer) == (4.0, 10.0)
-    core.set_ratio(2, 0)
+    core.set_ratio(proto.ReplayRatioArgs(2, 0))
     assert (core.limiter.samples_per_insert, core.limiter.error_buffer) == (2.0, 0.0)
+    assert isinstance(core.limiter.samples_per_insert, float)
     for bad in ((0.0, None), (-1.0, None), (float("nan"), None), (True, None), ("4", None), (1.0, -1.0),
                 (1.0, float("inf"))):
-        with pytest.raises(ValueError):
-            core.set_ratio(*bad)
+        with pytest.raises(proto.CommandError):  # the one rule of set_replay_ratio, before the core is reached
+            core.set_ratio(proto.ReplayRatioArgs(*bad))
     assert (core.limiter.samples_per_insert, core.limiter.error_buffer) == (2.0, 0.0)
 
 

@@ -185,6 +185,7 @@ def _learner(case: Case, config: CoreConfig, device: torch.device, replay: Repla
     settings = LearnerSettings(
         instance="bench-learner", env_id="bench", batch_size=case.batch, lr=LR, adam_eps=ADAM_EPS,
         grad_clip_norm=CLIP, sample_endpoint=replay.sample_endpoint,
+        sample_transport="tcp",  # the rows say "over TCP": the harder path (auto would take shared memory here)
         weights_bind=f"tcp://127.0.0.1:{free_port()}", telemetry_endpoint=f"tcp://127.0.0.1:{free_port()}",
         control_endpoint=f"tcp://127.0.0.1:{free_port()}", torch_threads=threads, device=device.type,
         requests_in_flight=4)

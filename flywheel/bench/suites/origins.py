@@ -17,13 +17,12 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
 from flywheel.bench.suites._plots import pyplot, save_figure
-from flywheel.testing.run import FlywheelRun, clean_env, tail
+from flywheel.testing.run import FlywheelRun, clean_env
 
 DESCRIPTION = "Origins: the reports' single-process act-learn DQN loop vs flywheel run (CartPole, Mario)"
 OPTIONS = {
@@ -97,18 +96,9 @@ def _flywheel_run(ctx: BenchContext, env_id: str, seconds: float, warmup_s: floa
     sets = [f"replay.min_size_to_sample={min_size}"] if min_size else []
     run = FlywheelRun(env_id, workdir, actors=actors, sets=sets, progress_interval=30.0)
     with run:
-        def learning() -> bool:
-            snap = run.snapshot()
-            return snap is not None and snap.total("learner", "updates_total") > 0
-
-        run.wait_for(learning, 900, f"flywheel run on {env_id} to start learning")
+        run.wait_until_learning(900, f"flywheel run on {env_id} to start learning")
         paced = run.wait_until_paced(PACE_TIMEOUT_S)
-        time.sleep(warmup_s)
-        first = run.snapshot()
-        time.sleep(seconds)
-        last = run.snapshot()
-        if first is None or last is None:
-            raise BenchError(f"the gateway did not answer; log {run.log}:\n{tail(run.log)}")
+        first, last = run.window(warmup_s, seconds)
     dt = last.t - first.t
 
     def rate(service: str, name: str) -> float:

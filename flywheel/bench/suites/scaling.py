@@ -10,14 +10,13 @@ give per-unit costs, from which ``_scale.ScaleModel`` predicts env steps/s on mo
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
 from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.bench.suites._scale import ScaleModel
-from flywheel.testing.run import FlywheelRun, tail
+from flywheel.testing.run import FlywheelRun
 
 DESCRIPTION = "flywheel run with 1, 2, 4 actors (CartPole, Mario): env steps, transitions, updates; core model"
 OPTIONS = {
@@ -44,18 +43,9 @@ def _measure(ctx: BenchContext, env_id: str, actors: int, mode: str, seconds: fl
         sets.append(f"replay.min_size_to_sample={min_size}")
     run = FlywheelRun(env_id, workdir, actors=actors, sets=sets, progress_interval=30.0)
     with run:
-        def learning() -> bool:
-            snap = run.snapshot()
-            return snap is not None and snap.total("learner", "updates_total") > 0
-
-        run.wait_for(learning, 900, f"flywheel run ({env_id}, {actors} actors) to start learning")
+        run.wait_until_learning(900, f"flywheel run ({env_id}, {actors} actors) to start learning")
         paced = run.wait_until_paced(PACE_TIMEOUT_S) if mode == "preset" else False
-        time.sleep(warmup_s)
-        first = run.snapshot()
-        time.sleep(seconds)
-        last = run.snapshot()
-        if first is None or last is None:
-            raise BenchError(f"the gateway did not answer; log {run.log}:\n{tail(run.log)}")
+        first, last = run.window(warmup_s, seconds)
         a, b = _point(run, first), _point(run, last)
     model = ScaleModel.between(a, b, actors=actors)
     if model is None:
