@@ -13,20 +13,17 @@ import numpy as np
 import zmq
 
 from flywheel import proto
-from flywheel.services.replay.client import ReplayClient
-from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket
+from flywheel.transport import FaultCounter, TelemetryReporter, bind, make_socket
 
 from .checkpoint import reserve_versions, save_checkpoint
 from .core import LearnerCore, beta_at
-from .feeder import Feeder, ReadyBatch
+from .datapath import SERVICE, open_data_path
+from .feeder import ReadyBatch
 from .metrics import GpuProbe, MetricsWindow, flops_per_update
 from .publishing import WeightsSnapshots
-from .sampling import batch_limits, batches_per_request
 from .settings import LearnerSettings
-from .staging import HostCopy
 
 log = logging.getLogger("flywheel.learner")
-SERVICE = "learner"
 MAX_POLL_MS = 100
 
 
@@ -37,26 +34,19 @@ class LearnerService:
                  start_version: int = 0) -> None:
         self.settings, self.core, self.ctx = settings, core, ctx
         self.faults = FaultCounter(SERVICE)
-        self.group = batches_per_request(settings.batches_per_request, settings.batch_size, core.obs_shape)
-        rows = settings.batch_size * self.group
-        # Up to 2 x requests_in_flight requests are outstanding (the feeder's bound): as many shared-memory slots.
-        self.sampler = ReplayClient(settings.sample_endpoint, rows, inflight=settings.requests_in_flight,
-                                    beta=self.beta, transport=settings.sample_transport, ctx=ctx,
-                                    limits=batch_limits(rows, core.obs_shape), slots=2 * settings.requests_in_flight,
-                                    request_timeout_s=settings.request_timeout_s, faults=self.faults)
+        # the replay client, control subscriber and feeder (datapath.py: benchmarks build the same)
+        self.path = open_data_path(settings, core, ctx, self.faults, beta=self.beta)
+        self.sampler, self.control, self.feeder, self.group = (self.path.client, self.path.control,
+                                                               self.path.feeder, self.path.group)
         self.pub = make_socket(ctx, zmq.PUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
         try:
             bind(self.pub, settings.weights_bind, "learner weights PUB", "--weights-bind")
         except Exception:
-            self.sampler.close()
+            self.path.close()
             self.pub.close(0)
             raise
         self.telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, SERVICE, settings.instance,
                                            settings.telemetry_interval_s)
-        self.control = ControlSubscriber(ctx, settings.control_endpoint, SERVICE, settings.instance, self.faults)
-        self.feeder = Feeder(ctx, self.sampler, self.control, self.faults, check=core.check_batch,
-                             stage=core.stager.stage, beta=self.beta, train_batch=settings.batch_size,
-                             group=self.group)
 
         self.snapshots = WeightsSnapshots(core.online, core.name, start_version=start_version,
                                           every_updates=settings.publish_interval_updates,
@@ -70,7 +60,6 @@ class LearnerService:
         }
         self._stop = False
         self._held: deque[ReadyBatch] = deque()  # batches that arrived while paused
-        self._since_pump = 0
         self._weights_frames: list | None = None
         self._last_send = 0.0
         self._metrics_step = core.steps
@@ -131,16 +120,14 @@ class LearnerService:
 
     @property
     def uses_sampling_thread(self) -> bool:
-        """A thread pays off when updates are long enough to hide decoding and staging (GPU, pixels); for small
-        vector networks on a CPU its GIL hand-offs cost more than doing the same work between updates."""
-        choice = self.settings.sampling_thread
-        return choice == "on" or (choice == "auto" and (self.core.cuda or len(self.core.obs_shape) == 3))
+        """Whether sampling runs in its own thread (datapath.wants_sampling_thread)."""
+        return self.path.thread
 
     def start(self) -> None:
         """Publish the starting weights (so actors get some early) and start sampling."""
         self.snapshots.begin(self.core.steps)
         self._publish_ready(wait=True)
-        self.feeder.start(thread=self.uses_sampling_thread)
+        self.path.start()
 
     def finish(self) -> None:
         """Send the last priorities and telemetry and leave a checkpoint when a directory is set."""
@@ -157,10 +144,7 @@ class LearnerService:
         else:
             start = time.monotonic()
             try:
-                if self.feeder.threaded:
-                    item = self.feeder.events.get(timeout=timeout_ms / 1000)
-                else:
-                    item = self._take_inline(timeout_ms)
+                item = self.path.take(timeout_ms)
             except queue.Empty:
                 pass
             if not self.paused:
@@ -174,35 +158,21 @@ class LearnerService:
                 self._held.append(item)
             else:
                 self.train(item)
-        if not self.feeder.threaded:
-            self._since_pump += 1
-            if self._since_pump >= self.group:  # once per request's worth of batches: priorities out (one
-                self._since_pump = 0  # message), requests topped up, arrived replies queued
-                self.feeder.pump_inline(0)
+        self.path.turn_done()
         self._publish_ready(wait=False)
         self._timers()
 
-    def _take_inline(self, timeout_ms: int) -> ReadyBatch | proto.Command[Any]:
-        """Without a sampling thread: the next queued item, else wait for one on the sockets (raises Empty)."""
-        try:
-            return self.feeder.events.get_nowait()
-        except queue.Empty:
-            self.feeder.pump_inline(timeout_ms)
-            return self.feeder.events.get_nowait()
-
     def close(self) -> None:
-        self.feeder.stop()
-        self.sampler.close()
+        self.path.close()
         self.pub.close(0)
         self.telemetry.close()
-        self.control.close()
 
     # ---- data path -------------------------------------------------------------------------------------------
     def train(self, ready: ReadyBatch) -> None:
         """Update on one batch; hand its priorities to the sampling thread; publish weights when due."""
         self.feeder.beta = self.beta
         result = self.core.update(ready.tensors)
-        self.feeder.done(ready.index, HostCopy({"p": result.td_abs}, copy=False))
+        self.path.done(ready, result.td_abs)
         self.replay_size = float(ready.replay_size)
         self.counters["samples_total"] += result.batch_size
         self.window.samples += result.batch_size

@@ -10,16 +10,20 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 from flywheel.bench.peers.cpu_clock import SideClock, cpu_seconds, pin_process, rates, thread_affinities
+from flywheel.bench.peers.learner_path import learner_path_run
 from flywheel.bench.peers.replay_harness import CpprbPeer, OptionalPeer, ReplayService, Sender, sample_run
 from flywheel.bench.runner import BenchError, SuiteResult, markdown_table
 from flywheel.bench.suites._replay_rows import (
+    SAMPLING_VARIANTS,
     checkpoint_rows,
     common_fill,
     core_budgets,
+    parse_sections,
     plot_label,
     rate_rows,
     reverb_insert_rows,
@@ -86,6 +90,36 @@ def test_sampling_rows_compare_every_variant_with_cpprb_and_reverb_only_on_the_s
     assert "2 cores per side" in rows[0].case
     table = markdown_table(SuiteResult("replay", "t", rows=lone))
     assert "| batches (batches/s) | – | Reverb" in table and "| 20.0 | – |" in table
+
+
+def test_learner_data_path_rows_sit_beside_cpprb_with_their_goals_judged_only_at_1m_on_the_whole_budget() -> None:
+    runs = {"shm": [_run(200, 120)], "learner_shm": [_run(150, 110)], "learner_tcp": [_run(130, 60)],
+            "cpprb": [_run(100, 100)]}
+    assert {key for key, _ in SAMPLING_VARIANTS} >= {"learner_shm", "learner_tcp"}
+    rows = sampling_rows(1_000_000, [0, 1], runs, goal=">= 100")
+    learner = [row for row in rows if "the learner service's data path" in row.case]
+    assert len(learner) == 4 and all(row.peer == 100 and "no training" in row.case for row in learner)
+    shm_wall, shm_cpu, tcp_wall, tcp_cpu = learner
+    assert "over shm" in shm_cpu.case and shm_cpu.case.endswith("per CPU-second of every process of its side")
+    assert (shm_cpu.ratio, shm_cpu.goal, shm_cpu.met) == (1.1, ">= 1.0x cpprb at 1,000,000 stored", True)
+    assert (tcp_wall.flywheel, tcp_wall.goal, tcp_wall.met) == (130, ">= 126 batches/s (2x 63) at 1,000,000 stored",
+                                                                True)
+    assert shm_wall.goal == tcp_cpu.goal == "" and shm_wall.met is tcp_cpu.met is None
+    assert plot_label(shm_cpu) == "sample 1,000,000, cores=2: learner path over shm, per CPU-s vs cpprb"
+
+    slow = {"learner_shm": [_run(90, 90)], "learner_tcp": [_run(100, 50)], "cpprb": [_run(100, 100)]}
+    assert [row.met for row in sampling_rows(1_000_000, [1], slow, goal=">= 100") if row.goal] == [False, False]
+    small = sampling_rows(30_000, [1], slow, goal=">= 100")  # not the goal's fill: shown, not judged
+    assert [row.met for row in small if row.goal] == [None, None]
+    assert not [row for row in sampling_rows(1_000_000, [1], slow) if row.goal]  # a smaller core budget
+
+
+def test_sections_are_a_subset_of_the_suite_parts() -> None:
+    assert parse_sections("sample") == {"sample"}
+    assert parse_sections(" insert,memory , sample,checkpoint") == {"insert", "memory", "sample", "checkpoint"}
+    for bad in ("", "samples", "sample,reverb", " , "):
+        with pytest.raises(BenchError, match="sections="):
+            parse_sections(bad)
 
 
 def test_plot_labels_keep_what_tells_rows_apart() -> None:
@@ -212,3 +246,37 @@ def test_synchronous_sampling_counts_the_replay_and_the_client(tmp_path: Path) -
         service.close(kill=True)
     assert not list(Path("/dev/shm").glob(f"flywheel-replay-{service.proc.pid}-*"))
     assert not list(Path("/tmp").glob(f"{Path(service.sock_prefix).name}-*"))
+
+
+@pytest.mark.timeout(300)
+def test_the_learner_data_path_samples_over_the_asked_path_and_its_priorities_are_applied(tmp_path: Path) -> None:
+    """The learner service's own data path (ReplayClient + Feeder thread + CPU staging, built from LearnerSettings)
+    in a pinned process against a real replay holding small Mario-shaped data: batches arrive through shared
+    memory or as compact TCP batches, as asked, and every priority handed back reaches the replay."""
+    frames = np.random.default_rng(0).integers(0, 256, (300, 84, 84), dtype=np.uint8)
+    np.save(tmp_path / "frames.npy", frames, allow_pickle=False)
+    service = ReplayService(tmp_path, "learner-path", 3_000)
+    try:
+        sender = Sender(service.transitions_tcp, "mario", tmp_path / "frames.npy", 128, 2_000, 60, CPUS)
+        service.wait(lambda: service.counters.get("transitions_received_total", 0) >= 2_000, 60, "inserts")
+        sender.join(30)
+        for transport in ("shm", "tcp"):
+            service.poll()
+            before = service.counters.get("priority_updates_total", 0)
+            got = learner_path_run(service.sample_tcp, transport, 64, 1.5, CPUS, side_pids=(service.proc.pid,))
+            batches = got["rows"] // 64
+            assert got["path"] == transport and got["threaded"] and got["faults"] == 0
+            assert batches > 2 and got["rows"] == 64 * batches
+            assert got["rate"] == pytest.approx(batches / got["wall_s"])
+            assert got["rate_per_cpu"] == pytest.approx(batches / got["cpu_s"])
+            if transport == "shm":
+                # the first replies (up to the 2 x 4 requests outstanding) carry the offer inline, over TCP
+                assert got["tcp"] <= 8 and got["shm"] >= batches - 8
+            else:
+                assert got["shm"] == 0 and got["compact"] == got["tcp"] >= batches  # distinct frames + indices
+            # at least every measured batch's rows (the warm-up batches' priorities come too)
+            target = before + got["rows"]
+            service.wait(lambda t=target: service.counters.get("priority_updates_total", 0) >= t, 30,
+                         "the priority updates")
+    finally:
+        service.close(kill=True)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from flywheel import proto
-from flywheel.bench.suites.learner import ADAM_EPS, CLIP, LR, BareLoop, Case, _interleaved
+from flywheel.bench.runner import BenchContext, BenchError
+from flywheel.bench.suites._learner_fed import fed_cases
+from flywheel.bench.suites._learner_loops import ADAM_EPS, CLIP, LR, BareLoop, Case, interleaved
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 
 
@@ -36,6 +39,16 @@ def test_interleaved_runs_every_loop_in_rotating_order() -> None:
 
         return seconds
 
-    rates = _interleaved({"a": loop("a"), "b": loop("b"), "c": loop("c")}, n=30, rounds=3)
+    rates = interleaved({"a": loop("a"), "b": loop("b"), "c": loop("c")}, n=30, rounds=3)
     assert rates == {"a": 2.0, "b": 2.0, "c": 2.0}
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_fed_cases_are_the_nature_cnn_cases_batch_32_alone_when_quick() -> None:
+    assert [c.key for c in fed_cases(BenchContext("learner"))] == ["nature32", "nature512"]
+    assert [c.key for c in fed_cases(BenchContext("learner", quick=True))] == ["nature32"]
+    picked = fed_cases(BenchContext("learner", options={"fed_cases": " nature512"}))
+    assert [(c.key, c.batch, c.obs_shape, c.n_actions) for c in picked] == [("nature512", 512, (4, 84, 84), 7)]
+    for bad in ("mlp128", "", "nature32,nature64"):
+        with pytest.raises(BenchError, match="fed_cases="):
+            fed_cases(BenchContext("learner", options={"fed_cases": bad}))

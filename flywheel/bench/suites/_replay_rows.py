@@ -8,13 +8,31 @@ import re
 from flywheel.bench.runner import BenchError, Row, median
 
 BATCH = 512
+SECTIONS = ("insert", "memory", "sample", "checkpoint")
+CPPRB_MARIO_BYTES = 12_900  # cpprb's resident bytes per Mario transition (stack_compress, next_of), measured
 # Flywheel's sampling variants, each measured in turns with the peers: (key, how it samples).
+_LEARNER = ("(its ReplayClient, Feeder thread and CPU staging, 4 requests in flight; random priorities back at once: "
+            "sampling only, no training)")
 SAMPLING_VARIANTS = (
     ("shm", "shm, async priority updates (4 requests in flight)"),
     ("shm_sync", "shm, synchronous priority updates (1 in flight: update sent before the next request)"),
     ("tcp", "tcp, async priority updates (4 requests in flight)"),
+    ("learner_shm", f"the learner service's data path over shm {_LEARNER}"),
+    ("learner_tcp", f"the learner service's data path over tcp {_LEARNER}"),
 )
 CPPRB_SAMPLER = "cpprb (in-process, synchronous update_priorities)"
+# issue 16, at 1M Mario stored on the whole core budget: the learner's shared-memory path at least cpprb's
+# batches per CPU-second, its TCP path at least twice the 63 batches/s it took before
+LEARNER_SHM_CPU_GOAL, LEARNER_TCP_GOAL, GOAL_FILL = 1.0, 126.0, 1_000_000
+
+
+def parse_sections(spec: str) -> set[str]:
+    """``"sample, memory"`` -> {"sample", "memory"}; refuses names outside SECTIONS and an empty list."""
+    chosen = {part.strip() for part in spec.split(",") if part.strip()}
+    unknown = sorted(chosen - set(SECTIONS))
+    if unknown or not chosen:
+        raise BenchError(f"--opt sections={spec!r}: expected a comma-separated subset of {', '.join(SECTIONS)}")
+    return chosen
 
 
 def core_budgets(spec: str, cpus: list[int]) -> list[list[int]]:
@@ -83,8 +101,11 @@ def sampling_rows(fill: int, cpus: list[int], runs: dict[str, list[dict[str, flo
     rows: list[Row] = []
     for key, how in SAMPLING_VARIANTS:
         if runs.get(key):
-            rows += rate_rows(f"{where}: {how}", "batches", "batches/s", runs[key], runs.get("cpprb", []),
-                              CPPRB_SAMPLER, "every process of its side", goal if key == "shm" else "")
+            pair = rate_rows(f"{where}: {how}", "batches", "batches/s", runs[key], runs.get("cpprb", []),
+                             CPPRB_SAMPLER, "every process of its side", goal if key == "shm" else "")
+            if goal:  # the group on the whole core budget
+                _learner_goal(key, pair, fill)
+            rows += pair
     reverb = runs.get("reverb", [])
     if not reverb:
         return rows
@@ -96,6 +117,18 @@ def sampling_rows(fill: int, cpus: list[int], runs: dict[str, list[dict[str, flo
     return rows + [peer_only_row(f"{where}: {why}", "batches", "batches/s", _values(reverb, "rate"), name),
                    peer_only_row(f"{where}: {why}, per CPU-second of every process of its side", "batches",
                                  "batches per CPU-s", _values(reverb, "rate_per_cpu"), name)]
+
+
+def _learner_goal(key: str, pair: list[Row], fill: int) -> None:
+    """The learner data path's goals on its (per second, per CPU-second) rows; judged only at GOAL_FILL."""
+    wall, cpu = pair
+    judged = fill >= GOAL_FILL
+    if key == "learner_shm":
+        cpu.goal = f">= {LEARNER_SHM_CPU_GOAL:.1f}x cpprb at {GOAL_FILL:,} stored"
+        cpu.met = (cpu.ratio is not None and cpu.ratio >= LEARNER_SHM_CPU_GOAL) if judged else None
+    elif key == "learner_tcp":
+        wall.goal = f">= {LEARNER_TCP_GOAL:.0f} batches/s (2x 63) at {GOAL_FILL:,} stored"
+        wall.met = wall.flywheel >= LEARNER_TCP_GOAL if judged else None
 
 
 def checkpoint_rows(fill: int, flywheel_pause_s: float, flywheel_write_s: float,
@@ -132,7 +165,8 @@ def reverb_insert_rows(kind: str, flywheel_tcp_wall: Row, reverb_runs: list[floa
 _SHORTER = ((r"sample 512 Mario of ([\d,]+) stored, (\d+) cores? per side: ", r"sample \1, cores=\2: "),
             (r" priority updates( \([^)]*\))?", ""), (r"synchronous", "sync"),
             (r", per CPU-second of .*$", ", per CPU-s"), (r", wall clock.*$", ", wall"),
-            (r" \(84x84, stack 4\)", ""), (r"Mario transitions", "Mario"), (r" \(Reverb: gRPC\)", ""))
+            (r" \(84x84, stack 4\)", ""), (r"Mario transitions", "Mario"), (r" \(Reverb: gRPC\)", ""),
+            (r"the learner service's data path", "learner path"), (r" \(its ReplayClient[^)]*\)", ""))
 
 
 def plot_label(row: Row) -> str:

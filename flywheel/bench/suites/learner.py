@@ -2,7 +2,8 @@
 
 Alternating, in this process with the same torch threads: a bare loop (same QNetwork, batch, fused Adam, clipping
 and double-DQN Huber loss on tensors in memory), the learner core on in-memory batches, and the learner service
-fed over TCP by a real ``flywheel replay`` process. docs/LEARNER.md describes the cases and goals.
+fed over TCP by a real ``flywheel replay`` process; the fed cases (_learner_fed.py) feed it recorded Mario from a
+big replay over shared memory and TCP. docs/LEARNER.md describes the cases and goals.
 """
 
 from __future__ import annotations
@@ -12,30 +13,41 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import psutil
 import torch
 import zmq
-from torch.nn import functional as F
 
 from flywheel import proto
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.nets import build_q_network
+from flywheel.bench.suites._learner_fed import FED_OPTIONS, fed_rows
+from flywheel.bench.suites._learner_loops import (
+    ADAM_EPS,
+    CASES,
+    CLIP,
+    LR,
+    ROUNDS,
+    BareLoop,
+    Case,
+    interleaved,
+    random_batch,
+    service_seconds,
+    start_learner,
+    sync_device,
+)
 from flywheel.processes import die_with_parent
 from flywheel.services.learner.core import AMP_DTYPES, CoreConfig, LearnerCore
 from flywheel.services.learner.metrics import bf16_peak_tflops, flops_per_update, network_passes
-from flywheel.services.learner.settings import LearnerSettings
-from flywheel.services.learner.transport import LearnerService
 from flywheel.testing.ports import free_port
 
 DESCRIPTION = "learner fed by a real replay vs a bare PyTorch loop (updates/s, data wait); GPU Nature CNN b512 goal"
 OPTIONS = {
     "device": "cpu, cuda or auto (default auto: cuda when torch sees a GPU)",
     "threads": "torch CPU threads for every loop (default: usable cores - 1, leaving one for the replay process)",
-    "cases": "comma-separated subset of mlp128, mlp512, nature32, nature512 (default: all but nature512 on CPU)",
+    "cases": "comma-separated subset of mlp128, mlp512, nature32, nature512, or none (default: all but nature512 "
+             "on CPU)",
     "updates": "updates per measured run (default: per case)",
     "precision": "GPU autocast dtype: bf16, fp16 or fp32 (default bf16)",
     "compile": "torch.compile the learner's loss on the GPU (1/0, default 1)",
@@ -43,90 +55,11 @@ OPTIONS = {
     "peak_tflops": "the GPU's dense bf16 peak in TFLOPS for the share-of-peak row (default: from its name)",
     "cpu_variants": "on a CPU, also time the Nature-CNN update eager / channels-last / inductor / 64 and 42 "
                     "inputs side by side (1/0, default 1; --quick 0)",
+    **FED_OPTIONS,
 }
 GPU_GOAL = 300.0
 GPU_UPDATES = 300
-ROUNDS = 20  # chunks per run, alternating between the loops (finer: load swings hit every loop alike)
 RATIO_GOAL = 0.95
-
-
-@dataclass
-class Case:
-    key: str
-    label: str
-    obs_shape: tuple[int, ...]
-    n_actions: int
-    batch: int
-    updates: int  # per measured run on CPU (GPU runs use GPU_UPDATES)
-    fill: int  # transitions put into the replay before measuring
-
-
-CASES = [
-    Case("mlp128", "CartPole MLP, batch 128", (4,), 2, 128, 320, 20_000),
-    Case("mlp512", "CartPole MLP, batch 512", (4,), 2, 512, 160, 20_000),
-    Case("nature32", "Nature CNN 4x84x84, batch 32", (4, 84, 84), 7, 32, 24, 2_000),
-    Case("nature512", "Nature CNN 4x84x84, batch 512", (4, 84, 84), 7, 512, 8, 2_000),
-]
-LR, ADAM_EPS, CLIP, GAMMA_N = 1e-4, 1.5e-4, 10.0, 0.99**3
-
-
-def _random_batch(case: Case, rng: np.random.Generator, size: int) -> dict[str, np.ndarray]:
-    if len(case.obs_shape) == 3:
-        obs = rng.integers(0, 256, (size, *case.obs_shape), dtype=np.uint8)
-        next_obs = rng.integers(0, 256, (size, *case.obs_shape), dtype=np.uint8)
-    else:
-        obs = rng.standard_normal((size, *case.obs_shape)).astype(np.float32)
-        next_obs = rng.standard_normal((size, *case.obs_shape)).astype(np.float32)
-    return {"obs": obs, "next_obs": next_obs, "action": rng.integers(0, case.n_actions, size, dtype=np.int64),
-            "reward": rng.standard_normal(size).astype(np.float32),
-            "discount": np.full(size, GAMMA_N, dtype=np.float32)}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-class BareLoop:
-    """What one writes by hand: online/target QNetwork, fused Adam, double-DQN weighted Huber, |td| kept."""
-
-    def __init__(self, case: Case, device: torch.device, amp: torch.dtype | None, seed: int) -> None:
-        torch.manual_seed(seed)
-        self.device, self.amp = device, amp
-        self.online = build_q_network(case.obs_shape, case.n_actions).to(device)
-        self.target = build_q_network(case.obs_shape, case.n_actions).to(device)
-        self.target.load_state_dict(self.online.state_dict())
-        self.opt = torch.optim.Adam(self.online.parameters(), lr=LR, eps=ADAM_EPS, fused=True)
-        data = _random_batch(case, np.random.default_rng(seed), case.batch)
-        self.t = {k: torch.from_numpy(v).to(device) for k, v in data.items()}
-        self.t["weight"] = torch.rand(case.batch, device=device)
-
-    def step(self) -> torch.Tensor:
-        t = self.t
-        with torch.autocast(self.device.type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None):
-            q = self.online(t["obs"])
-            with torch.no_grad():
-                best = self.online(t["next_obs"]).argmax(1, keepdim=True)
-                q_next = self.target(t["next_obs"]).float().gather(1, best).squeeze(1)
-        q_sa = q.float().gather(1, t["action"].unsqueeze(1)).squeeze(1)
-        y = t["reward"] + t["discount"] * q_next
-        loss = (t["weight"] * F.huber_loss(q_sa, y, reduction="none")).mean()
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.online.parameters(), CLIP)
-        self.opt.step()
-        return (y - q_sa).detach().abs()  # the priorities a PER loop needs
-
-    def seconds(self, n: int) -> float:
-        """Wall time of ``n`` steps."""
-        _sync(self.device)
-        start = time.perf_counter()
-        for _ in range(n):
-            td = self.step()
-            if self.device.type == "cpu":
-                td.numpy()
-        _sync(self.device)
-        return time.perf_counter() - start
 
 
 class ReplayProcess:
@@ -155,7 +88,7 @@ class ReplayProcess:
         rng = np.random.default_rng(1)
         chunk = 100 if len(case.obs_shape) == 3 else 1000
         for seq in range(0, case.fill, chunk):
-            data = _random_batch(case, rng, min(chunk, case.fill - seq))
+            data = random_batch(case, rng, min(chunk, case.fill - seq))
             msg = proto.TransitionBatch(actor="bench", weight_version=0, seq=seq, **data)
             if not push.poll(int(timeout_s * 1000), zmq.POLLOUT):
                 raise BenchError(f"replay took no transitions in {timeout_s:.0f} s (see {self.log.name})")
@@ -180,62 +113,22 @@ class ReplayProcess:
         self.log.close()
 
 
-def _learner(case: Case, config: CoreConfig, device: torch.device, replay: ReplayProcess, ctx: zmq.Context,
-             threads: int, seed: int) -> LearnerService:
-    settings = LearnerSettings(
-        instance="bench-learner", env_id="bench", batch_size=case.batch, lr=LR, adam_eps=ADAM_EPS,
-        grad_clip_norm=CLIP, sample_endpoint=replay.sample_endpoint,
-        sample_transport="tcp",  # the rows say "over TCP": the harder path (auto would take shared memory here)
-        weights_bind=f"tcp://127.0.0.1:{free_port()}", telemetry_endpoint=f"tcp://127.0.0.1:{free_port()}",
-        control_endpoint=f"tcp://127.0.0.1:{free_port()}", torch_threads=threads, device=device.type,
-        requests_in_flight=4)
-    torch.manual_seed(seed)
-    core = LearnerCore(case.obs_shape, case.n_actions, config, device)
-    service = LearnerService(settings, core, ctx)
-    service.start()
-    return service
-
-
-def _service_seconds(service: LearnerService, n: int) -> tuple[float, float]:
-    """(wall time, time spent waiting for data) of ``n`` updates of the running service."""
-    core = service.core
-    goal = core.steps + n
-    waited = service.counters["data_wait_seconds_total"]
-    start = time.perf_counter()
-    while core.steps < goal:
-        service.step(100)
-    _sync(core.device)
-    return time.perf_counter() - start, service.counters["data_wait_seconds_total"] - waited
-
-
 def _core_seconds(core: LearnerCore, batch: object, n: int) -> float:
-    _sync(core.device)
+    sync_device(core.device)
     start = time.perf_counter()
     for _ in range(n):
         result = core.update(batch)  # type: ignore[arg-type]
         if core.device.type == "cpu":
             result.priorities()
-    _sync(core.device)
+    sync_device(core.device)
     return time.perf_counter() - start
-
-
-def _interleaved(loops: dict[str, Callable[[int], float]], n: int, rounds: int) -> dict[str, float]:
-    """Updates/s of each loop over ``n`` updates, run in ``rounds`` alternating chunks so load swings hit all;
-    the order rotates every round, so no loop always goes first (or always follows the learner's refills)."""
-    chunk = max(1, n // rounds)
-    spent = dict.fromkeys(loops, 0.0)
-    names = list(loops)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            spent[name] += loops[name](chunk)
-    return {name: chunk * rounds / total for name, total in spent.items()}
 
 
 def _sample_batch(case: Case, seed: int) -> proto.SampleBatch:
     rng = np.random.default_rng(seed)
     return proto.SampleBatch(request_id=0, replay_size=case.fill, index=np.arange(case.batch, dtype=np.int64),
                              weight=rng.uniform(0.1, 1.0, case.batch).astype(np.float32),
-                             **_random_batch(case, rng, case.batch))
+                             **random_batch(case, rng, case.batch))
 
 
 def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreConfig, threads: int,
@@ -252,7 +145,8 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
     try:
         replay.fill(zctx, case)
         bare = BareLoop(case, device, AMP_DTYPES.get(config.precision), ctx.seed)
-        service = _learner(case, config, device, replay, zctx, threads, ctx.seed)
+        # over TCP, the harder path (auto would take shared memory here); the fed cases (_learner_fed) do both
+        service = start_learner(case, config, device, replay.sample_endpoint, zctx, threads, ctx.seed)
         torch.manual_seed(ctx.seed)
         core = LearnerCore(case.obs_shape, case.n_actions, config, device)
         host_batch = _sample_batch(case, ctx.seed)
@@ -273,7 +167,7 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
 
         def service_chunk(k: int) -> float:
             main0, proc0, rep0 = time.thread_time(), time.process_time(), sum(replay_proc.cpu_times()[:2])
-            waits.append(_service_seconds(service, k))
+            waits.append(service_seconds(service, k))
             main = time.thread_time() - main0
             cpu[0] += main
             cpu[1] += time.process_time() - proc0 - main
@@ -289,7 +183,7 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
             kept = i >= ctx.warmup
             waits.clear()
             run_cpu.update(bare=0.0, learner=0.0)
-            rates = _interleaved(loops, n, ROUNDS)
+            rates = interleaved(loops, n, ROUNDS)
             done = max(1, n // ROUNDS) * ROUNDS  # updates per loop in this run (_interleaved)
             b, u, c = rates["bare"], rates["learner"], rates["core"]
             r = rates.get("resident", c)
@@ -370,7 +264,7 @@ def _plot(ctx: BenchContext, rows: list[Row]) -> list[str]:
     ax.axvline(1.0, color="grey", linewidth=0.8)
     ax.set_yticks(y, [r.case for r in paired])
     ax.set_xlim(0, max(1.3, max(max(r.flywheel_runs, default=0) for r in paired) + 0.05))
-    ax.set_xlabel("updates/s: learner fed by replay over TCP ÷ bare loop, same run")
+    ax.set_xlabel("updates/s: learner fed by a replay ÷ bare loop, same run")
     ax.set_title(f"bar: median, dots: runs, dashed: goal {RATIO_GOAL:.2f}", fontsize=9)
     fig.tight_layout()
     path = ctx.plot_path("updates")
@@ -390,7 +284,7 @@ def run(ctx: BenchContext) -> SuiteResult:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = ctx.option_int("threads", max(1, cores - 1))
     default_cases = "mlp128,mlp512,nature32,nature512" if gpu else "mlp128,mlp512,nature32"
-    keys = [k.strip() for k in ctx.option("cases", default_cases).split(",") if k.strip()]
+    keys = [k.strip() for k in ctx.option("cases", default_cases).split(",") if k.strip() not in ("", "none")]
     unknown = sorted(set(keys) - {c.key for c in CASES})
     if unknown:
         raise BenchError(f"--opt cases: unknown {', '.join(unknown)}; choose from {', '.join(c.key for c in CASES)}")
@@ -415,6 +309,10 @@ def run(ctx: BenchContext) -> SuiteResult:
         logs.mkdir(parents=True, exist_ok=True)
         for case in (c for c in CASES if c.key in keys):
             case_rows, case_notes = _run_case(ctx, case, device, config, threads, logs, zctx)
+            rows += case_rows
+            notes += case_notes
+        if ctx.option("fed", "0" if gpu else "1") == "1":
+            case_rows, case_notes = fed_rows(ctx, device, config, threads, zctx, logs, GPU_UPDATES)
             rows += case_rows
             notes += case_notes
         if not gpu and ctx.option("cpu_variants", "0" if ctx.quick else "1") == "1":

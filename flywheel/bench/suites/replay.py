@@ -36,12 +36,21 @@ from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, me
 from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.bench.suites._replay_rows import (
     BATCH,
+    CPPRB_MARIO_BYTES,
+    SECTIONS,
     checkpoint_rows,
     common_fill,
     core_budgets,
+    parse_sections,
     plot_label,
     reverb_insert_rows,
-    sampling_rows,
+)
+from flywheel.bench.suites._replay_sampling import (
+    MARIO_ROWS,
+    SAMPLING_NOTES,
+    filled_service,
+    sampling_group,
+    sampling_groups,
 )
 
 DESCRIPTION = ("replay: insert rate (Mario, CartPole, one core), 512-batch Mario sampling (shm, TCP; async and "
@@ -60,16 +69,18 @@ OPTIONS = {
     "reverb": "run the Reverb peer when .venv-reverb in the repository (or REVERB_PYTHON) exists: 1/0 (default 1)",
     "reverb_max_fill": "most items Reverb is filled with (default 1000000, quick 10000; it inserts ~3-5k items/s): "
                        "a case with a larger fill shows Reverb's figure alone, without a ratio",
+    "sections": "comma-separated subset of insert, memory, sample, checkpoint (default all): sample alone runs the "
+                "big-fill sampling comparison with cpprb (filling the big buffer, whose memory row comes free); the "
+                "insert-fill sampling group with Reverb runs with insert and sample, checkpoints with checkpoint",
 }
 REVERB_PYTHON = Path(__file__).resolve().parents[3] / ".venv-reverb" / "bin" / "python"
-MARIO_ROWS, CARTPOLE_ROWS = 128, 256
+CARTPOLE_ROWS = 256
 RESERVE_BYTES = 3 * 2**30  # sampling clients, shared-memory slots, this process and some page cache
-FLYWHEEL_SAMPLERS = (("shm", "shm", 4), ("shm_sync", "shm", 1), ("tcp", "tcp", 4))  # key, transport, in flight
-SECTIONS = ("insert", "memory", "sample", "checkpoint")
 
 
 def run(ctx: BenchContext) -> SuiteResult:
     quick = ctx.quick
+    sections = parse_sections(ctx.option("sections", ",".join(SECTIONS)))
     big = ctx.option_int("transitions", 30_000 if quick else 1_000_000)
     seconds = ctx.option_float("seconds", 2.0 if quick else 6.0)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
@@ -78,7 +89,9 @@ def run(ctx: BenchContext) -> SuiteResult:
     work = Path(tempfile.mkdtemp(prefix="flywheel-bench-replay-"))
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     result = SuiteResult("replay", "Replay: inserts, sampling, memory, checkpoints")
-    reverb_python = _reverb_python(ctx, result)
+    reverb_python = _reverb_python(ctx, result) if "insert" in sections else None
+    if "insert" not in sections:
+        result.notes.append("Reverb: not run (it is measured in the insert section).")
     try:
         ctx.progress("recording Mario frames for the data")
         frames, source = mario_frames(ctx.option_int("frames", 300 if quick else 2000), ctx.out_dir, ctx.seed)
@@ -86,9 +99,15 @@ def run(ctx: BenchContext) -> SuiteResult:
         np.save(frames_file, frames, allow_pickle=False)
         result.notes.append(f"Mario data: {source}; 16 streams per actor, 3-step rows, episodes of 200-1000 steps, "
                             f"{MARIO_ROWS}-row messages; CartPole: {CARTPOLE_ROWS}-row messages.")
-        cpprb_bytes_per = _inserts(ctx, result, work, frames_file, seconds, (replay_cpu, other_cpus), budgets,
-                                   reverb_python)
-        _big_buffer(ctx, result, work, frames_file, big, seconds, budgets, cpus, other_cpus, cpprb_bytes_per)
+        cpprb_bytes_per = float(CPPRB_MARIO_BYTES)  # measured below at the insert fill when that runs
+        if sections & {"insert", "checkpoint"}:
+            cpprb_bytes_per = _inserts(ctx, result, work, frames_file, seconds, (replay_cpu, other_cpus), budgets,
+                                       reverb_python, sections)
+        if sections & {"memory", "sample", "checkpoint"}:
+            _big_buffer(ctx, result, work, frames_file, big, seconds, budgets, cpus, other_cpus, cpprb_bytes_per,
+                        sections)
+        if sections != set(SECTIONS):
+            result.notes.append(f"Sections run: {', '.join(s for s in SECTIONS if s in sections)} (--opt sections).")
         result.rows.sort(key=lambda row: next((i for i, s in enumerate(SECTIONS) if row.case.startswith(s)), 9))
         result.plots = _plot(ctx, result)
     finally:
@@ -97,13 +116,7 @@ def run(ctx: BenchContext) -> SuiteResult:
         "cpprb gets one in-order stream (its stack_compress/next_of need consecutive adds of one episode); Flywheel "
         "gets 16 interleaved streams, as actors send them. Each Flywheel run is followed by cpprb's (and Reverb's) "
         "run of the same case on the same fill, so all see the same machine load.",
-        "Sampling: each side's processes (Flywheel: replay + client; cpprb: its one process; Reverb: server + "
-        "client) are pinned, every thread, to the same cores; per CPU-second rows count user + system time of all "
-        "of them over the measured window (psutil). cpprb's update_priorities is synchronous; Flywheel's "
-        "synchronous row keeps one request in flight and sends each update before the next request, so every "
-        "batch is drawn after the previous one's priorities are applied, as in cpprb; the async rows keep 4 in "
-        "flight, as a learner does. The replay runs its default 2 gather threads (on a 1-core budget they share "
-        "it).",
+        *(SAMPLING_NOTES if "sample" in sections else ()),
         "TorchRL: not measured. TorchRL 0.14's compiled extension does not load with torch 2.13, so its "
         "PrioritizedSampler (C++ sum tree) is unavailable here.",
         "The machine is shared with other work; rates are medians of runs, ratios side by side.",
@@ -129,16 +142,17 @@ def _reverb_failed(result: SuiteResult, kind: str, why: str) -> None:
 
 
 def _inserts(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Path, seconds: float,
-             split: tuple[list[int], list[int]], budgets: list[list[int]], reverb_python: Path | None) -> float:
+             split: tuple[list[int], list[int]], budgets: list[list[int]], reverb_python: Path | None,
+             sections: set[str]) -> float:
     """Insert rates, Flywheel, cpprb and Reverb in turns (the same load), replay/cpprb/server on the same core;
-    at the Mario fill, the small checkpoint and the sampling group with Reverb. Returns cpprb's resident bytes
-    per Mario transition."""
+    at the Mario fill, the small checkpoint and the sampling group with Reverb (each when its section is asked
+    for). Returns cpprb's resident bytes per Mario transition."""
     replay_cpu, other_cpus = split
     mario_capacity = 10_000 if ctx.quick else 50_000
     reverb_max = ctx.option_int("reverb_max_fill", 10_000 if ctx.quick else 1_000_000)
     cpprb_bytes_per = 0.0
-    for kind, rows, capacity, goal in (("mario", MARIO_ROWS, mario_capacity, 20_000),
-                                       ("cartpole", CARTPOLE_ROWS, 1_000_000, 100_000)):
+    kinds = (("mario", MARIO_ROWS, mario_capacity, 20_000), ("cartpole", CARTPOLE_ROWS, 1_000_000, 100_000))
+    for kind, rows, capacity, goal in kinds if "insert" in sections else kinds[:1]:
         service = ReplayService(work, f"insert-{kind}", capacity, cpus=replay_cpu, checkpoint_dir=str(work / kind))
         peer = CpprbPeer({"kind": kind, "frames": str(frames_file), "fill": capacity, "batch_rows": rows,
                           "cpus": replay_cpu, "tmp": str(work)})
@@ -149,6 +163,11 @@ def _inserts(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Pa
                   "client_cpus": other_cpus}
         reverb = OptionalPeer(reverb_maker(reverb_python, config), partial(_reverb_failed, result, kind))
         try:
+            if "insert" not in sections:  # only the small checkpoint: fill, no rates
+                _fill(service, [kind, frames_file, rows, capacity + rows, 3600, other_cpus, ctx.seed], capacity)
+                cpprb_bytes_per = peer.filled["rss_growth_bytes"] / capacity
+                _small_checkpoint(ctx, result, service, peer, capacity)
+                continue
             ctx.progress(f"insert {kind} over ipc and tcp, cpprb in-process{', Reverb' if reverb.peer else ''}: "
                          f"{ctx.warmup} warm-up + {ctx.runs} runs each")
             flywheel: dict[str, list[tuple[float, float]]] = {"ipc": [], "tcp": []}
@@ -182,13 +201,22 @@ def _inserts(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Pa
                 result.rows += reverb_insert_rows(kind, tcp_wall, reverb_runs[ctx.warmup:], reverb_fill, capacity)
             if kind == "mario":
                 cpprb_bytes_per = peer.filled["rss_growth_bytes"] / capacity
-                _small_checkpoint(ctx, result, service, peer, capacity)
-                _sampling_group(ctx, result, service, peer, reverb, capacity, budgets[-1], seconds, reverb_fill)
+                if "checkpoint" in sections:
+                    _small_checkpoint(ctx, result, service, peer, capacity)
+                if "sample" in sections:
+                    sampling_group(ctx, result, service, peer, reverb, capacity, budgets[-1], seconds, reverb_fill)
         finally:
             reverb.close()
             peer.close()
             service.close(kill=True)
     return cpprb_bytes_per
+
+
+def _fill(service: ReplayService, sender_args: list[Any], count: int) -> None:
+    """Send ``sender_args`` (Sender's after the endpoint) and wait until the replay holds ``count`` transitions."""
+    Sender(service.transitions_ipc, *sender_args).join(3600)
+    service.wait(lambda: service.counters.get("transitions_received_total", 0) >= count, 60,
+                 f"{count:,} inserted transitions")
 
 
 def _checkpoint_once(service: ReplayService) -> None:
@@ -214,59 +242,15 @@ def _small_checkpoint(ctx: BenchContext, result: SuiteResult, service: ReplaySer
                         "writes a compressed npz, and its buffer can do nothing else meanwhile.")
 
 
-def _sampling_group(ctx: BenchContext, result: SuiteResult, service: ReplayService, cpprb: CpprbPeer,
-                    reverb: OptionalPeer | None, fill: int, cpus: list[int], seconds: float,
-                    reverb_fill: int | None = None, goal: str = "") -> None:
-    """512-batches with priority updates from ``fill`` stored: Flywheel's samplers, cpprb and Reverb in turns,
-    every side pinned to ``cpus``."""
-    with_reverb = reverb is not None and reverb.peer is not None
-    ctx.progress(f"sampling 512-batches of {fill:,} on {len(cpus)} core(s) per side (shm async and synchronous, "
-                 f"tcp, cpprb{', Reverb' if with_reverb else ''}): {ctx.warmup} warm-up + {ctx.runs} runs each")
-    service.pin(cpus)
-    cpprb.pin(cpus)
-    if reverb is not None:
-        reverb.pin(cpus)
-    runs: dict[str, list[dict[str, float]]] = {key: [] for key in ("shm", "shm_sync", "tcp", "cpprb", "reverb")}
-    for _ in range(ctx.warmup + ctx.runs):
-        for key, transport, inflight in FLYWHEEL_SAMPLERS:
-            got = sample_run(service.sample_tcp, transport, BATCH, seconds, cpus, inflight=inflight,
-                             side_pids=(service.proc.pid,))
-            runs[key].append({k: got[k] for k in ("rate", "rate_per_cpu", "wall_s", "cpu_s", "shm", "tcp")})
-        runs["cpprb"].append(cpprb.ask(f"sample {seconds}"))
-        if reverb is not None and (answer := reverb.ask(f"sample {seconds}")) is not None:
-            runs["reverb"].append(answer)
-    runs = {key: values[ctx.warmup:] for key, values in runs.items()}
-    if reverb is None or reverb.peer is None:
-        runs["reverb"] = []
-    result.rows += sampling_rows(fill, cpus, runs, goal, reverb_fill)
-    result.extra.setdefault("sampling", []).append({"fill": fill, "cpus": cpus, "runs": runs})
-
-
-def _filled_service(ctx: BenchContext, work: Path, name: str, capacity: int, frames_file: Path,
-                    other_cpus: list[int]) -> ReplayService:
-    """A Mario replay of ``capacity`` fed 12% more than that: the frame ring wraps once, so every page it will
-    ever use is resident."""
-    service = ReplayService(work, name, capacity, checkpoint_dir=str(work / f"ckpt-{name}"))
-    try:
-        target = int(capacity * 1.12)
-        ctx.progress(f"inserting {target:,} Mario transitions into a {capacity:,}-transition replay")
-        sender = Sender(service.transitions_ipc, "mario", frames_file, MARIO_ROWS, target + MARIO_ROWS, 7200,
-                        other_cpus, ctx.seed)
-        service.wait(lambda: _progress(ctx, service, target), 7200, f"{target:,} inserted transitions")
-        sender.join(60)
-        service.wait(lambda: True, 5, "telemetry")
-    except BaseException:
-        service.close(kill=True)
-        raise
-    return service
-
-
 def _big_buffer(ctx: BenchContext, result: SuiteResult, work: Path, frames_file: Path, big: int, seconds: float,
-                budgets: list[list[int]], cpus: list[int], other_cpus: list[int], cpprb_bytes_per: float) -> None:
+                budgets: list[list[int]], cpus: list[int], other_cpus: list[int], cpprb_bytes_per: float,
+                sections: set[str]) -> None:
     """Memory at ``big``, sampling against cpprb on the same fill (``big`` when both fit at once) for every core
-    budget, and a checkpoint of the big buffer while a client samples."""
-    service = _filled_service(ctx, work, "big", big, frames_file, other_cpus)
+    budget, and a checkpoint of the big buffer while a client samples (sample and checkpoint when asked for;
+    cpprb's memory at ``big`` comes from the sampling fill, or a fill of its own with memory)."""
+    service = filled_service(ctx, work, "big", big, frames_file, other_cpus)
     cpprb_filled: dict[str, Any] | None = None
+    fill = big
     try:
         rss, gauges = service.rss(), dict(service.gauges)
         result.extra["big"] = {"transitions": big, "rss_bytes": rss, "gauges": gauges}
@@ -275,8 +259,9 @@ def _big_buffer(ctx: BenchContext, result: SuiteResult, work: Path, frames_file:
         result.notes.append(f"Frames stored per transition at {big:,}: {gauges.get('frames_per_transition', 0):.3f} "
                             "(whole stacks would be 8).")
         available = psutil.virtual_memory().available
-        fill = ctx.option_int("sample_fill", 0) or common_fill(big, available, rss, rss / big, cpprb_bytes_per,
-                                                               RESERVE_BYTES)
+        if "sample" in sections:
+            fill = ctx.option_int("sample_fill", 0) or common_fill(big, available, rss, rss / big, cpprb_bytes_per,
+                                                                   RESERVE_BYTES)
         if not 0 < fill <= big:
             raise BenchError(f"sampling fill {fill:,}: must be 1..{big:,} (available memory "
                              f"{available / 2**30:.1f} GiB, cpprb ~{cpprb_bytes_per:,.0f} B per transition)")
@@ -286,18 +271,21 @@ def _big_buffer(ctx: BenchContext, result: SuiteResult, work: Path, frames_file:
                 f"cpprb (~{cpprb_bytes_per:,.0f} B per transition) cannot hold {big:,} beside Flywheel's buffer in "
                 f"the {available / 2**30:.1f} GiB available here")
             result.notes.append(f"Sampling uses {fill:,} stored transitions on both sides, not {big:,}: {why}.")
-        else:
-            cpprb_filled = _sampling_groups(ctx, result, service, frames_file, fill, budgets, seconds)
-        service.pin(cpus)
-        _checkpoint(ctx, result, service, other_cpus, big)
+        elif "sample" in sections:
+            cpprb_filled = sampling_groups(ctx, result, service, frames_file, fill, budgets, seconds)
+        if "checkpoint" in sections:
+            service.pin(cpus)
+            _checkpoint(ctx, result, service, other_cpus, big)
     finally:
         service.close(kill=True)
     if fill < big:
-        service = _filled_service(ctx, work, "sampling", fill, frames_file, other_cpus)
+        service = filled_service(ctx, work, "sampling", fill, frames_file, other_cpus)
         try:
-            _sampling_groups(ctx, result, service, frames_file, fill, budgets, seconds)
+            sampling_groups(ctx, result, service, frames_file, fill, budgets, seconds)
         finally:
             service.close(kill=True)
+    if cpprb_filled is None and "memory" not in sections:
+        return
     if cpprb_filled is None:
         ctx.progress(f"cpprb PrioritizedReplayBuffer (stack_compress, next_of): memory with {big:,} Mario "
                      "transitions")
@@ -308,32 +296,6 @@ def _big_buffer(ctx: BenchContext, result: SuiteResult, work: Path, frames_file:
     result.extra["cpprb_memory"] = cpprb_filled
     row = next(r for r in result.rows if r.case.startswith("memory"))
     row.peer, row.peer_name = cpprb_filled["rss_growth_bytes"] / 2**30, "cpprb (stack_compress, next_of)"
-
-
-def _sampling_groups(ctx: BenchContext, result: SuiteResult, service: ReplayService, frames_file: Path, fill: int,
-                     budgets: list[list[int]], seconds: float) -> dict[str, Any]:
-    """cpprb filled with ``fill`` Mario transitions, sampled in turns with ``service`` on every core budget;
-    returns cpprb's fill answer (its memory)."""
-    ctx.progress(f"filling cpprb with {fill:,} Mario transitions (the same fill as Flywheel's)")
-    peer = CpprbPeer({"kind": "mario", "frames": str(frames_file), "fill": fill, "batch_rows": MARIO_ROWS,
-                      "cpus": budgets[0]})
-    try:
-        for cpus in budgets:
-            _sampling_group(ctx, result, service, peer, None, fill, cpus, seconds,
-                            goal=">= 100" if cpus is budgets[-1] else "")
-    finally:
-        peer.close()
-    return peer.filled
-
-
-def _progress(ctx: BenchContext, service: ReplayService, target: int) -> bool:
-    count = service.counters.get("transitions_received_total", 0)
-    step = int(count) // max(1, target // 10)
-    if step != getattr(_progress, "last", -1):
-        _progress.last = step  # type: ignore[attr-defined]
-        ctx.progress(f"  {int(count):,} inserted, {int(service.gauges.get('size_transitions', 0)):,} stored, "
-                     f"resident {service.rss() / 2**30:.2f} GiB")
-    return count >= target
 
 
 def _checkpoint(ctx: BenchContext, result: SuiteResult, service: ReplayService, other_cpus: list[int],

@@ -1,0 +1,121 @@
+"""The learner's own data path as a benchmark sampler: its ReplayClient, Feeder and staging in a pinned process."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from typing import Any
+
+import numpy as np
+
+from flywheel.bench.runner import BenchError
+from flywheel.services.learner.settings import LearnerSettings
+
+from .cpu_clock import SideClock
+from .replay_harness import SPAWN
+
+MARIO_OBS, MARIO_ACTIONS = (4, 84, 84), 7
+WARMUP_BATCHES = 3  # the first replies carry the shared-memory offer
+
+
+def learner_settings(endpoint: str, transport: str, batch: int, inflight: int) -> LearnerSettings:
+    """LearnerSettings of a CPU learner sampling ``batch``-row batches from ``endpoint`` over ``transport``; its
+    control endpoint is an in-process one nobody publishes on (the feeder still polls it, as in the service)."""
+    return LearnerSettings.model_validate({
+        "instance": "bench-learner-path", "env_id": "bench", "batch_size": batch, "requests_in_flight": inflight,
+        "sample_endpoint": endpoint, "sample_transport": transport, "control_endpoint": "inproc://bench-control",
+        "telemetry_endpoint": "inproc://unused", "weights_bind": "inproc://unused-weights", "device": "cpu",
+        "torch_threads": 1})
+
+
+def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float, cpus: list[int], result: Any,
+                      inflight: int = 4, side_pids: tuple[int, ...] = (), obs_shape: tuple[int, ...] = MARIO_OBS,
+                      n_actions: int = MARIO_ACTIONS) -> None:
+    """Sample for ``seconds`` through the learner service's data path (datapath.open_data_path: ReplayClient,
+    Feeder with its I/O thread for pixels, core.check_batch, the CPU stager), taking ready batches as the update
+    loop does and handing back random |TD| priorities at once, with no training in between. CPU-seconds are
+    those of this process (every thread) and ``side_pids`` (the replay) over the same window."""
+    import torch
+    import zmq
+
+    from flywheel.services.learner.core import CoreConfig, LearnerCore, beta_at
+    from flywheel.services.learner.datapath import open_data_path
+    from flywheel.services.learner.feeder import ReadyBatch
+    from flywheel.transport import FaultCounter
+
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)  # before any thread starts: they inherit it
+    torch.set_num_threads(1)  # the data path does no torch compute; no idle pool threads to count
+    settings = learner_settings(endpoint, transport, batch, inflight)
+    core = LearnerCore(obs_shape, n_actions, CoreConfig(), "cpu")  # its check_batch and stager, as the service's
+    ctx = zmq.Context()
+    faults = FaultCounter("learner")
+    path = open_data_path(settings, core, ctx, faults,
+                          beta=beta_at(0, settings.beta_start, settings.beta_end, settings.beta_anneal_updates))
+    rng = np.random.default_rng(0)
+    clock = SideClock([os.getpid(), *side_pids])
+    counts = {"batches": 0, "rows": 0}
+
+    def turn(timeout_ms: int) -> bool:
+        """One update-loop turn without the update: a ready batch gets random priorities back at once."""
+        if path.feeder.error is not None:
+            raise SystemExit(f"the learner's sampling failed: {path.feeder.error}")
+        try:
+            item = path.take(timeout_ms)
+        except queue.Empty:
+            item = None
+        if isinstance(item, ReadyBatch):
+            rows = int(item.index.shape[0])
+            path.done(item, torch.from_numpy(rng.uniform(0.1, 2, rows).astype(np.float32)))
+            counts["batches"] += 1
+            counts["rows"] += rows
+        path.turn_done()
+        return isinstance(item, ReadyBatch)
+
+    try:
+        path.start()
+        deadline = time.monotonic() + 60
+        warm = 0
+        while warm < WARMUP_BATCHES:
+            warm += turn(100)
+            if time.monotonic() > deadline:
+                raise SystemExit("no batch within 60 s")
+        counts.update(batches=0, rows=0)
+        start = time.monotonic()
+        clock.start()
+        while time.monotonic() - start < seconds:
+            turn(100)
+        rates = clock.rates(counts["batches"]) | {"path": path.client.path}  # closing drops the segment
+    finally:
+        path.close()  # the priorities still queued are sent first
+        ctx.term()
+    c = path.client.counters
+    result.put(rates | {"shm": c["shm_batches"], "tcp": c["tcp_batches"], "compact": c["compact_batches"],
+                        "rows": counts["rows"], "priority_messages": c["priority_updates"], "threaded": path.thread,
+                        "faults": faults.total})
+
+
+def learner_path_run(endpoint: str, transport: str, batch: int, seconds: float, cpus: list[int], inflight: int = 4,
+                     side_pids: tuple[int, ...] = (), obs_shape: tuple[int, ...] = MARIO_OBS,
+                     n_actions: int = MARIO_ACTIONS) -> dict[str, Any]:
+    """``learner_path_main`` in its own process; returns its batches per second (``rate``) and per CPU-second
+    of it and ``side_pids`` (``rate_per_cpu``) and its path counters."""
+    result = SPAWN.Queue()
+    proc = SPAWN.Process(target=learner_path_main, daemon=True, args=(
+        endpoint, transport, batch, seconds, cpus, result, inflight, tuple(side_pids), obs_shape, n_actions))
+    proc.start()
+    deadline = time.monotonic() + seconds + 180
+    try:
+        while True:
+            try:
+                return result.get(timeout=1)
+            except queue.Empty:
+                if not proc.is_alive() or time.monotonic() > deadline:
+                    break
+        try:  # it may have put its answer just before it ended
+            return result.get(timeout=1)
+        except queue.Empty:
+            raise BenchError(f"learner data path ({transport}) gave no result (exit code {proc.exitcode})") from None
+    finally:
+        proc.join(30)

@@ -1,0 +1,110 @@
+"""Sampling in turns for the replay benchmark: a filled Mario replay, Flywheel's samplers against cpprb and Reverb."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flywheel.bench.peers.learner_path import learner_path_run
+from flywheel.bench.peers.replay_harness import CpprbPeer, OptionalPeer, ReplayService, Sender, sample_run
+from flywheel.bench.runner import BenchContext, SuiteResult
+from flywheel.bench.suites._replay_rows import BATCH, sampling_rows
+
+MARIO_ROWS = 128  # rows per Mario transition message, as an actor with 16 envs sends them
+# Flywheel's samplers, each run in turns with the peers: (key, transport, requests in flight, client): "bare" is a
+# ReplayClient poll/update/release loop (replay_harness), "learner" the learner service's data path (learner_path).
+FLYWHEEL_SAMPLERS = (("shm", "shm", 4, "bare"), ("shm_sync", "shm", 1, "bare"), ("tcp", "tcp", 4, "bare"),
+                     ("learner_shm", "shm", 4, "learner"), ("learner_tcp", "tcp", 4, "learner"))
+RUN_FIELDS = ("rate", "rate_per_cpu", "wall_s", "cpu_s", "shm", "tcp")
+SAMPLING_NOTES = (
+    "Sampling: each side's processes (Flywheel: replay + client; cpprb: its one process; Reverb: server + "
+    "client) are pinned, every thread, to the same cores; per CPU-second rows count user + system time of all "
+    "of them over the measured window (psutil). cpprb's update_priorities is synchronous; Flywheel's "
+    "synchronous row keeps one request in flight and sends each update before the next request, so every "
+    "batch is drawn after the previous one's priorities are applied, as in cpprb; the async rows keep 4 in "
+    "flight, as a learner does. The replay runs its default 2 gather threads (on a 1-core budget they share "
+    "it).",
+    "Learner data path rows: the learner service's own sampling code (services/learner/datapath.py, built from "
+    "LearnerSettings: batch 512, requests_in_flight 4, sample_transport shm or tcp, CPU device, Mario's "
+    "(4, 84, 84) network shape) in one pinned process: ReplayClient, the Feeder's I/O thread, core.check_batch "
+    "and the CPU stager (which copies shared-memory views out of the slot; TCP batches come compact and are "
+    "rebuilt with one gather). Ready batches are taken from feeder.events as the update loop takes them and "
+    "random priorities go back at once through feeder.done: no training, so these rows measure the learner's "
+    "sampling path alone (the bare rows use a ReplayClient poll/release loop).",
+)
+
+
+def sampling_group(ctx: BenchContext, result: SuiteResult, service: ReplayService, cpprb: CpprbPeer,
+                   reverb: OptionalPeer | None, fill: int, cpus: list[int], seconds: float,
+                   reverb_fill: int | None = None, goal: str = "") -> None:
+    """512-batches with priority updates from ``fill`` stored: Flywheel's samplers, cpprb and Reverb in turns,
+    every side pinned to ``cpus``."""
+    with_reverb = reverb is not None and reverb.peer is not None
+    ctx.progress(f"sampling 512-batches of {fill:,} on {len(cpus)} core(s) per side (shm async and synchronous, "
+                 f"tcp, the learner's data path over shm and tcp, cpprb{', Reverb' if with_reverb else ''}): "
+                 f"{ctx.warmup} warm-up + {ctx.runs} runs each")
+    service.pin(cpus)
+    cpprb.pin(cpus)
+    if reverb is not None:
+        reverb.pin(cpus)
+    keys = [key for key, *_ in FLYWHEEL_SAMPLERS] + ["cpprb", "reverb"]
+    runs: dict[str, list[dict[str, float]]] = {key: [] for key in keys}
+    for _ in range(ctx.warmup + ctx.runs):
+        for key, transport, inflight, client in FLYWHEEL_SAMPLERS:
+            sample = learner_path_run if client == "learner" else sample_run
+            got = sample(service.sample_tcp, transport, BATCH, seconds, cpus, inflight=inflight,
+                         side_pids=(service.proc.pid,))
+            runs[key].append({k: got[k] for k in RUN_FIELDS})
+        runs["cpprb"].append(cpprb.ask(f"sample {seconds}"))
+        if reverb is not None and (answer := reverb.ask(f"sample {seconds}")) is not None:
+            runs["reverb"].append(answer)
+    runs = {key: values[ctx.warmup:] for key, values in runs.items()}
+    if reverb is None or reverb.peer is None:
+        runs["reverb"] = []
+    result.rows += sampling_rows(fill, cpus, runs, goal, reverb_fill)
+    result.extra.setdefault("sampling", []).append({"fill": fill, "cpus": cpus, "runs": runs})
+
+
+def sampling_groups(ctx: BenchContext, result: SuiteResult, service: ReplayService, frames_file: Path, fill: int,
+                    budgets: list[list[int]], seconds: float) -> dict[str, Any]:
+    """cpprb filled with ``fill`` Mario transitions, sampled in turns with ``service`` on every core budget;
+    returns cpprb's fill answer (its memory)."""
+    ctx.progress(f"filling cpprb with {fill:,} Mario transitions (the same fill as Flywheel's)")
+    peer = CpprbPeer({"kind": "mario", "frames": str(frames_file), "fill": fill, "batch_rows": MARIO_ROWS,
+                      "cpus": budgets[0]})
+    try:
+        for cpus in budgets:
+            sampling_group(ctx, result, service, peer, None, fill, cpus, seconds,
+                           goal=">= 100" if cpus is budgets[-1] else "")
+    finally:
+        peer.close()
+    return peer.filled
+
+
+def filled_service(ctx: BenchContext, work: Path, name: str, capacity: int, frames_file: Path,
+                   other_cpus: list[int]) -> ReplayService:
+    """A Mario replay of ``capacity`` fed 12% more than that: the frame ring wraps once, so every page it will
+    ever use is resident."""
+    service = ReplayService(work, name, capacity, checkpoint_dir=str(work / f"ckpt-{name}"))
+    try:
+        target = int(capacity * 1.12)
+        ctx.progress(f"inserting {target:,} Mario transitions into a {capacity:,}-transition replay")
+        sender = Sender(service.transitions_ipc, "mario", frames_file, MARIO_ROWS, target + MARIO_ROWS, 7200,
+                        other_cpus, ctx.seed)
+        service.wait(lambda: _progress(ctx, service, target), 7200, f"{target:,} inserted transitions")
+        sender.join(60)
+        service.wait(lambda: True, 5, "telemetry")
+    except BaseException:
+        service.close(kill=True)
+        raise
+    return service
+
+
+def _progress(ctx: BenchContext, service: ReplayService, target: int) -> bool:
+    count = service.counters.get("transitions_received_total", 0)
+    step = int(count) // max(1, target // 10)
+    if step != getattr(_progress, "last", -1):
+        _progress.last = step  # type: ignore[attr-defined]
+        ctx.progress(f"  {int(count):,} inserted, {int(service.gauges.get('size_transitions', 0)):,} stored, "
+                     f"resident {service.rss() / 2**30:.2f} GiB")
+    return count >= target
