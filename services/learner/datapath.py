@@ -56,7 +56,7 @@ class DataPath:
 
     def done(self, ready: ReadyBatch, td_abs: torch.Tensor) -> None:
         """Hand back the |TD| errors of a trained batch (a fresh tensor: kept as a view on a CPU, copied off a GPU)."""
-        self.feeder.done(ready.index, HostCopy({"p": td_abs}, copy=False))
+        self.feeder.done(ready.index, HostCopy({"p": td_abs}, copy=False), ready.lease)
 
     def turn_done(self) -> None:
         """Without a sampling thread, once per request's worth of batches: priorities out (one message), requests
@@ -81,16 +81,18 @@ def open_data_path(settings: LearnerSettings, core: LearnerCore, ctx: zmq.Contex
     batches are checked and staged by ``core``. Not started: call ``start``."""
     group = batches_per_request(settings.batches_per_request, settings.batch_size, core.obs_shape)
     rows = settings.batch_size * group
-    # Up to 2 x requests_in_flight requests are outstanding (the feeder's bound): as many shared-memory slots.
+    # Up to 2 x requests_in_flight requests are outstanding or queued (the feeder's bound); on a CPU a reply's slot
+    # is leased until it is trained on, so the one in training and one whose priorities wait come on top. Should
+    # they all be taken, the replay answers over the socket instead (shm_slots_exhausted_total).
     client = ReplayClient(settings.sample_endpoint, rows, inflight=settings.requests_in_flight, beta=beta,
                           transport=settings.sample_transport, ctx=ctx, limits=batch_limits(rows, core.obs_shape),
-                          slots=2 * settings.requests_in_flight, request_timeout_s=settings.request_timeout_s,
+                          slots=2 * settings.requests_in_flight + 2, request_timeout_s=settings.request_timeout_s,
                           faults=faults)
     control: ControlSubscriber | None = None
     try:
         control = ControlSubscriber(ctx, settings.control_endpoint, SERVICE, settings.instance, faults)
         feeder = Feeder(ctx, client, control, faults, check=core.check_batch, stage=core.stager.stage, beta=beta,
-                        train_batch=settings.batch_size, group=group)
+                        train_batch=settings.batch_size, group=group, hold_shared=core.stager.keeps_views)
     except BaseException:
         if control is not None:
             control.close()

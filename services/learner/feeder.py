@@ -46,12 +46,23 @@ MAX_COALESCED = 64  # batches' priorities sent in one PriorityUpdate at most
 
 
 @dataclass
+class SlotLease:
+    """A shared-memory reply whose slot the staged tensors still read (CPU, no copy): handed back to the replay
+    once every training batch split from it has been trained on and its priorities sent."""
+
+    batch: proto.SampleBatch
+    parts: int
+
+
+@dataclass
 class ReadyBatch:
-    """One training batch, checked: its replay indices and replay size, and its tensors on the device."""
+    """One training batch, checked: its replay indices and replay size, its tensors on the device, and the lease
+    of the shared-memory slot they are views of (None when they own their memory)."""
 
     index: np.ndarray
     replay_size: int
     tensors: DeviceBatch
+    lease: SlotLease | None = None
 
 
 class Feeder:
@@ -66,8 +77,10 @@ class Feeder:
 
     def __init__(self, ctx: zmq.Context, client: ReplayClient, control: ControlSubscriber, faults: FaultCounter,
                  *, check: Callable[[proto.SampleBatch], None], stage: Callable[..., DeviceBatch],
-                 beta: float, train_batch: int, group: int = 1) -> None:
+                 beta: float, train_batch: int, group: int = 1, hold_shared: bool = False) -> None:
         self.client, self.control, self.faults = client, control, faults
+        # hold_shared: staging keeps views (CPU), so a shared-memory slot is handed back only after training on it
+        self.hold_shared = hold_shared
         # the update loop's doorbell: one byte per trained batch wakes this thread to top up and send priorities
         address = f"inproc://learner-feeder-{id(self)}"
         self._bell_rx = ctx.socket(zmq.PAIR)
@@ -84,7 +97,7 @@ class Feeder:
         self.paused = False
         self.delivered = 0  # written by this thread only
         self.taken = 0  # written by the update loop only
-        self._priorities: deque[tuple[np.ndarray, HostCopy]] = deque()
+        self._priorities: deque[tuple[np.ndarray, HostCopy, SlotLease | None]] = deque()
         self._poller = zmq.Poller()
         for sock in (self.client.sock, self.control.sock, self._bell_rx):
             self._poller.register(sock, zmq.POLLIN)
@@ -102,14 +115,14 @@ class Feeder:
             self._thread = threading.Thread(target=self._run, name="learner-feeder", daemon=True)
             self._thread.start()
 
-    def done(self, index: np.ndarray, copy: HostCopy) -> None:
+    def done(self, index: np.ndarray, copy: HostCopy, lease: SlotLease | None = None) -> None:
         """The update loop trained on one delivered batch: send its |TD| priorities once the copy has landed.
 
         A thread is woken only when no reply is on its way (one would wake it anyway) and half the buffered
         batches are used up, so it then sends ``in_flight`` requests at once: waking a thread costs a context
         switch. ``taken`` is counted before ``outstanding`` is read, so a wake-up is never lost.
         """
-        self._priorities.append((index, copy))
+        self._priorities.append((index, copy, lease))
         self.taken += 1
         if (self._thread is not None and self.client.outstanding == 0
                 and self.delivered - self.taken <= self.client.inflight * self.group):
@@ -131,8 +144,22 @@ class Feeder:
         elif self._thread is None:
             self._flush_priorities(wait=True)
         if self._thread is None or not self._thread.is_alive():
+            self._release_untrained()
             self._bell_rx.close(0)
             self._bell_tx.close(0)
+
+    def _release_untrained(self) -> None:
+        """Hand back the slots of batches queued but never trained on (the update loop has stopped taking)."""
+        leases: dict[int, SlotLease] = {}
+        while True:
+            try:
+                item = self.events.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, ReadyBatch) and item.lease is not None:
+                leases[id(item.lease)] = item.lease
+        for lease in leases.values():
+            self.client.release(lease.batch, refill=False)
 
     # ---- the work -------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -200,14 +227,19 @@ class Feeder:
                 self.faults.record("sample", exc)
                 continue
             size = self.train_batch
-            # A shared-memory batch is a view of a slot the replay reuses once released: staging copies it
-            # (pinned buffers on a GPU; ``shared`` makes the CPU stager copy instead of keeping views).
+            # A shared-memory batch is a view of a slot the replay reuses once released. On a CPU the staged
+            # tensors stay views of it (no copy) and the slot is leased until they are trained on; on a GPU the
+            # pinned buffers copy it, so it goes back at once.
             ordered = spread_demos(batch, size)
-            staged = self.stage(ordered, shared=self.client.shared(batch))
-            self.client.release(batch, refill=False)
-            for i, part in enumerate(staged.split(size)):
+            hold = self.hold_shared and self.client.shared(batch)
+            staged = self.stage(ordered, shared=self.client.shared(batch) and not hold)
+            parts = staged.split(size)
+            lease = SlotLease(batch, len(parts)) if hold else None
+            if lease is None:
+                self.client.release(batch, refill=False)
+            for i, part in enumerate(parts):
                 self.delivered += 1
-                self.events.put(ReadyBatch(ordered.index[i * size:(i + 1) * size], batch.replay_size, part))
+                self.events.put(ReadyBatch(ordered.index[i * size:(i + 1) * size], batch.replay_size, part, lease))
 
     def _flush_priorities(self, *, wait: bool, at_least: int = 1) -> None:
         """Send every priority update whose copy has landed, as one message (fewer sends, fewer GIL hand-offs)."""
@@ -216,10 +248,14 @@ class Feeder:
         indices: list[np.ndarray] = []
         values: list[np.ndarray] = []
         while self._priorities and (wait or self._priorities[0][1].ready()) and len(indices) < MAX_COALESCED:
-            index, copy = self._priorities.popleft()
+            index, copy, lease = self._priorities.popleft()
             copy.wait()
             indices.append(index)
             values.append(finite_priorities(copy.numpy()["p"]))
+            if lease is not None:
+                lease.parts -= 1
+                if lease.parts == 0:  # every part trained on: the slot goes back with the next request
+                    self.client.release(lease.batch, refill=False)
         if len(indices) == 1:
             self.client.update_priorities(indices[0], values[0])
         elif indices:

@@ -95,6 +95,11 @@ class BatchStager:
         self._stream = torch.cuda.Stream(device) if self.cuda else None
         _silence_read_only_warning()
 
+    @property
+    def keeps_views(self) -> bool:
+        """Whether staged tensors are views of the batch's own arrays (CPU), which must then outlive the update."""
+        return not self.cuda
+
     def stage(self, batch: Batch, *, shared: bool = False) -> DeviceBatch:
         """The batch on the device; its optional ``is_demo`` column comes along when present.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,8 @@ import zmq
 
 from flywheel import proto
 from flywheel.services.learner.core import CoreConfig, LearnerCore
+from flywheel.services.learner.datapath import open_data_path
+from flywheel.services.learner.feeder import ReadyBatch
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.staging import BatchStager
 from flywheel.services.learner.transport import LearnerService
@@ -131,3 +134,43 @@ def test_cpu_staging_copies_shared_batches_and_keeps_views_of_owned_ones() -> No
     copied = stager.stage(batch, shared=True)
     assert not np.shares_memory(copied.obs.numpy(), obs) and np.array_equal(copied.obs.numpy(), obs)
     assert np.shares_memory(stager.stage(dataclasses.replace(batch)).obs.numpy(), obs)  # TCP batches: no copy
+
+
+def test_cpu_learner_trains_on_views_of_the_shared_slot_and_hands_it_back_after_the_update() -> None:
+    """On a CPU a shared-memory batch is not copied: the staged tensors are views of the replay's slot, leased
+    until the update loop hands back its priorities; batches queued but never trained on go back at stop."""
+    with replay_server(ShmSlots()) as (replay, endpoint):
+        ctx = zmq.Context()
+        settings = LearnerSettings(
+            instance="learner-test", env_id="pixels-test", batch_size=16, requests_in_flight=2,
+            sample_endpoint=endpoint, sample_transport="shm", control_endpoint="inproc://learner-control")
+        core = LearnerCore(OBS, 2, CoreConfig(lr=1e-3))
+        path = open_data_path(settings, core, ctx, FaultCounter("learner"), beta=0.4)
+        path.start()
+        try:
+            leased = None
+            for _ in range(200):  # the first replies carry the offer inline; then batches come in slots
+                ready = path.take(1000)
+                assert isinstance(ready, ReadyBatch)
+                if ready.lease is None:
+                    path.done(ready, torch.ones(16))
+                    path.turn_done()
+                    continue
+                leased = ready
+                break
+            assert leased is not None and leased.lease is not None
+            batch = leased.lease.batch
+            assert np.shares_memory(leased.tensors.obs.numpy(), batch.obs)  # trained on in place, no copy
+            assert batch.request_id in path.client.held  # the replay may not reuse the slot yet
+            core.update(leased.tensors)
+            path.done(leased, torch.ones(16))
+            path.turn_done()  # priorities out (by the sampling thread when there is one), and the slot with them
+            deadline = time.monotonic() + 10
+            while batch.request_id in path.client.held and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert batch.request_id not in path.client.held
+        finally:
+            path.close()
+            ctx.term()
+        assert not path.client.held  # queued, never trained on: handed back at stop
+        assert replay.counters["shm_batches_total"] >= 1

@@ -27,9 +27,10 @@ SAMPLING_NOTES = (
     "Learner data path rows: the learner service's own sampling code (services/learner/datapath.py, built from "
     "LearnerSettings: batch 512, requests_in_flight 4, sample_transport shm or tcp, CPU device, Mario's "
     "(4, 84, 84) network shape) in one pinned process: ReplayClient, the Feeder's I/O thread, core.check_batch "
-    "and the CPU stager (which copies shared-memory views out of the slot; TCP batches come compact and are "
-    "rebuilt with one gather). Ready batches are taken from feeder.events as the update loop takes them and "
-    "random priorities go back at once through feeder.done: no training, so these rows measure the learner's "
+    "and the CPU stager (on a CPU the tensors are views of the shared-memory slot, leased until the batch's "
+    "priorities go back; TCP batches come compact and are rebuilt with one gather). Ready batches are taken "
+    "from the feeder as the update loop takes them and random priorities go back at once through "
+    "DataPath.done: no training, so these rows measure the learner's "
     "sampling path alone (the bare rows use a ReplayClient poll/release loop).",
 )
 
