@@ -14,7 +14,6 @@ from .commands import (
     PublishIntervalArgs,
     ReplayRatioArgs,
     ResumeArgs,
-    SetArgs,
     command_kind,
     dispatch,
     parse_args,
@@ -56,6 +55,6 @@ __all__ = [
     "TruncatedMessage", "UnknownKind", "VersionMismatch", "Weights", "WrongKind", "decode", "encode", "peek_kind",
     # control commands (proto/commands.py)
     "COMMAND_ARGS", "CheckpointArgs", "Command", "CommandArgs", "CommandError", "CommandHandlers", "CommandKind",
-    "ExplorationArgs", "LrArgs", "PauseArgs", "PublishIntervalArgs", "ReplayRatioArgs", "ResumeArgs", "SetArgs",
+    "ExplorationArgs", "LrArgs", "PauseArgs", "PublishIntervalArgs", "ReplayRatioArgs", "ResumeArgs",
     "UnknownCommand", "command_kind", "dispatch", "parse_args",
 ]

@@ -26,7 +26,6 @@ class CommandKind(StrEnum):
     SET_REPLAY_RATIO = "set_replay_ratio"
     SET_PUBLISH_INTERVAL = "set_publish_interval"
     CHECKPOINT = "checkpoint"
-    SET = "set"  # the learner's generic form: any of lr, publish_interval_updates, publish_interval_s
 
 
 def _number(name: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
@@ -82,7 +81,6 @@ class CommandArgs:
 
     KIND: ClassVar[CommandKind]
     HINT: ClassVar[str] = "it takes no arguments"
-    IGNORE_UNKNOWN: ClassVar[bool] = False  # only the generic "set", which other services' keys may share
     CHECKS: ClassVar[Mapping[str, Check]] = {}  # per argument; an optional one (default None) only when given
     NEED_ONE: ClassVar[str] = ""  # when set, at least one argument must be given, and this message says which
 
@@ -98,7 +96,7 @@ class CommandArgs:
     def from_wire(cls, raw: Mapping[str, Any]) -> Self:
         names = [f.name for f in fields(cls)]
         extra = sorted(set(raw) - set(names))
-        if extra and not cls.IGNORE_UNKNOWN:
+        if extra:
             raise CommandError(f"unknown arguments {[e[:40] for e in extra[:8]]}; {cls.HINT}")
         missing = [f.name for f in fields(cls)
                    if f.default is MISSING and f.default_factory is MISSING and f.name not in raw]
@@ -194,24 +192,10 @@ class CheckpointArgs(CommandArgs):
     tag: str | None = None
 
 
-@dataclass(frozen=True)
-class SetArgs(CommandArgs):
-    """set: the learner's generic form; keys it does not know are ignored (they may be another service's)."""
-
-    KIND: ClassVar[CommandKind] = CommandKind.SET
-    IGNORE_UNKNOWN: ClassVar[bool] = True
-    CHECKS: ClassVar[Mapping[str, Check]] = {
-        "lr": _LR, "publish_interval_updates": _UPDATES, "publish_interval_s": _SECONDS,
-    }
-    lr: float | None = None
-    publish_interval_updates: int | None = None
-    publish_interval_s: float | None = None
-
-
 COMMAND_ARGS: dict[CommandKind, type[CommandArgs]] = {
     cls.KIND: cls
     for cls in (PauseArgs, ResumeArgs, ExplorationArgs, LrArgs, ReplayRatioArgs, PublishIntervalArgs,
-                CheckpointArgs, SetArgs)
+                CheckpointArgs)
 }
 
 

@@ -56,7 +56,7 @@ class LearnerService:
         K = proto.CommandKind
         self.handlers: proto.CommandHandlers = {
             K.PAUSE: self._on_pause, K.RESUME: self._on_resume, K.CHECKPOINT: self._on_checkpoint,
-            K.SET_LR: self._on_set_lr, K.SET_PUBLISH_INTERVAL: self._on_publish_interval, K.SET: self._on_set,
+            K.SET_LR: self._on_set_lr, K.SET_PUBLISH_INTERVAL: self._on_publish_interval,
         }
         self._stop = False
         self._held: deque[ReadyBatch] = deque()  # batches that arrived while paused
@@ -297,17 +297,11 @@ class LearnerService:
         self.checkpoint(f"control command {command.seq}")
 
     def _on_set_lr(self, command: proto.Command[proto.LrArgs]) -> None:
-        self._on_set(proto.Command(proto.SetArgs(lr=command.args.lr), command.seq, command.target))
+        self.core.set_lr(command.args.lr)
+        log.info("learner: learning rate %.3g (control command %d)", command.args.lr, command.seq)
 
     def _on_publish_interval(self, command: proto.Command[proto.PublishIntervalArgs]) -> None:
         self.snapshots.set_interval(updates=command.args.updates, seconds=command.args.seconds)
         log.info("learner: publishing weights every %d updates / %.3g s (control command %d)",
                  self.snapshots.every_updates, self.snapshots.every_seconds, command.seq)
 
-    def _on_set(self, command: proto.Command[proto.SetArgs]) -> None:
-        args = command.args
-        if args.lr is not None:
-            self.core.set_lr(args.lr)
-        self.snapshots.set_interval(updates=args.publish_interval_updates, seconds=args.publish_interval_s)
-        for key, value in args.to_wire().items():
-            log.info("learner: set %s=%r by control command %d", key, value, command.seq)

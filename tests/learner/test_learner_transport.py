@@ -55,7 +55,8 @@ def test_control_pause_resume_set_and_checkpoint(harness, tmp_path: Path) -> Non
     h = harness()
     h.service.start()
     h.drive(lambda: h.core.updates >= 3)
-    h.send_control("set", lr=5e-4, publish_interval_updates=2, epsilon=0.1)
+    h.send_control("set_lr", lr=5e-4)
+    h.send_control("set_publish_interval", updates=2)
     h.drive(lambda: h.core.lr == pytest.approx(5e-4) and h.service.publish_interval == 2)
     h.drive(lambda: bool(h.reports) and h.reports[-1].gauges["lr"] == pytest.approx(5e-4))
     h.send_control("pause")
@@ -67,7 +68,9 @@ def test_control_pause_resume_set_and_checkpoint(harness, tmp_path: Path) -> Non
     assert h.reports[-1].info["state"] == "paused"
     h.send_control("resume")
     h.drive(lambda: h.core.updates >= frozen + 5)
-    h.send_control("set", lr="fast")  # wrong type: counted, ignored
+    h.send_control("set_lr", lr="fast")  # wrong type: counted, ignored
+    h.send_control("set", lr=1e-3)  # the generic form is gone: an unknown command, counted, ignored
+    h.drive(lambda: h.service.faults.total >= 2)
     h.drive(lambda: h.service.faults.total >= 1)
     assert h.core.lr == pytest.approx(5e-4)
     h.send_control("checkpoint")
