@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flywheel.checkpoints import process_running
+
 log = logging.getLogger("flywheel.replay")
 SHM_DIR = Path("/dev/shm")
 HEADER_BYTES = 4096  # the segment starts with a random token the client checks before trusting the file
@@ -98,6 +100,25 @@ class ShmClient:
     last_seen: float = field(default_factory=time.monotonic)
 
 
+def sweep_stale(directory: Path = SHM_DIR) -> list[str]:
+    """Remove the segments of replays that are gone (killed with SIGKILL, they cannot unlink theirs): a name
+    carries its replay's pid. Returns the names removed."""
+    removed = []
+    for path in directory.glob("flywheel-replay-*-*-*"):
+        pid = path.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid() or process_running(int(pid)):
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue  # another replay swept it first, or it is not ours to remove
+        removed.append(path.name)
+    if removed:
+        log.info("removed %d shared-memory segment(s) left in %s by replays that are gone: %s", len(removed),
+                 directory, ", ".join(sorted(removed)[:4]) + (" ..." if len(removed) > 4 else ""))
+    return removed
+
+
 class ShmSlots:
     """Per-client segments, created on a client's first shared-memory request and dropped when it leaves."""
 
@@ -106,6 +127,7 @@ class ShmSlots:
         self.default_slots, self.max_slots, self.idle_s, self.directory = default_slots, max_slots, idle_s, directory
         self.clients: dict[bytes, ShmClient] = {}
         self.available = directory.is_dir() and os.access(directory, os.W_OK)
+        self.swept = sweep_stale(directory) if self.available else []
         self._seq = 0
         self.failures = 0
 
