@@ -81,6 +81,7 @@ class Feeder:
         self.client, self.control, self.faults = client, control, faults
         # hold_shared: staging keeps views (CPU), so a shared-memory slot is handed back only after training on it
         self.hold_shared = hold_shared
+        self.leases = 0  # shared-memory slots leased (written by the sampling side only)
         # the update loop's doorbell: one byte per trained batch wakes this thread to top up and send priorities
         address = f"inproc://learner-feeder-{id(self)}"
         self._bell_rx = ctx.socket(zmq.PAIR)
@@ -160,6 +161,7 @@ class Feeder:
                 leases[id(item.lease)] = item.lease
         for lease in leases.values():
             self.client.release(lease.batch, refill=False)
+            self.leases -= 1
 
     # ---- the work -------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -205,8 +207,13 @@ class Feeder:
             self.client.resend_stale(time.monotonic(), self.beta, self._request_limit())
 
     def _request_limit(self) -> int:
-        """How many requests may be outstanding now: 2 * in_flight minus the replies waiting to be trained on."""
-        return 2 * self.client.inflight - math.ceil((self.delivered - self.taken) / self.group)
+        """How many requests may be outstanding now: 2 * in_flight minus the replies waiting to be trained on, and
+        never more than the shared-memory slots not leased (each answer takes one), so none is answered over the
+        socket for want of a slot."""
+        limit = 2 * self.client.inflight - math.ceil((self.delivered - self.taken) / self.group)
+        if self.leases:
+            limit = min(limit, self.client.slots - self.leases)
+        return limit
 
     def _drain_bell(self) -> None:
         while True:
@@ -237,6 +244,8 @@ class Feeder:
             lease = SlotLease(batch, len(parts)) if hold else None
             if lease is None:
                 self.client.release(batch, refill=False)
+            else:
+                self.leases += 1
             for i, part in enumerate(parts):
                 self.delivered += 1
                 self.events.put(ReadyBatch(ordered.index[i * size:(i + 1) * size], batch.replay_size, part, lease))
@@ -256,6 +265,7 @@ class Feeder:
                 lease.parts -= 1
                 if lease.parts == 0:  # every part trained on: the slot goes back with the next request
                     self.client.release(lease.batch, refill=False)
+                    self.leases -= 1
         if len(indices) == 1:
             self.client.update_priorities(indices[0], values[0])
         elif indices:
