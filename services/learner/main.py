@@ -1,80 +1,19 @@
-"""Entry point of the learner service: wires settings to the core, checkpoints and the ZeroMQ loop."""
+"""Entry point of the learner service: wires settings to the core (startup.py), its sockets and the loop."""
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-import torch
 import zmq
 
-from flywheel.demos.format import DemoFileError
 from flywheel.transport import EndpointInUse, install_stop_signals
 
-from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, reserved_version
-from .core import CoreConfig, LearnerCore, pick_device, resolve_precision
-from .pretrain import pretrain_from_settings
 from .settings import LearnerSettings
+from .startup import log_start, start_core
 from .transport import LearnerService
 
 log = logging.getLogger("flywheel.learner")
-
-
-def _spec_shape(settings: LearnerSettings, spec: Any) -> tuple[tuple[int, ...], int]:
-    if spec is None:
-        from flywheel.envs import env_spec  # imported late: env packages are heavy
-
-        spec = env_spec(settings.env_id)
-    return tuple(int(d) for d in spec.obs_shape), int(spec.n_actions)
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, which containers narrow), else the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def core_config(settings: LearnerSettings, device: torch.device) -> CoreConfig:
-    """The update rule's hyper-parameters from settings, with auto precision and compile resolved for ``device``."""
-    compile_on = settings.compile == "on" or (settings.compile == "auto" and device.type == "cuda")
-    return CoreConfig(lr=settings.lr, adam_eps=settings.adam_eps, grad_clip_norm=settings.grad_clip_norm,
-                      target_update_interval=settings.target_update_interval, tau=settings.tau,
-                      double=settings.double, dueling=settings.dueling, hidden=settings.hidden, head=settings.head,
-                      num_quantiles=settings.num_quantiles, huber_kappa=settings.huber_kappa,
-                      grad_accum_steps=settings.grad_accum_steps,
-                      precision=resolve_precision(settings.precision, device), compile=compile_on,
-                      compile_mode=settings.compile_mode, demo_margin=settings.demo_margin,
-                      channels_last=settings.channels_last == "on" or (
-                          settings.channels_last == "auto" and (device.type == "cuda" or compile_on)),
-                      demo_loss_weight=settings.demo_loss_weight)
-
-
-def build_core(settings: LearnerSettings, obs_shape: tuple[int, ...], n_actions: int,
-               device: torch.device) -> LearnerCore:
-    """Threads (all cores on CPU unless set), seed, then the core."""
-    if device.type == "cpu" or settings.torch_threads > 0:
-        torch.set_num_threads(settings.torch_threads or usable_cores())
-    if settings.seed is not None:
-        torch.manual_seed(settings.seed)
-    return LearnerCore(obs_shape, n_actions, core_config(settings, device), device)
-
-
-def resume_wanted(settings: LearnerSettings) -> bool:
-    """resume true/false as set; auto: resume when checkpoint_dir holds a checkpoint, saying which in one line."""
-    if settings.resume != "auto":
-        return bool(settings.resume)
-    if not settings.checkpoint_dir:
-        log.info("learner: resume=auto without --checkpoint-dir: starting fresh")
-        return False
-    path = checkpoint_path(settings.checkpoint_dir)
-    if path.exists():
-        log.info("learner: resume=auto: resuming from the checkpoint %s", path)
-        return True
-    log.info("learner: resume=auto: no checkpoint at %s yet, starting fresh", path)
-    return False
 
 
 def main(settings: LearnerSettings, *, spec: Any = None) -> int:
@@ -85,50 +24,10 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
     if not logging.getLogger().handlers:  # the CLI normally configures logging; stand-alone runs still get lines
         logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("flywheel").setLevel(settings.log_level)
-    try:
-        obs_shape, n_actions = _spec_shape(settings, spec)
-        device = pick_device(settings.device)
-    except (KeyError, ValueError, RuntimeError, ImportError) as exc:
-        log.error("learner: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    started = start_core(settings, spec)
+    if started is None:
         return 2
-    core = build_core(settings, obs_shape, n_actions, device)
-    core.env_id = settings.env_id  # type: ignore[attr-defined]  # noted in checkpoints (flywheel.policy reads it)
-    start_version = 0
-    resume = resume_wanted(settings)
-    if resume:
-        assert settings.checkpoint_dir is not None  # the settings validator guarantees it
-        try:
-            info = load_checkpoint(settings.checkpoint_dir, core)
-            reserved = reserved_version(settings.checkpoint_dir)
-        except CheckpointError as exc:
-            log.error("learner: %s", exc)
-            return 2
-        start_version = max(info.weight_version, reserved)  # above anything the last run may have published
-        log.info("learner: resumed from %s at update %d, weight version %d; publishing from version %d on",
-                 info.path, info.updates, info.weight_version, start_version + 1)
-        if settings.pretrain_updates:
-            log.info("learner: resuming, so the %d pretraining updates are not run again", settings.pretrain_updates)
-    elif settings.checkpoint_dir is not None:
-        try:  # a learner that died before its first checkpoint may still have published: stay above it
-            start_version = reserved_version(settings.checkpoint_dir)
-        except CheckpointError as exc:
-            log.error("learner: %s", exc)
-            return 2
-        if start_version:
-            log.info("learner: no checkpoint to resume, but an earlier learner published up to weight version %d "
-                     "in %s; publishing from version %d on", start_version, settings.checkpoint_dir,
-                     start_version + 1)
-    pretrained = 0
-    if settings.pretrain_updates and not resume:
-        assert settings.demos_path is not None  # the settings validator guarantees it
-        try:
-            pretrained = pretrain_from_settings(
-                core, settings.demos_path, settings.pretrain_updates, settings.batch_size,
-                loss=settings.pretrain_loss, margin=settings.demo_margin, margin_weight=settings.demo_loss_weight,
-                workers=settings.demos_load_workers, seed=settings.seed).updates
-        except (DemoFileError, ValueError) as exc:
-            log.error("learner: cannot pretrain on %s: %s", settings.demos_path, str(exc).splitlines()[0])
-            return 2
+    core, start_version, pretrained = started
     ctx = zmq.Context()
     try:
         service = LearnerService(settings, core, ctx, start_version=start_version)
@@ -138,11 +37,7 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
         return 2
     service.counters["pretrain_updates_total"] = float(pretrained)  # the first weights published are these
     install_stop_signals(service.stop)
-    log.info("learner: device %s (%d threads, %s%s), network %s, %s head, batch %d x %d accumulated, "
-             "samples from %s, weights on %s, telemetry to %s, control from %s", device, torch.get_num_threads(),
-             core.config.precision, ", compiled" if core.config.compile else "", core.name, settings.head,
-             settings.batch_size, settings.grad_accum_steps, settings.sample_endpoint, settings.weights_bind,
-             settings.telemetry_endpoint, settings.control_endpoint)
+    log_start(settings, core)
     try:
         return service.run()
     finally:

@@ -59,7 +59,7 @@ def test_env_spec_is_used_when_no_spec_given(tmp_path: Path, caplog) -> None:
 def test_build_core_uses_every_core_on_cpu_and_resolves_auto_settings() -> None:
     import torch
 
-    from flywheel.services.learner.main import build_core, usable_cores
+    from flywheel.services.learner.startup import build_core, usable_cores
 
     settings = LearnerSettings(device="cpu", torch_threads=0, seed=3, head="quantile", num_quantiles=5,
                                grad_accum_steps=2)
@@ -80,7 +80,7 @@ def test_channels_last_follows_compile_on_a_cpu_and_refuses_bad_values() -> None
     import torch
     from pydantic import ValidationError
 
-    from flywheel.services.learner.main import core_config
+    from flywheel.services.learner.startup import core_config
 
     cpu = torch.device("cpu")
     assert core_config(LearnerSettings(device="cpu", compile="on"), cpu).channels_last is True

@@ -1,0 +1,135 @@
+"""Learner start-up: the core from settings (threads, seed, precision, compile), resume or fresh start with the
+weight version to publish from, and pretraining on demonstrations; errors are one logged line."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from flywheel.demos.format import DemoFileError
+
+from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, reserved_version
+from .core import CoreConfig, LearnerCore, pick_device, resolve_precision
+from .pretrain import pretrain_from_settings
+from .settings import LearnerSettings
+
+log = logging.getLogger("flywheel.learner")
+
+
+def _spec_shape(settings: LearnerSettings, spec: Any) -> tuple[tuple[int, ...], int]:
+    if spec is None:
+        from flywheel.envs import env_spec  # imported late: env packages are heavy
+
+        spec = env_spec(settings.env_id)
+    return tuple(int(d) for d in spec.obs_shape), int(spec.n_actions)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers narrow), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def core_config(settings: LearnerSettings, device: torch.device) -> CoreConfig:
+    """The update rule's hyper-parameters from settings, with auto precision and compile resolved for ``device``."""
+    compile_on = settings.compile == "on" or (settings.compile == "auto" and device.type == "cuda")
+    return CoreConfig(lr=settings.lr, adam_eps=settings.adam_eps, grad_clip_norm=settings.grad_clip_norm,
+                      target_update_interval=settings.target_update_interval, tau=settings.tau,
+                      double=settings.double, dueling=settings.dueling, hidden=settings.hidden, head=settings.head,
+                      num_quantiles=settings.num_quantiles, huber_kappa=settings.huber_kappa,
+                      grad_accum_steps=settings.grad_accum_steps,
+                      precision=resolve_precision(settings.precision, device), compile=compile_on,
+                      compile_mode=settings.compile_mode, demo_margin=settings.demo_margin,
+                      channels_last=settings.channels_last == "on" or (
+                          settings.channels_last == "auto" and (device.type == "cuda" or compile_on)),
+                      demo_loss_weight=settings.demo_loss_weight)
+
+
+def build_core(settings: LearnerSettings, obs_shape: tuple[int, ...], n_actions: int,
+               device: torch.device) -> LearnerCore:
+    """Threads (all cores on CPU unless set), seed, then the core."""
+    if device.type == "cpu" or settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads or usable_cores())
+    if settings.seed is not None:
+        torch.manual_seed(settings.seed)
+    return LearnerCore(obs_shape, n_actions, core_config(settings, device), device)
+
+
+def resume_wanted(settings: LearnerSettings) -> bool:
+    """resume true/false as set; auto: resume when checkpoint_dir holds a checkpoint, saying which in one line."""
+    if settings.resume != "auto":
+        return bool(settings.resume)
+    if not settings.checkpoint_dir:
+        log.info("learner: resume=auto without --checkpoint-dir: starting fresh")
+        return False
+    path = checkpoint_path(settings.checkpoint_dir)
+    if path.exists():
+        log.info("learner: resume=auto: resuming from the checkpoint %s", path)
+        return True
+    log.info("learner: resume=auto: no checkpoint at %s yet, starting fresh", path)
+    return False
+
+
+def _start_version(settings: LearnerSettings, core: LearnerCore, resume: bool) -> int:
+    """Load the checkpoint when resuming; the weight version published last (checkpointed or reserved), so the
+    next one is above anything an earlier learner may have published. Raises CheckpointError."""
+    if resume:
+        assert settings.checkpoint_dir is not None  # the settings validator guarantees it
+        info = load_checkpoint(settings.checkpoint_dir, core)
+        start_version = max(info.weight_version, reserved_version(settings.checkpoint_dir))
+        log.info("learner: resumed from %s at update %d, weight version %d; publishing from version %d on",
+                 info.path, info.updates, info.weight_version, start_version + 1)
+        if settings.pretrain_updates:
+            log.info("learner: resuming, so the %d pretraining updates are not run again", settings.pretrain_updates)
+        return start_version
+    if settings.checkpoint_dir is None:
+        return 0
+    start_version = reserved_version(settings.checkpoint_dir)  # a learner that died before its first checkpoint
+    if start_version:
+        log.info("learner: no checkpoint to resume, but an earlier learner published up to weight version %d "
+                 "in %s; publishing from version %d on", start_version, settings.checkpoint_dir, start_version + 1)
+    return start_version
+
+
+def start_core(settings: LearnerSettings, spec: Any = None) -> tuple[LearnerCore, int, int] | None:
+    """The core, resumed or fresh (and pretrained when asked), with the weight version to publish from and the
+    pretraining updates run; None after one logged line when something is wrong."""
+    try:
+        obs_shape, n_actions = _spec_shape(settings, spec)
+        device = pick_device(settings.device)
+    except (KeyError, ValueError, RuntimeError, ImportError) as exc:
+        log.error("learner: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+    core = build_core(settings, obs_shape, n_actions, device)
+    core.env_id = settings.env_id  # type: ignore[attr-defined]  # noted in checkpoints (flywheel.policy reads it)
+    resume = resume_wanted(settings)
+    try:
+        start_version = _start_version(settings, core, resume)
+    except CheckpointError as exc:
+        log.error("learner: %s", exc)
+        return None
+    pretrained = 0
+    if settings.pretrain_updates and not resume:
+        assert settings.demos_path is not None  # the settings validator guarantees it
+        try:
+            pretrained = pretrain_from_settings(
+                core, settings.demos_path, settings.pretrain_updates, settings.batch_size,
+                loss=settings.pretrain_loss, margin=settings.demo_margin, margin_weight=settings.demo_loss_weight,
+                workers=settings.demos_load_workers, seed=settings.seed).updates
+        except (DemoFileError, ValueError) as exc:
+            log.error("learner: cannot pretrain on %s: %s", settings.demos_path, str(exc).splitlines()[0])
+            return None
+    return core, start_version, pretrained
+
+
+def log_start(settings: LearnerSettings, core: LearnerCore) -> None:
+    log.info("learner: device %s (%d threads, %s%s), network %s, %s head, batch %d x %d accumulated, "
+             "samples from %s, weights on %s, telemetry to %s, control from %s", core.device, torch.get_num_threads(),
+             core.config.precision, ", compiled" if core.config.compile else "", core.name, settings.head,
+             settings.batch_size, settings.grad_accum_steps, settings.sample_endpoint, settings.weights_bind,
+             settings.telemetry_endpoint, settings.control_endpoint)
