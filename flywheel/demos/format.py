@@ -27,8 +27,10 @@ sizes, CRCs, shapes, dtypes, indices) raises DemoFileError with a one-line reaso
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import threading
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -41,6 +43,10 @@ import numpy as np
 FORMAT = "flywheel-demos"
 VERSION = 1
 OBS_DTYPES = ("uint8", "float32")
+# NumPy parses .npy headers with ast.literal_eval, and CPython 3.11's AST builder keeps one recursion counter per
+# interpreter, so two threads parsing at once can fail with "AST constructor recursion depth mismatch"
+# (python/cpython#106905). Episodes load in parallel threads, so header parses take turns; data reads do not.
+_NPY_HEADER_LOCK = threading.Lock()
 _EPISODE_ARRAYS = ("observations", "actions", "rewards", "obs_index", "next_index", "action", "reward", "discount")
 
 
@@ -267,11 +273,11 @@ class DemoSet:
         if zlib.crc32(data) != entry.get("crc32"):
             raise DemoFileError(f"{file} is damaged: its CRC differs from the manifest")
         try:
-            with np.load(file, allow_pickle=False) as npz:
-                missing = set(_EPISODE_ARRAYS) - set(npz.files)
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                missing = {f"{name}.npy" for name in _EPISODE_ARRAYS} - set(archive.namelist())
                 if missing:
-                    raise DemoFileError(f"{file} lacks arrays {sorted(missing)}")
-                arrays = {name: npz[name] for name in _EPISODE_ARRAYS}
+                    raise DemoFileError(f"{file} lacks arrays {sorted(m[:-4] for m in missing)}")
+                arrays = {name: _read_npy(archive, f"{name}.npy") for name in _EPISODE_ARRAYS}
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
             if isinstance(exc, DemoFileError):
                 raise
@@ -301,3 +307,22 @@ class DemoSet:
 def open_demos(path: Path | str) -> DemoSet:
     """Open and validate a finalised demonstrations set (DemoFileError when it is not one)."""
     return DemoSet(path)
+
+
+def _read_npy(archive: zipfile.ZipFile, member: str) -> np.ndarray:
+    """One .npy member of an episode archive, no pickle; the header is parsed under the lock, the data is not."""
+    with archive.open(member) as fp:
+        version = np.lib.format.read_magic(fp)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"{member} has .npy format version {version}, expected 1.0 or 2.0")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        with _NPY_HEADER_LOCK:
+            shape, fortran_order, dtype = read_header(fp)
+        if dtype.hasobject:
+            raise ValueError(f"{member} holds Python objects")
+        flat = np.empty(int(np.prod(shape, dtype=np.int64)), dtype)
+        got = fp.readinto(flat.view(np.uint8)) if flat.nbytes else 0
+        if got != flat.nbytes:
+            raise EOFError(f"{member} is truncated: {got} of {flat.nbytes} bytes")
+        return flat.reshape(shape, order="F" if fortran_order else "C")
