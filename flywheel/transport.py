@@ -41,8 +41,11 @@ def make_socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int 
     return sock
 
 
-def bind(sock: zmq.Socket, endpoint: str, what: str, setting: str) -> None:
-    """Bind, turning 'address in use' into an error that says what to do; a CURVE server when keys are set."""
+def bind(sock: zmq.Socket, endpoint: str, what: str, setting: str) -> str:
+    """Bind, turning 'address in use' into an error that says what to do; a CURVE server when keys are set.
+
+    Returns the endpoint bound, which each service logs in its start line: with port 0 (``tcp://127.0.0.1:0``)
+    the kernel picks a free port, and this is how a caller (a test, a launcher) learns which."""
     security.prepare_bind(sock, endpoint)
     try:
         sock.bind(endpoint)
@@ -52,6 +55,9 @@ def bind(sock: zmq.Socket, endpoint: str, what: str, setting: str) -> None:
                 f"{endpoint} ({what}) is already in use: stop the process holding it or set {setting}"
             ) from None
         raise EndpointInUse(f"cannot bind {endpoint} ({what}): {exc.strerror}; check {setting}") from None
+    bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    log.debug("%s bound at %s", what, bound)
+    return bound
 
 
 def connect(sock: zmq.Socket, endpoint: str) -> None:

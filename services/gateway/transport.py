@@ -67,20 +67,20 @@ class GatewayService:
         try:
             tel = make_socket(self.ctx, zmq.PULL, rcvhwm=s.telemetry_hwm, max_msg_bytes=_SMALL_MSG)
             socks.append(tel)
-            bind(tel, s.telemetry_endpoint, "gateway telemetry", "FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT")
+            self.endpoints["telemetry"] = bind(tel, s.telemetry_endpoint, "gateway telemetry",
+                                               "FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT")
             ctl = make_socket(self.ctx, zmq.PUB, sndhwm=1000, max_msg_bytes=4096)  # inbound: subscriptions
             socks.append(ctl)
-            bind(ctl, s.control_endpoint, "gateway control", "FLYWHEEL_GATEWAY_CONTROL_ENDPOINT")
+            self.endpoints["control"] = bind(ctl, s.control_endpoint, "gateway control",
+                                             "FLYWHEEL_GATEWAY_CONTROL_ENDPOINT")
             lease = make_socket(self.ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=_SMALL_MSG)
             socks.append(lease)
-            bind(lease, s.lease_endpoint, "gateway leases", "FLYWHEEL_GATEWAY_LEASE_ENDPOINT")
+            self.endpoints["lease"] = bind(lease, s.lease_endpoint, "gateway leases", "FLYWHEEL_GATEWAY_LEASE_ENDPOINT")
         except Exception:
             for sock in socks:
                 sock.close(0)
             raise
         self.telemetry_sock, self.control_sock, self.lease_sock = tel, ctl, lease
-        for name, sock in (("telemetry", tel), ("control", ctl), ("lease", lease)):
-            self.endpoints[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     async def start(self) -> None:
         self.bind()

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import queue
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,51 +21,26 @@ from .staging import HostCopy
 SERVICE = "learner"
 
 
-def wants_sampling_thread(settings: LearnerSettings, core: LearnerCore) -> bool:
-    """A thread pays off when updates are long enough to hide decoding and staging (GPU, pixels); for small
-    vector networks on a CPU its GIL hand-offs cost more than doing the same work between updates."""
-    choice = settings.sampling_thread
-    return choice == "on" or (choice == "auto" and (core.cuda or len(core.obs_shape) == 3))
-
-
 @dataclass
 class DataPath:
     """What brings batches to the update loop and priorities back: ``take`` a ready batch or command, ``done``
-    with a batch's |TD| errors, ``turn_done`` after every loop turn (it drives the feeder when it has no thread)."""
+    with a batch's |TD| errors. The feeder's thread does the sampling I/O between."""
 
     client: ReplayClient
     control: ControlSubscriber
     feeder: Feeder
     group: int  # training batches per sample request
-    thread: bool  # whether ``start`` runs the feeder in its own thread
-    _since_pump: int = field(default=0, repr=False)
 
     def start(self) -> None:
-        self.feeder.start(thread=self.thread)
+        self.feeder.start()
 
     def take(self, timeout_ms: int) -> ReadyBatch | proto.Command[Any]:
         """The next ready batch or command, waiting up to ``timeout_ms``; raises queue.Empty when none came."""
-        if self.feeder.threaded:
-            return self.feeder.events.get(timeout=timeout_ms / 1000)
-        try:  # without a sampling thread: the next queued item, else wait for one on the sockets
-            return self.feeder.events.get_nowait()
-        except queue.Empty:
-            self.feeder.pump_inline(timeout_ms)
-            return self.feeder.events.get_nowait()
+        return self.feeder.events.get(timeout=timeout_ms / 1000)
 
     def done(self, ready: ReadyBatch, td_abs: torch.Tensor) -> None:
         """Hand back the |TD| errors of a trained batch (a fresh tensor: kept as a view on a CPU, copied off a GPU)."""
         self.feeder.done(ready.index, HostCopy({"p": td_abs}, copy=False), ready.lease)
-
-    def turn_done(self) -> None:
-        """Without a sampling thread, once per request's worth of batches: priorities out (one message), requests
-        topped up, arrived replies queued."""
-        if self.feeder.threaded:
-            return
-        self._since_pump += 1
-        if self._since_pump >= self.group:
-            self._since_pump = 0
-            self.feeder.pump_inline(0)
 
     def close(self) -> None:
         """Stop the feeder (its queued priorities are sent first), then close the sockets."""
@@ -98,4 +72,4 @@ def open_data_path(settings: LearnerSettings, core: LearnerCore, ctx: zmq.Contex
             control.close()
         client.close()
         raise
-    return DataPath(client, control, feeder, group, wants_sampling_thread(settings, core))
+    return DataPath(client, control, feeder, group)

@@ -106,15 +106,10 @@ class Feeder:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    @property
-    def threaded(self) -> bool:
-        return self._thread is not None
-
-    def start(self, *, thread: bool = True) -> None:
-        """Run in a thread, or (``thread=False``) be driven by the update loop calling ``pump``."""
-        if thread:
-            self._thread = threading.Thread(target=self._run, name="learner-feeder", daemon=True)
-            self._thread.start()
+    def start(self) -> None:
+        """Run in the sampling thread (one mode: the update loop only takes from ``events`` and calls ``done``)."""
+        self._thread = threading.Thread(target=self._run, name="learner-feeder", daemon=True)
+        self._thread.start()
 
     def done(self, index: np.ndarray, copy: HostCopy, lease: SlotLease | None = None) -> None:
         """The update loop trained on one delivered batch: send its |TD| priorities once the copy has landed.
@@ -125,7 +120,7 @@ class Feeder:
         """
         self._priorities.append((index, copy, lease))
         self.taken += 1
-        if (self._thread is not None and self.client.outstanding == 0
+        if (self.client.outstanding == 0
                 and self.delivered - self.taken <= self.client.inflight * self.group):
             self.ring()
 
@@ -142,7 +137,7 @@ class Feeder:
         if self._thread is not None and self._thread.is_alive():
             self.ring()
             self._thread.join(timeout=30)
-        elif self._thread is None:
+        elif self._thread is None:  # never started: send what was queued from here
             self._flush_priorities(wait=True)
         if self._thread is None or not self._thread.is_alive():
             self._release_untrained()
@@ -175,25 +170,12 @@ class Feeder:
         finally:
             self._flush_priorities(wait=True)
 
-    def pump_inline(self, timeout_ms: int) -> None:
-        """``pump`` called by the update loop itself: a failure is kept in ``error`` and logged, as in a thread."""
-        if self.error is not None:
-            return
-        try:
-            self.pump(timeout_ms)
-        except Exception as exc:
-            self.error = exc
-            log.exception("learner: sampling failed")
-
     def pump(self, timeout_ms: int) -> None:
-        """One turn: top up requests, wait up to ``timeout_ms`` for replies or commands, queue them, send priorities.
-
-        With ``timeout_ms`` 0 (the update loop's call between updates) priorities wait until a whole group's are
-        there, so they leave in one message per request.
-        """
+        """One turn of the sampling thread: top up requests, wait up to ``timeout_ms`` for replies or commands,
+        queue them, send priorities."""
         if not self.paused:
             self.client.top_up(self.beta, self._request_limit())
-        self._flush_priorities(wait=False, at_least=self.group if timeout_ms == 0 else 1)
+        self._flush_priorities(wait=False)
         events = dict(self._poller.poll(timeout_ms))
         if self._bell_rx in events:
             self._drain_bell()
@@ -250,10 +232,8 @@ class Feeder:
                 self.delivered += 1
                 self.events.put(ReadyBatch(ordered.index[i * size:(i + 1) * size], batch.replay_size, part, lease))
 
-    def _flush_priorities(self, *, wait: bool, at_least: int = 1) -> None:
+    def _flush_priorities(self, *, wait: bool) -> None:
         """Send every priority update whose copy has landed, as one message (fewer sends, fewer GIL hand-offs)."""
-        if not wait and len(self._priorities) < at_least:
-            return
         indices: list[np.ndarray] = []
         values: list[np.ndarray] = []
         while self._priorities and (wait or self._priorities[0][1].ready()) and len(indices) < MAX_COALESCED:

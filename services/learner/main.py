@@ -37,7 +37,7 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
         return 2
     service.counters["pretrain_updates_total"] = float(pretrained)  # the first weights published are these
     install_stop_signals(service.stop)
-    log_start(settings, core)
+    log_start(settings, core, service.weights_endpoint)
     try:
         return service.run()
     finally:

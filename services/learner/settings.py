@@ -39,9 +39,6 @@ class LearnerSettings(CommonSettings):
         0, ge=0, le=64, description="training batches fetched per sample request, their priorities sent back in "
                                     "one message (0 = auto: enough for ~4096 transitions with vector "
                                     "observations, 1 with pixels)")
-    sampling_thread: Literal["auto", "on", "off"] = Field(
-        "auto", description="receive, decode and stage batches in a thread (auto: on a GPU or for pixels; "
-                            "off runs it between updates, cheaper when updates take only a few ms)")
     request_timeout_s: float = Field(60.0, gt=0, le=3600,
                                      description="re-send sample requests when no batch arrived for this long")
     publish_interval_updates: int = Field(50, ge=1, le=1_000_000, description="publish weights every K updates")

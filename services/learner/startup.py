@@ -127,9 +127,9 @@ def start_core(settings: LearnerSettings, spec: Any = None) -> tuple[LearnerCore
     return core, start_version, pretrained
 
 
-def log_start(settings: LearnerSettings, core: LearnerCore) -> None:
+def log_start(settings: LearnerSettings, core: LearnerCore, weights_endpoint: str) -> None:
     log.info("learner: device %s (%d threads, %s%s), network %s, %s head, batch %d x %d accumulated, "
              "samples from %s, weights on %s, telemetry to %s, control from %s", core.device, torch.get_num_threads(),
              core.config.precision, ", compiled" if core.config.compile else "", core.name, settings.head,
-             settings.batch_size, settings.grad_accum_steps, settings.sample_endpoint, settings.weights_bind,
+             settings.batch_size, settings.grad_accum_steps, settings.sample_endpoint, weights_endpoint,
              settings.telemetry_endpoint, settings.control_endpoint)

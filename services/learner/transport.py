@@ -40,7 +40,7 @@ class LearnerService:
                                                                self.path.feeder, self.path.group)
         self.pub = make_socket(ctx, zmq.PUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
         try:
-            bind(self.pub, settings.weights_bind, "learner weights PUB", "--weights-bind")
+            self.weights_endpoint = bind(self.pub, settings.weights_bind, "learner weights PUB", "--weights-bind")
         except Exception:
             self.path.close()
             self.pub.close(0)
@@ -118,11 +118,6 @@ class LearnerService:
         self.finish()
         return code
 
-    @property
-    def uses_sampling_thread(self) -> bool:
-        """Whether sampling runs in its own thread (datapath.wants_sampling_thread)."""
-        return self.path.thread
-
     def start(self) -> None:
         """Publish the starting weights (so actors get some early) and start sampling."""
         self.snapshots.begin(self.core.steps)
@@ -158,7 +153,6 @@ class LearnerService:
                 self._held.append(item)
             else:
                 self.train(item)
-        self.path.turn_done()
         self._publish_ready(wait=False)
         self._timers()
 

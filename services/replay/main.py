@@ -36,7 +36,8 @@ def main(settings: ReplaySettings) -> int:
     install_stop_signals(server.stop)
     log.info("replay %s: capacity %d, %s sampling, transitions on %s, sampling on %s%s",
              settings.instance, settings.capacity, "prioritized" if settings.prioritized else "uniform",
-             settings.transitions_bind, settings.sample_bind, ", shared memory on" if shm else "")
+             ",".join(server.endpoints["transitions"]), ",".join(server.endpoints["sample"]),
+             ", shared memory on" if shm else "")
     try:
         server.run()
     finally:

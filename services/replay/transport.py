@@ -44,11 +44,14 @@ class ReplayServer:
         self.router = make_socket(ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=64 << 20)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.shm = shm
+        self.endpoints: dict[str, list[str]] = {"transitions": [], "sample": []}  # as bound (port 0 resolved)
         try:
             for endpoint in _split(transitions_bind):
-                bind(self.pull, endpoint, "replay transitions", "FLYWHEEL_REPLAY_TRANSITIONS_BIND")
+                self.endpoints["transitions"].append(
+                    bind(self.pull, endpoint, "replay transitions", "FLYWHEEL_REPLAY_TRANSITIONS_BIND"))
             for endpoint in _split(sample_bind):
-                bind(self.router, endpoint, "replay sampling", "FLYWHEEL_REPLAY_SAMPLE_BIND")
+                self.endpoints["sample"].append(
+                    bind(self.router, endpoint, "replay sampling", "FLYWHEEL_REPLAY_SAMPLE_BIND"))
         except Exception:
             self.close()
             raise

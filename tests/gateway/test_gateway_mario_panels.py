@@ -25,7 +25,6 @@ from flywheel.services.actor.report import StepRate
 from flywheel.services.actor.report import actor_report as report_of
 from flywheel.services.actor.transport import LeaseClient, TransitionSender, WeightsReceiver
 from flywheel.services.gateway.app import GatewayService, create_app
-from flywheel.testing.ports import free_port
 from flywheel.transport import FaultCounter, TelemetryReporter
 
 ENV_ID = "SuperMarioBros-1-1-v0?size=42,max_episode_steps=40"
@@ -43,7 +42,7 @@ def actor_report() -> tuple[dict[str, float], dict[str, float]]:
         while not core.stats.flags and time.monotonic() < deadline:
             core.step()
         assert core.stats.flags, "no Mario episode finished within 60 s"
-        nowhere = f"tcp://127.0.0.1:{free_port()}"  # connected, never used: the report needs the parts only
+        nowhere = "inproc://nowhere"  # connected, never bound: the report needs the parts only
         faults = FaultCounter("actor")
         sender = TransitionSender(ctx, nowhere, "actor-0", hwm=1, on_full="block", batch_rows=1)
         weights = WeightsReceiver(ctx, nowhere, policy, faults)

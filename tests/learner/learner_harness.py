@@ -15,7 +15,6 @@ from flywheel.services.learner.checkpoint import load_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.transport import LearnerService
-from flywheel.testing.ports import free_port
 from flywheel.transport import queued_frames, subscriber
 
 
@@ -56,7 +55,7 @@ class FakeReplay:
 
 
 class Harness:
-    """Learner service plus the peers it talks to, all on free 127.0.0.1 ports."""
+    """Learner service plus the peers it talks to, all bound to port 0 on 127.0.0.1 (the kernel picks)."""
 
     def __init__(self, tmp_path: Path, **overrides: object) -> None:
         self.ctx = zmq.Context()
@@ -65,12 +64,11 @@ class Harness:
         tel_port = self.telemetry.bind_to_random_port("tcp://127.0.0.1")
         self.control = self.ctx.socket(zmq.PUB)
         ctl_port = self.control.bind_to_random_port("tcp://127.0.0.1")
-        self.weights_port = free_port()
         values = dict(
             instance="learner-test", env_id="CartPole-v1", batch_size=32, lr=1e-3, requests_in_flight=3,
             publish_interval_updates=5, telemetry_interval_s=0.1, telemetry_endpoint=f"tcp://127.0.0.1:{tel_port}",
             control_endpoint=f"tcp://127.0.0.1:{ctl_port}", sample_endpoint=f"tcp://127.0.0.1:{self.replay.port}",
-            weights_bind=f"tcp://127.0.0.1:{self.weights_port}", checkpoint_dir=str(tmp_path), torch_threads=1,
+            weights_bind="tcp://127.0.0.1:0", checkpoint_dir=str(tmp_path), torch_threads=1,
         )
         values.update(overrides)
         self.settings = LearnerSettings(**values)
@@ -79,7 +77,7 @@ class Harness:
         if self.settings.resume:
             self.start_version = load_checkpoint(tmp_path, self.core).weight_version
         self.service = LearnerService(self.settings, self.core, self.ctx, start_version=self.start_version)
-        self.sub = subscriber(self.ctx, f"tcp://127.0.0.1:{self.weights_port}")
+        self.sub = subscriber(self.ctx, self.service.weights_endpoint)  # the port the kernel picked
         self.versions: list[int] = []
         self.weights: list[proto.Weights] = []
         self.reports: list[proto.Telemetry] = []

@@ -64,14 +64,14 @@ def fit_one_step_rewards(core: LearnerCore, seed: int, updates: int = 300) -> tu
 
 
 def learner_env(checkpoint_dir: Path, weights_port: int, **extra: str) -> dict[str, str]:
-    """A learner process's environment: weights on ``weights_port``, its other peers on unused ports, one CPU thread,
-    weights published again every 0.2 s (a subscriber that joins late still gets the first version)."""
+    """A learner process's environment: weights on ``weights_port``, its other peers inproc endpoints nobody binds,
+    one CPU thread, weights published again every 0.2 s (a subscriber that joins late still gets the first version)."""
     return clean_env(**{
         "FLYWHEEL_LEARNER_CHECKPOINT_DIR": str(checkpoint_dir),
         "FLYWHEEL_LEARNER_WEIGHTS_BIND": f"tcp://127.0.0.1:{weights_port}",
-        "FLYWHEEL_LEARNER_SAMPLE_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
-        "FLYWHEEL_LEARNER_TELEMETRY_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
-        "FLYWHEEL_LEARNER_CONTROL_ENDPOINT": f"tcp://127.0.0.1:{free_port()}",
+        "FLYWHEEL_LEARNER_SAMPLE_ENDPOINT": "inproc://no-replay",  # connected, never bound: nothing answers
+        "FLYWHEEL_LEARNER_TELEMETRY_ENDPOINT": "inproc://no-gateway",
+        "FLYWHEEL_LEARNER_CONTROL_ENDPOINT": "inproc://no-gateway-control",
         "FLYWHEEL_LEARNER_TORCH_THREADS": "1", "FLYWHEEL_LEARNER_DEVICE": "cpu",
         "FLYWHEEL_LEARNER_WEIGHTS_REPUBLISH_S": "0.2", **extra,
     })

@@ -12,7 +12,6 @@ from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, load_checkpoin
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.main import main
 from flywheel.services.learner.settings import LearnerSettings
-from flywheel.testing.ports import free_port
 
 
 def test_sigterm_leaves_a_checkpoint_and_exits_zero(tmp_path: Path) -> None:
@@ -27,7 +26,7 @@ def test_sigterm_leaves_a_checkpoint_and_exits_zero(tmp_path: Path) -> None:
 
 def test_resume_without_checkpoint_fails_with_one_line(tmp_path: Path, caplog) -> None:
     settings = LearnerSettings(checkpoint_dir=str(tmp_path), resume=True, device="cpu",
-                               weights_bind=f"tcp://127.0.0.1:{free_port()}")
+                               weights_bind="tcp://127.0.0.1:0")
     assert main(settings, spec=SPEC) == 2
     assert any("no learner checkpoint" in r.getMessage() for r in caplog.records)
 
@@ -48,7 +47,7 @@ def test_weights_endpoint_in_use_fails_with_one_line(caplog) -> None:
 
 def test_env_spec_is_used_when_no_spec_given(tmp_path: Path, caplog) -> None:
     settings = LearnerSettings(env_id="CartPole-v1", device="cpu", max_updates=1, checkpoint_dir=str(tmp_path),
-                               resume=True, weights_bind=f"tcp://127.0.0.1:{free_port()}")
+                               resume=True, weights_bind="tcp://127.0.0.1:0")
     start = time.monotonic()
     assert main(settings) == 2  # looked up CartPole (4,) x 2, then found no checkpoint
     assert time.monotonic() - start < 25

@@ -15,7 +15,6 @@ from flywheel.demos.format import DemoSet
 from flywheel.nets import build_q_network, load_weights
 from flywheel.services.learner.main import main
 from flywheel.services.learner.settings import LearnerSettings
-from flywheel.testing.ports import free_port
 
 
 def test_service_publishes_the_cloned_policy_after_pretraining(tmp_path: Path) -> None:
@@ -40,7 +39,7 @@ def test_service_publishes_the_cloned_policy_after_pretraining(tmp_path: Path) -
 
 def _settings(tmp_path: Path, demos: Path) -> LearnerSettings:
     return LearnerSettings(demos_path=str(demos), pretrain_updates=10, device="cpu", torch_threads=1,
-                           weights_bind=f"tcp://127.0.0.1:{free_port()}")
+                           weights_bind="tcp://127.0.0.1:0")
 
 
 def _one_error_line(caplog: pytest.LogCaptureFixture) -> str:

@@ -154,7 +154,6 @@ def test_cpu_learner_trains_on_views_of_the_shared_slot_and_hands_it_back_after_
                 assert isinstance(ready, ReadyBatch)
                 if ready.lease is None:
                     path.done(ready, torch.ones(16))
-                    path.turn_done()
                     continue
                 leased = ready
                 break
@@ -164,7 +163,6 @@ def test_cpu_learner_trains_on_views_of_the_shared_slot_and_hands_it_back_after_
             assert batch.request_id in path.client.held  # the replay may not reuse the slot yet
             core.update(leased.tensors)
             path.done(leased, torch.ones(16))
-            path.turn_done()  # priorities out (by the sampling thread when there is one), and the slot with them
             deadline = time.monotonic() + 10
             while batch.request_id in path.client.held and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -109,22 +109,21 @@ def test_priorities_reach_the_replay_for_every_batch(harness) -> None:
 
 
 def test_one_batch_per_request_when_asked(harness) -> None:
-    h = harness(batches_per_request=1, sampling_thread="on")
+    h = harness(batches_per_request=1)
     h.service.start()
-    assert h.service.group == 1 and h.service.feeder.threaded
+    assert h.service.group == 1
     h.drive(lambda: h.core.steps >= 10 and sum(len(u.index) for u in h.replay.priorities) >= 320)
     assert all(len(sent) == 32 for sent in h.replay.sent_index.values())  # one training batch per request
     assert all(len(u.index) % 32 == 0 for u in h.replay.priorities)
     assert h.replay.max_pending == 3
 
 
-@pytest.mark.parametrize("thread", ["on", "off"])
-def test_failed_sampling_stops_the_learner_with_a_checkpoint(harness, tmp_path, caplog, thread: str) -> None:
+def test_failed_sampling_stops_the_learner_with_a_checkpoint(harness, tmp_path, caplog) -> None:
     import threading
 
     from flywheel.services.learner.checkpoint import CHECKPOINT_FILE
 
-    h = harness(sampling_thread=thread)
+    h = harness()
 
     def broken_check(batch: proto.SampleBatch) -> None:
         raise MemoryError("simulated failure while checking a batch")

@@ -58,7 +58,7 @@ class RunningServer:
 @contextmanager
 def running_server(core: ReplayCore, *, sample_bind: str = "tcp://127.0.0.1:*",
                    **kwargs: object) -> Iterator[RunningServer]:
-    """Run ``server.run()`` in a thread on tcp://127.0.0.1:* ports; stop and close on exit."""
+    """Run ``server.run()`` in a thread on ports the kernel picks (tcp://127.0.0.1:*); stop and close on exit."""
     ctx = zmq.Context()
     faults = FaultCounter("replay")
     publisher = ctx.socket(zmq.PUB)
@@ -67,7 +67,7 @@ def running_server(core: ReplayCore, *, sample_bind: str = "tcp://127.0.0.1:*",
     control = ControlSubscriber(ctx, "inproc://control-source", "replay", "test", faults)
     server = ReplayServer(core, ctx, transitions_bind="tcp://127.0.0.1:*", sample_bind=sample_bind,
                           telemetry=telemetry, control=control, faults=faults, **kwargs)  # type: ignore[arg-type]
-    endpoints = (server.pull.getsockopt_string(zmq.LAST_ENDPOINT), server.router.getsockopt_string(zmq.LAST_ENDPOINT))
+    endpoints = (server.endpoints["transitions"][0], server.endpoints["sample"][0])  # the ports it bound
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

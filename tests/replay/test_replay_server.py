@@ -260,3 +260,22 @@ def test_pause_holds_inserts_and_samples_until_resume(ctx: zmq.Context) -> None:
         wait_for(lambda: core.size == 12, "the held insert")
         push.close(0)
         learner.close(0)
+
+
+def test_the_server_reports_the_ports_the_kernel_picked(ctx: zmq.Context, tmp_path: Path) -> None:
+    """Bound to port 0 it names the real ports (a test or launcher needs no port guessed in advance)."""
+    ipc = f"ipc://{tmp_path}/sample"
+    with running_server(make_core(64, min_size_to_sample=4), sample_bind=f"tcp://127.0.0.1:0,{ipc}") as rs:
+        (transitions_at,), (sample_at, ipc_at) = rs.server.endpoints["transitions"], rs.server.endpoints["sample"]
+        ports = {int(transitions_at.rsplit(":", 1)[1]), int(sample_at.rsplit(":", 1)[1])}
+        assert 0 not in ports and len(ports) == 2 and ipc_at == ipc
+        push = ctx.socket(zmq.PUSH)
+        push.connect(transitions_at)  # the reported endpoints are the live ones
+        push.send_multipart(proto.encode(transitions(0, 8)))
+        learner = ctx.socket(zmq.DEALER)
+        learner.connect(sample_at)
+        learner.send_multipart(proto.encode(proto.SampleRequest(1, 4, 0.4)))
+        reply = receive(learner)
+        assert isinstance(reply, proto.SampleBatch) and reply.replay_size == 8
+        push.close(0)
+        learner.close(0)

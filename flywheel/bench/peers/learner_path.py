@@ -70,7 +70,6 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
             path.done(item, torch.from_numpy(rng.uniform(0.1, 2, rows).astype(np.float32)))
             counts["batches"] += 1
             counts["rows"] += rows
-        path.turn_done()
         return isinstance(item, ReadyBatch)
 
     try:
@@ -92,7 +91,7 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
         ctx.term()
     c = path.client.counters
     result.put(rates | {"shm": c["shm_batches"], "tcp": c["tcp_batches"], "compact": c["compact_batches"],
-                        "rows": counts["rows"], "priority_messages": c["priority_updates"], "threaded": path.thread,
+                        "rows": counts["rows"], "priority_messages": c["priority_updates"],
                         "faults": faults.total})
 
 

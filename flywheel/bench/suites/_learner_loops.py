@@ -16,7 +16,6 @@ from flywheel.nets import build_q_network
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.transport import LearnerService
-from flywheel.testing.ports import free_port
 
 ROUNDS = 20  # chunks per run, alternating between the loops (finer: load swings hit every loop alike)
 
@@ -106,8 +105,8 @@ def start_learner(case: Case, config: CoreConfig, device: torch.device, endpoint
     settings = LearnerSettings.model_validate({
         "instance": "bench-learner", "env_id": "bench", "batch_size": case.batch, "lr": LR, "adam_eps": ADAM_EPS,
         "grad_clip_norm": CLIP, "sample_endpoint": endpoint, "sample_transport": transport,
-        "weights_bind": f"tcp://127.0.0.1:{free_port()}", "telemetry_endpoint": f"tcp://127.0.0.1:{free_port()}",
-        "control_endpoint": f"tcp://127.0.0.1:{free_port()}", "torch_threads": threads, "device": device.type,
+        "weights_bind": "tcp://127.0.0.1:0", "telemetry_endpoint": f"inproc://bench-telemetry-{seed}",
+        "control_endpoint": f"inproc://bench-control-{seed}", "torch_threads": threads, "device": device.type,
         "requests_in_flight": 4})
     torch.manual_seed(seed)
     core = LearnerCore(case.obs_shape, case.n_actions, config, device)
