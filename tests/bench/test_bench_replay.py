@@ -18,9 +18,11 @@ import pytest
 from flywheel.bench.peers.cpu_clock import SideClock, cpu_seconds, pin_process, rates, thread_affinities
 from flywheel.bench.peers.learner_path import learner_path_run
 from flywheel.bench.peers.replay_harness import CpprbPeer, OptionalPeer, PeerProcess, ReplayService, Sender, sample_run
+from flywheel.bench.peers.zmq_ceiling import zmq_ceiling_run
 from flywheel.bench.runner import BenchError, SuiteResult, markdown_table
 from flywheel.bench.suites._replay_rows import (
     SAMPLING_VARIANTS,
+    ZMQ_ALONE,
     checkpoint_rows,
     common_fill,
     core_budgets,
@@ -113,6 +115,19 @@ def test_learner_data_path_rows_sit_beside_cpprb_with_their_goals_judged_only_at
     small = sampling_rows(30_000, [1], slow, goal=">= 100")  # not the goal's fill: shown, not judged
     assert [row.met for row in small if row.goal] == [None, None]
     assert not [row for row in sampling_rows(1_000_000, [1], slow) if row.goal]  # a smaller core budget
+
+
+def test_the_learner_tcp_rows_sit_beside_the_ceiling_zeromq_alone_measures_for_real() -> None:
+    runs = {"learner_tcp": [_run(100, 50)], "zmq_tcp": [_run(125, 80)], "cpprb": [_run(100, 100)]}
+    rows = sampling_rows(1_000_000, [0, 1], runs)
+    ceiling = [row for row in rows if "the socket pair's ceiling" in row.case]
+    assert [(row.flywheel, row.peer) for row in ceiling] == [(125, None), (80, None)]
+    against = [row for row in rows if row.peer_name == ZMQ_ALONE]
+    assert [row.ratio for row in against] == [0.8, 0.625]
+    assert plot_label(against[0]) == ("sample 1,000,000, cores=2: the learner's data path over tcp against ZeroMQ "
+                                      "alone over TCP, whole batches vs ZeroMQ alone over TCP, whole batches")
+    got = zmq_ceiling_run(1 << 20, 1.0, CPUS)  # real processes and sockets: 1 MB replies for a second
+    assert got["tcp"] >= 10 and got["shm"] == 0 and got["rate"] > 0 and got["rate_per_cpu"] > 0
 
 
 def test_sections_are_a_subset_of_the_suite_parts() -> None:

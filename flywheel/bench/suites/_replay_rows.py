@@ -21,6 +21,8 @@ SAMPLING_VARIANTS = (
     ("learner_tcp", f"the learner service's data path over tcp {_LEARNER}"),
 )
 CPPRB_SAMPLER = "cpprb (in-process, synchronous update_priorities)"
+WHOLE_BATCH_BYTES = 2 * BATCH * 4 * 84 * 84  # a 512-batch's obs and next_obs, stacked Mario frames (28.9 MB)
+ZMQ_ALONE = "ZeroMQ alone over TCP, whole batches"
 # issue 16, at 1M Mario stored on the whole core budget: the learner's shared-memory path at least cpprb's
 # batches per CPU-second, its TCP path at least twice the 63 batches/s it took before
 LEARNER_SHM_CPU_GOAL, LEARNER_TCP_GOAL, GOAL_FILL = 1.0, 126.0, 1_000_000
@@ -106,6 +108,14 @@ def sampling_rows(fill: int, cpus: list[int], runs: dict[str, list[dict[str, flo
             if goal:  # the group on the whole core budget
                 _learner_goal(key, pair, fill)
             rows += pair
+    if runs.get("zmq_tcp"):
+        rows += rate_rows(f"{where}: ZeroMQ alone over TCP, {WHOLE_BATCH_BYTES / 1e6:.1f} MB replies from one "
+                          "prebuilt buffer, 4 in flight (no sampling, no decoding): the socket pair's ceiling",
+                          "batches", "batches/s", runs["zmq_tcp"], [], "", "both processes")
+        if runs.get("learner_tcp"):
+            rows += rate_rows(f"{where}: the learner's data path over tcp against {ZMQ_ALONE}", "batches",
+                              "batches/s", runs["learner_tcp"], runs["zmq_tcp"], ZMQ_ALONE,
+                              "every process of its side")
     reverb = runs.get("reverb", [])
     if not reverb:
         return rows

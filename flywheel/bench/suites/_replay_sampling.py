@@ -7,8 +7,9 @@ from typing import Any
 
 from flywheel.bench.peers.learner_path import learner_path_run
 from flywheel.bench.peers.replay_harness import CpprbPeer, OptionalPeer, ReplayService, Sender, sample_run
+from flywheel.bench.peers.zmq_ceiling import zmq_ceiling_run
 from flywheel.bench.runner import BenchContext, SuiteResult
-from flywheel.bench.suites._replay_rows import BATCH, sampling_rows
+from flywheel.bench.suites._replay_rows import BATCH, WHOLE_BATCH_BYTES, sampling_rows
 
 MARIO_ROWS = 128  # rows per Mario transition message, as an actor with 16 envs sends them
 # Flywheel's samplers, each run in turns with the peers: (key, transport, requests in flight, client): "bare" is a
@@ -32,6 +33,10 @@ SAMPLING_NOTES = (
     "from the feeder as the update loop takes them and random priorities go back at once through "
     "DataPath.done: no training, so these rows measure the learner's "
     "sampling path alone (the bare rows use a ReplayClient poll/release loop).",
+    "ZeroMQ alone: a ROUTER answering each request with one prebuilt buffer of a whole 512-batch's obs and "
+    "next_obs (28.9 MB) and a DEALER receiving it without a copy, 4 in flight, pinned like the others "
+    "(flywheel/bench/peers/zmq_ceiling.py): no sampling, encoding or decoding, so no TCP sampler over this "
+    "socket pair on these cores moves whole batches faster.",
 )
 
 
@@ -48,7 +53,7 @@ def sampling_group(ctx: BenchContext, result: SuiteResult, service: ReplayServic
     cpprb.pin(cpus)
     if reverb is not None:
         reverb.pin(cpus)
-    keys = [key for key, *_ in FLYWHEEL_SAMPLERS] + ["cpprb", "reverb"]
+    keys = [key for key, *_ in FLYWHEEL_SAMPLERS] + ["zmq_tcp", "cpprb", "reverb"]
     runs: dict[str, list[dict[str, float]]] = {key: [] for key in keys}
     for _ in range(ctx.warmup + ctx.runs):
         for key, transport, inflight, client in FLYWHEEL_SAMPLERS:
@@ -56,6 +61,7 @@ def sampling_group(ctx: BenchContext, result: SuiteResult, service: ReplayServic
             got = sample(service.sample_tcp, transport, BATCH, seconds, cpus, inflight=inflight,
                          side_pids=(service.proc.pid,))
             runs[key].append({k: got[k] for k in RUN_FIELDS})
+        runs["zmq_tcp"].append(zmq_ceiling_run(WHOLE_BATCH_BYTES, seconds, cpus))  # the TCP rows' ceiling
         runs["cpprb"].append(cpprb.ask(f"sample {seconds}"))
         if reverb is not None and (answer := reverb.ask(f"sample {seconds}")) is not None:
             runs["reverb"].append(answer)
