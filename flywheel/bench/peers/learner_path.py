@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.bench.runner import BenchError
 from flywheel.services.learner.settings import LearnerSettings
 
 from .cpu_clock import SideClock
-from .replay_harness import SPAWN
+from .replay_harness import spawned_result
 
 MARIO_OBS, MARIO_ACTIONS = (4, 84, 84), 7
 WARMUP_BATCHES = 3  # the first replies carry the shared-memory offer
@@ -100,21 +99,6 @@ def learner_path_run(endpoint: str, transport: str, batch: int, seconds: float, 
                      n_actions: int = MARIO_ACTIONS) -> dict[str, Any]:
     """``learner_path_main`` in its own process; returns its batches per second (``rate``) and per CPU-second
     of it and ``side_pids`` (``rate_per_cpu``) and its path counters."""
-    result = SPAWN.Queue()
-    proc = SPAWN.Process(target=learner_path_main, daemon=True, args=(
-        endpoint, transport, batch, seconds, cpus, result, inflight, tuple(side_pids), obs_shape, n_actions))
-    proc.start()
-    deadline = time.monotonic() + seconds + 180
-    try:
-        while True:
-            try:
-                return result.get(timeout=1)
-            except queue.Empty:
-                if not proc.is_alive() or time.monotonic() > deadline:
-                    break
-        try:  # it may have put its answer just before it ended
-            return result.get(timeout=1)
-        except queue.Empty:
-            raise BenchError(f"learner data path ({transport}) gave no result (exit code {proc.exitcode})") from None
-    finally:
-        proc.join(30)
+    return spawned_result(learner_path_main, lambda result: (
+        endpoint, transport, batch, seconds, cpus, result, inflight, tuple(side_pids), obs_shape, n_actions),
+        seconds + 180, f"learner data path ({transport})")

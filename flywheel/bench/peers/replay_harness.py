@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -26,6 +27,29 @@ from .cpu_clock import SideClock, pin_process
 from .replay_data import sender_main
 
 SPAWN = mp.get_context("spawn")
+
+
+def spawned_result(target: Callable[..., None], make_args: Callable[[Any], tuple[Any, ...]], wait_s: float,
+                   what: str) -> dict[str, Any]:
+    """Run ``target(*make_args(result_queue))`` in a spawned process and return what it puts on the queue;
+    BenchError naming ``what`` when it ends without an answer or none comes within ``wait_s`` seconds."""
+    result = SPAWN.Queue()
+    proc = SPAWN.Process(target=target, daemon=True, args=make_args(result))
+    proc.start()
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                return result.get(timeout=1)
+            except queue.Empty:
+                if not proc.is_alive() or time.monotonic() > deadline:
+                    break
+        try:  # it may have put its answer just before it ended
+            return result.get(timeout=1)
+        except queue.Empty:
+            raise BenchError(f"{what} gave no result (exit code {proc.exitcode})") from None
+    finally:
+        proc.join(30)
 SHM_DIR = "/dev/shm"  # where the replay creates its clients' segments (services/replay/shm.py)
 
 
@@ -210,16 +234,9 @@ def sample_run(endpoint: str, transport: str, batch: int, seconds: float, cpus: 
     """Run a sampling client in its own process (until ``seconds`` or ``stop`` is set); returns its batches per
     second (``rate``) and per CPU-second of it and ``side_pids`` (``rate_per_cpu``), arrival times and path
     counters."""
-    queue = SPAWN.Queue()
-    proc = SPAWN.Process(target=_client_main, daemon=True, args=(endpoint, transport, batch, seconds, cpus, queue,
-                                                                 stop, inflight, tuple(side_pids)))
-    proc.start()
-    try:
-        return queue.get(timeout=seconds + 180)
-    except Exception as exc:  # queue.Empty or a dead client
-        raise BenchError(f"sampling client ({transport}) gave no result: {exc}") from None
-    finally:
-        proc.join(30)
+    return spawned_result(_client_main, lambda result: (endpoint, transport, batch, seconds, cpus, result, stop,
+                                                        inflight, tuple(side_pids)),
+                          seconds + 180, f"sampling client ({transport})")
 
 
 class PeerProcess:

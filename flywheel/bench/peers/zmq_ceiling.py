@@ -7,7 +7,6 @@ same cores as the replay and its client. What this moves per second bounds any s
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from typing import Any
@@ -16,9 +15,7 @@ import numpy as np
 import zmq
 
 from flywheel.bench.peers.cpu_clock import SideClock
-from flywheel.bench.runner import BenchError
-
-SPAWN = multiprocessing.get_context("spawn")
+from flywheel.bench.peers.replay_harness import SPAWN, spawned_result
 
 
 def _server_main(endpoint_out: Any, nbytes: int, cpus: list[int], stop: Any) -> None:
@@ -70,20 +67,13 @@ def _client_main(endpoint: str, nbytes: int, seconds: float, cpus: list[int], in
 
 def zmq_ceiling_run(nbytes: int, seconds: float, cpus: list[int], inflight: int = 4) -> dict[str, Any]:
     """Replies of ``nbytes`` per second and per CPU-second of both processes, over ``seconds``."""
-    endpoint_out, result, stop = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Event()
+    endpoint_out, stop = SPAWN.Queue(), SPAWN.Event()
     server = SPAWN.Process(target=_server_main, args=(endpoint_out, nbytes, cpus, stop), daemon=True)
     server.start()
     try:
         endpoint = endpoint_out.get(timeout=60)
-        client = SPAWN.Process(target=_client_main, daemon=True,
-                               args=(endpoint, nbytes, seconds, cpus, inflight, server.pid, result))
-        client.start()
-        try:
-            return result.get(timeout=seconds + 120)
-        except Exception as exc:  # queue.Empty or a dead client
-            raise BenchError(f"ZeroMQ ceiling client gave no result: {exc}") from None
-        finally:
-            client.join(30)
+        return spawned_result(_client_main, lambda result: (endpoint, nbytes, seconds, cpus, inflight, server.pid,
+                                                            result), seconds + 120, "ZeroMQ ceiling client")
     finally:
         stop.set()
         server.join(30)
