@@ -19,14 +19,16 @@ def die_with_parent() -> None:
 
 
 def launch(args: list[str], env: Mapping[str, str], log: Path, *, new_session: bool = False,
-           tie_to_parent: bool = True, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+           tie_to_parent: bool = True, cwd: Path | None = None, pass_fds: tuple[int, ...] = ()
+           ) -> subprocess.Popen[bytes]:
     """``python -m flywheel ARGS`` with stdout and stderr appended to ``log``, stdin closed.
 
     ``tie_to_parent`` makes the child get SIGTERM when this process dies however it dies, so a killed
-    launcher leaves no orphans; ``new_session`` keeps a terminal's Ctrl-C from reaching the child directly.
+    launcher leaves no orphans; ``new_session`` keeps a terminal's Ctrl-C from reaching the child directly;
+    ``pass_fds`` are file descriptors the child inherits (a listening socket, say).
     """
     with open(log, "ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "flywheel", *args], env=dict(env), stdout=fh,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                                start_new_session=new_session,
+                                start_new_session=new_session, pass_fds=pass_fds,
                                 preexec_fn=die_with_parent if tie_to_parent else None)

@@ -65,8 +65,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", choices=("text", "json"), default=None,
                         help="every service's log lines as text (default) or JSON, one object per line")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --checkpoint-dir")
-    parser.add_argument("--base-port", type=int, default=5555, help="first of six ZeroMQ ports on 127.0.0.1")
-    parser.add_argument("--http-port", type=int, default=8080, help="gateway HTTP port on 127.0.0.1")
+    parser.add_argument("--base-port", type=int, default=5555,
+                        help="first of six ZeroMQ ports on 127.0.0.1 (0: no TCP ports, every service on Unix "
+                             "sockets in a private directory)")
+    parser.add_argument("--http-port", type=int, default=8080,
+                        help="gateway HTTP port on 127.0.0.1 (0: one the kernel picks, printed at start and kept "
+                             "across gateway restarts)")
     parser.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     parser.add_argument("--local-transport", choices=("ipc", "tcp"), default="ipc",
                         help="how the local actors and learner reach the replay: Unix sockets (default; the "
@@ -134,39 +138,47 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.actors is None:
         args.actors = default_actors(spec.obs_dtype)
     base = args.base_port
-    ports = {"transitions": base, "sample": base + 1, "weights": base + 2, "telemetry": base + 3,
-             "control": base + 4, "lease": base + 5, "http": args.http_port}
+    names = ("transitions", "sample", "weights", "telemetry", "control", "lease")
+    ports = {what: base + i for i, what in enumerate(names)} if base else {}
+    ports["http"] = args.http_port
     for what, port in ports.items():
-        if not 0 < port < 65536:
-            raise SettingsError(f"flywheel run: port {port} for {what} is outside 1..65535; pass --base-port")
+        if not (0 < port < 65536 or (what == "http" and port == 0)):
+            raise SettingsError(f"flywheel run: port {port} for {what} is outside 1..65535 (or 0); pass "
+                                f"{'--http-port' if what == 'http' else '--base-port'}")
     for what, port in ports.items():
-        _check_port(port, what, "--http-port" if what == "http" else "--base-port")
-    local = "tcp://127.0.0.1:{}".format
-    common = {"TELEMETRY_ENDPOINT": local(ports["telemetry"]), "CONTROL_ENDPOINT": local(ports["control"])}
-    transitions_bind, sample_bind = local(ports["transitions"]), local(ports["sample"])
-    transitions_connect, sample_connect = transitions_bind, sample_bind
+        if port:
+            _check_port(port, what, "--http-port" if what == "http" else "--base-port")
     socket_dir = None
-    if getattr(args, "local_transport", "tcp") == "ipc":
+    if getattr(args, "local_transport", "tcp") == "ipc" or not base:
         # Same-host fast path: Unix sockets hold far less data in flight than TCP loopback buffers (which let
         # actors run tens of thousands of small transitions ahead of the replay's rate limiter), and cost less.
         socket_dir = Path(tempfile.gettempdir()) / f"flywheel-run-{os.getpid()}-{base}"  # made by run()
+    if base:
+        endpoint = {what: f"tcp://127.0.0.1:{ports[what]}" for what in names}
+    else:  # no TCP port at all: nothing to collide with, and no port to guess in advance
+        endpoint = {what: f"ipc://{socket_dir}/{what}" for what in names}
+    local = endpoint.__getitem__
+    common = {"TELEMETRY_ENDPOINT": local("telemetry"), "CONTROL_ENDPOINT": local("control")}
+    transitions_bind, sample_bind = local("transitions"), local("sample")
+    transitions_connect, sample_connect = transitions_bind, sample_bind
+    if getattr(args, "local_transport", "tcp") == "ipc" and base:
         transitions_connect, sample_connect = f"ipc://{socket_dir}/transitions", f"ipc://{socket_dir}/sample"
         transitions_bind = f"{transitions_connect},{transitions_bind}"
         sample_bind = f"{sample_connect},{sample_bind}"
     ckpt = args.checkpoint_dir.resolve()
     preset = PIXEL_PRESET if spec.obs_dtype == "uint8" else VECTOR_PRESET
     env: dict[str, dict[str, str]] = {
-        "gateway": {"TELEMETRY_ENDPOINT": local(ports["telemetry"]), "CONTROL_ENDPOINT": local(ports["control"]),
-                    "LEASE_ENDPOINT": local(ports["lease"]), "HTTP_HOST": "127.0.0.1",
+        "gateway": {"TELEMETRY_ENDPOINT": local("telemetry"), "CONTROL_ENDPOINT": local("control"),
+                    "LEASE_ENDPOINT": local("lease"), "HTTP_HOST": "127.0.0.1",
                     "HTTP_PORT": str(ports["http"]), "CURVES_DIR": str(ckpt),
                     "CURVES_INTERVAL_S": str(args.progress_interval)},
         "replay": {**common, "TRANSITIONS_BIND": transitions_bind, "SAMPLE_BIND": sample_bind,
                    "CHECKPOINT_DIR": str(ckpt / "replay"), "RESTORE": str(args.resume).lower()},
         "learner": {**common, "ENV_ID": args.env, "SAMPLE_ENDPOINT": sample_connect,
-                    "WEIGHTS_BIND": local(ports["weights"]), "CHECKPOINT_DIR": str(ckpt / "learner"),
+                    "WEIGHTS_BIND": local("weights"), "CHECKPOINT_DIR": str(ckpt / "learner"),
                     "RESUME": str(args.resume and (ckpt / "learner" / "learner.safetensors").exists()).lower()},
         "actor": {**common, "ENV_ID": args.env, "TRANSITIONS_ENDPOINT": transitions_connect,
-                  "WEIGHTS_ENDPOINT": local(ports["weights"]), "LEASE_ENDPOINT": local(ports["lease"])},
+                  "WEIGHTS_ENDPOINT": local("weights"), "LEASE_ENDPOINT": local("lease")},
     }
     for service, values in preset.items():
         for key, value in values.items():
@@ -234,7 +246,21 @@ def _start(service: str, name: str, values: dict[str, str], log_dir: Path) -> Ch
     child_env[f"FLYWHEEL_{service.upper()}_INSTANCE"] = name
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     log = log_dir / f"{name}.log"
-    return Child(service, name, launch([service], child_env, log, new_session=True), log)
+    fds = (int(values["HTTP_FD"]),) if "HTTP_FD" in values else ()  # the gateway's inherited listening socket
+    return Child(service, name, launch([service], child_env, log, new_session=True, pass_fds=fds), log)
+
+
+def _http_socket(plan: Plan) -> socket.socket | None:
+    """With --http-port 0: the launcher listens on a port the kernel picks and every gateway it starts (restarts
+    too) serves on that socket, so the port never changes and no port is guessed in advance."""
+    if plan.ports["http"] != 0:
+        return None
+    from flywheel.services.gateway.server import listen_socket
+
+    sock = listen_socket("127.0.0.1", 0)
+    plan.env["gateway"]["HTTP_FD"] = str(sock.fileno())
+    plan.gateway_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return sock
 
 
 def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -296,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
         curves.reset(args.checkpoint_dir.resolve())
     if plan.socket_dir is not None:
         plan.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    http = _http_socket(plan)
     stop_reason: list[str] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -314,7 +341,8 @@ def run(args: argparse.Namespace) -> int:
         for i, extra in enumerate(plan.actor_extra):
             children.append(_start("actor", f"actor-{i}", {**plan.env["actor"], **extra}, plan.log_dir))
         print(f"flywheel: training {args.env} with {args.actors} actors; gateway {plan.gateway_url} "
-              f"(/status, /metrics); logs in {plan.log_dir}; Ctrl-C stops and checkpoints", flush=True)
+              f"(/status, /metrics); weights {plan.env['learner']['WEIGHTS_BIND']}; logs in {plan.log_dir}; "
+              "Ctrl-C stops and checkpoints", flush=True)
         next_progress = time.monotonic() + min(args.progress_interval, 3.0)
         while not stop_reason:
             time.sleep(0.2)
@@ -354,6 +382,8 @@ def run(args: argparse.Namespace) -> int:
             code = 1
             for c in failed:
                 print(f"error: {c.name} exited with code {c.proc.returncode}: {_tail(c.log)}", file=sys.stderr)
+    if http is not None:
+        http.close()
     if plan.socket_dir is not None:
         shutil.rmtree(plan.socket_dir, ignore_errors=True)
     if code == 0 and not getattr(args, "no_video", False):

@@ -17,7 +17,6 @@ from safetensors.torch import load_file, save_file
 from flywheel.policy import Policy, PolicyError
 from flywheel.services.learner.checkpoint import CheckpointError, save_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
-from flywheel.testing.ports import free_port_block
 
 
 def _core(env_id: str | None = "CartPole-v1", **config: object) -> LearnerCore:
@@ -90,12 +89,11 @@ def test_old_metadata_falls_back_to_the_argument_then_run_json(tmp_path: Path) -
 
 def test_a_real_learner_process_notes_its_env_and_network(tmp_path: Path) -> None:
     """services/learner/main.py writes env_id and the network spec into the checkpoint it leaves on SIGTERM."""
-    base = free_port_block(4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
     settings = {"ENV_ID": "CartPole-v1", "CHECKPOINT_DIR": str(tmp_path), "HIDDEN": "48", "TORCH_THREADS": "1",
-                "DEVICE": "cpu", "WEIGHTS_BIND": f"tcp://127.0.0.1:{base}",
-                "SAMPLE_ENDPOINT": f"tcp://127.0.0.1:{base + 1}", "TELEMETRY_ENDPOINT": f"tcp://127.0.0.1:{base + 2}",
-                "CONTROL_ENDPOINT": f"tcp://127.0.0.1:{base + 3}"}
+                "DEVICE": "cpu", "WEIGHTS_BIND": "tcp://127.0.0.1:0",  # a port the kernel picks: nobody connects
+                "SAMPLE_ENDPOINT": "inproc://no-replay", "TELEMETRY_ENDPOINT": "inproc://no-gateway",
+                "CONTROL_ENDPOINT": "inproc://no-gateway-control"}
     env.update({f"FLYWHEEL_LEARNER_{k}": v for k, v in settings.items()})
     proc = subprocess.Popen([sys.executable, "-m", "flywheel", "learner"], env=env, stderr=subprocess.PIPE, text=True)
     try:

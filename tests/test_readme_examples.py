@@ -28,7 +28,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pipeline"))
 from pipeline_helpers import clean_env, get_json, wait_until
 
-from flywheel.testing.ports import free_port_block
+from flywheel.testing.run import launcher_endpoints
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SERVICES = ("replay", "learner", "actor", "gateway")
@@ -204,9 +204,8 @@ def _run_example(example: Example, workspace: Path) -> str:
         saved_env = json.loads((ckpt / "run.json").read_text())["env_id"]
         had_checkpoint = (ckpt / "learner" / "learner.safetensors").is_file()
     log_before = learner_log.stat().st_size if learner_log.exists() else 0
-    base = free_port_block(7)
-    bounded = ["run", *argv, "--time-limit", str(RUN_LIMIT_S), "--no-video", "--base-port", str(base),
-               "--http-port", str(base + 6), "--progress-interval", "1"]
+    bounded = ["run", *argv, "--time-limit", str(RUN_LIMIT_S), "--no-video", "--base-port", "0", "--http-port", "0",
+               "--progress-interval", "1"]  # Unix sockets, and the HTTP port the kernel picks (printed at start)
     started = time.monotonic()
     out, err = workspace / "run.out", workspace / "run.err"
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
@@ -216,7 +215,9 @@ def _run_example(example: Example, workspace: Path) -> str:
         def training() -> bool:
             if proc.poll() is not None:
                 return True  # exited early: the checks below say why
-            services = (get_json(f"http://127.0.0.1:{base + 6}/status") or {}).get("services", {})
+            endpoints = launcher_endpoints(out)
+            status = get_json(f"{endpoints[0]}/status") if endpoints is not None else None
+            services = (status or {}).get("services", {})
             learner_up = any(i.get("up") for i in services.get("learner", {}).get("instances", []))
             return learner_up and services.get("actor", {}).get("totals", {}).get("env_steps_total", 0) > 0
         wait_until(training, RUN_LIMIT_S, f"{example} to train", [out, err])

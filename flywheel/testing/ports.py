@@ -1,4 +1,10 @@
-"""Free TCP ports for tests and benchmarks, drawn from below the kernel's ephemeral range.
+"""Fixed free TCP ports, for the few places where binding port 0 cannot serve, drawn from below the ephemeral range.
+
+Everything else binds port 0 and reads back what the kernel picked (``flywheel.testing.reported``, ``flywheel run
+--base-port 0 --http-port 0``). What still needs a port known in advance: a cluster whose services are killed and
+restarted on TCP and must come back on the same port (``flywheel.testing.cluster``, as a Kubernetes Service keeps
+one), and programs that do not report the port they bound (Prometheus, Docker's published ports; the Reverb
+peer could, but its venv is not installed where this was changed, so it was left alone).
 
 A port found free by binding port 0 comes from the ephemeral range, so the kernel may hand it to any
 outgoing connection (an actor dialling the replay, say) before the service that was meant to bind it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -18,9 +19,9 @@ from flywheel.processes import launch
 from flywheel.run import fetch_status
 from flywheel.testing.errors import HarnessError
 from flywheel.testing.polling import wait_until
-from flywheel.testing.ports import free_port_block
 
 SERVICES = ("actor", "replay", "learner", "gateway")
+START_LINE = re.compile(r"gateway (?P<url>http://\S+) \(/status, /metrics\); weights (?P<weights>\S+);")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -30,6 +31,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+def launcher_endpoints(log: Path) -> tuple[str, str] | None:
+    """(gateway URL, weights endpoint) from the start line ``flywheel run`` prints into ``log``; None until then.
+    With ``--base-port 0 --http-port 0`` this is how a test learns where the run it started listens."""
+    try:
+        found = START_LINE.search(log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return None if found is None else (found["url"], found["weights"])
 
 
 def tail(path: Path, lines: int = 8) -> str:
@@ -53,17 +64,17 @@ class Snapshot:
 
 
 class FlywheelRun:
-    """One ``flywheel run`` on free loopback ports, as a user starts it; stopped with SIGINT like Ctrl-C."""
+    """One ``flywheel run`` as a user starts it, on Unix sockets and an HTTP port the kernel picks; stopped with
+    SIGINT like Ctrl-C."""
 
     def __init__(self, env_id: str, workdir: Path, *, actors: int, envs_per_actor: int | None = None,
                  sets: Sequence[str] = (), args: Sequence[str] = (), progress_interval: float = 5.0) -> None:
         self.env_id, self.workdir, self.actors = env_id, workdir, actors
-        self.base = free_port_block(7)
-        self.url = f"http://127.0.0.1:{self.base + 6}"
-        self.weights_endpoint = f"tcp://127.0.0.1:{self.base + 2}"
+        self.url = ""  # known once the launcher has printed its first line (start)
+        self.weights_endpoint = ""
         self.log = workdir / "run.log"
         self.command = ["run", "--env", env_id, "--actors", str(actors),
-                        "--base-port", str(self.base), "--http-port", str(self.base + 6),
+                        "--base-port", "0", "--http-port", "0",  # no port guessed: Unix sockets, an HTTP port picked
                         "--checkpoint-dir", str(workdir / "checkpoints"),
                         "--progress-interval", str(progress_interval)]
         if envs_per_actor is not None:
@@ -75,31 +86,30 @@ class FlywheelRun:
         self.started = 0.0
         self._procs: dict[str, psutil.Process] = {}
 
-    def _ports(self, base: int) -> None:
-        self.base = base
-        self.url = f"http://127.0.0.1:{base + 6}"
-        self.weights_endpoint = f"tcp://127.0.0.1:{base + 2}"
-        i = self.command.index("--base-port")
-        self.command[i + 1], self.command[i + 3] = str(base), str(base + 6)
-
-    def start(self, tries: int = 3, timeout: float = 300.0) -> FlywheelRun:
-        """Start and wait until every service reports; a port taken between the check and the bind (other
-        programs on this machine pick ports too) means a fresh start on other ports, with the clock reset."""
+    def start(self, timeout: float = 300.0) -> FlywheelRun:
+        """Start and wait until every service reports (the gateway's URL and the weights endpoint are read from
+        the launcher's first line)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for attempt in range(tries):
-            self.started = time.monotonic()
-            self.log.unlink(missing_ok=True)
-            self.proc = launch(self.command, clean_env(), self.log, tie_to_parent=False)
-            deadline = self.started + timeout
-            while self.alive() and time.monotonic() < deadline and not self._all_up():
-                time.sleep(0.25)
-            if self.alive() and time.monotonic() < deadline:
-                return self
-            self.stop()
-            if "already in use" not in self.log.read_text(errors="replace") or attempt == tries - 1:
-                break
-            self._ports(free_port_block(7))
+        self.started = time.monotonic()
+        self.log.unlink(missing_ok=True)
+        self.proc = launch(self.command, clean_env(), self.log, tie_to_parent=False)
+        deadline = self.started + timeout
+        while self.alive() and time.monotonic() < deadline and not (self._read_endpoints() and self._all_up()):
+            time.sleep(0.25)
+        if self.alive() and time.monotonic() < deadline:
+            return self
+        self.stop()
         raise HarnessError(f"flywheel run did not come up; log {self.log}:\n{tail(self.log)}")
+
+    def _read_endpoints(self) -> bool:
+        """The gateway URL and weights endpoint from the launcher's start line; False until it is printed."""
+        if self.url:
+            return True
+        found = launcher_endpoints(self.log)
+        if found is None:
+            return False
+        self.url, self.weights_endpoint = found
+        return True
 
     def _all_up(self) -> bool:
         status = self.status()

@@ -22,12 +22,13 @@ def main(settings: GatewaySettings) -> int:
 
     from .app import GatewayService, create_app
     from .auth import StartupError
-    from .server import listen_socket, server_class
+    from .server import inherited_socket, listen_socket, server_class
 
     try:
         service = GatewayService(settings)
         app = create_app(settings, service)  # refuses settings it must not start with (StartupError)
-        http = listen_socket(settings.http_host, settings.http_port)
+        http = (inherited_socket(settings.http_fd) if settings.http_fd >= 0
+                else listen_socket(settings.http_host, settings.http_port))
     except (StartupError, EndpointInUse) as exc:
         return _refuse(exc)
     try:

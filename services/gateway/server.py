@@ -25,6 +25,18 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def inherited_socket(fd: int) -> socket.socket:
+    """The listening TCP socket a parent passed down as file descriptor ``fd`` (flywheel run binds it once)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise EndpointInUse(f"FLYWHEEL_GATEWAY_HTTP_FD={fd} is not an open socket: {exc.strerror}") from None
+    if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.detach()
+        raise EndpointInUse(f"FLYWHEEL_GATEWAY_HTTP_FD={fd} is not a listening TCP socket")
+    return sock
+
+
 def server_class() -> type:
     """uvicorn.Server that exits 0 after a graceful SIGINT/SIGTERM shutdown, like every service."""
     import uvicorn

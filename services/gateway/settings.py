@@ -16,7 +16,11 @@ class GatewaySettings(CommonSettings):
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_GATEWAY_", extra="forbid", validate_default=True)
 
     http_host: str = Field("127.0.0.1", description="address the HTTP API listens on (0.0.0.0 in containers)")
-    http_port: int = Field(8080, ge=0, le=65535, description="port of /metrics, /status, /healthz and /control")
+    http_port: int = Field(8080, ge=0, le=65535, description="port of /metrics, /status, /healthz and /control "
+                                                             "(0: one the kernel picks, logged at start)")
+    http_fd: int = Field(-1, ge=-1, description="serve on this inherited listening socket instead of binding "
+                                                "http_host:http_port (how flywheel run keeps one port across "
+                                                "gateway restarts); -1: bind")
     lease_endpoint: str = Field("tcp://127.0.0.1:5560", description="ROUTER endpoint actors ask for leases")
     control_enabled: bool = Field(
         True, description="false turns POST /control off entirely (then no token is needed on any address)")

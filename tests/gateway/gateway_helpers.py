@@ -1,14 +1,18 @@
-"""Helpers for the gateway tests: a strict exposition-format check, a fake clock, telemetry, free ports."""
+"""Helpers for the gateway tests: a strict exposition-format check, a fake clock, telemetry, gateway processes."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flywheel import proto
+from flywheel.processes import launch
 from flywheel.testing.polling import wait_until
+from flywheel.testing.reported import GATEWAY_HTTP, GATEWAY_UP, reported
 from flywheel.testing.run import clean_env
 
 TOKEN = "test-token-0123456789abcdef"
@@ -56,8 +60,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "co
     return wait_until(predicate, timeout, what, interval=0.02)
 
 
-def gateway_env(http_port: int, **extra: str) -> dict[str, str]:
-    """Environment for a gateway subprocess on loopback: random ZeroMQ ports, the test token, fast sweeps."""
+def gateway_env(http_port: int = 0, **extra: str) -> dict[str, str]:
+    """Environment for a gateway subprocess on loopback: ports the kernel picks (HTTP too by default), the test
+    token, fast sweeps."""
     return clean_env(**{
         "FLYWHEEL_GATEWAY_HTTP_HOST": "127.0.0.1", "FLYWHEEL_GATEWAY_HTTP_PORT": str(http_port),
         "FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT": "tcp://127.0.0.1:*",
@@ -76,3 +81,12 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def start_gateway(env: dict[str, str], log: Path, pass_fds: tuple[int, ...] = ()
+                  ) -> tuple[subprocess.Popen[bytes], str, str]:
+    """A gateway process; (process, its HTTP URL, its telemetry endpoint) as its start lines report them."""
+    proc = launch(["gateway"], env, log, pass_fds=pass_fds)
+    (url,) = reported(log, GATEWAY_HTTP)
+    telemetry, _control, _lease = reported(log, GATEWAY_UP)
+    return proc, url, telemetry

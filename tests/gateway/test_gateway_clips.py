@@ -11,15 +11,13 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 import zmq
-from gateway_helpers import FakeClock, gateway_env, http_get, wait_for
+from gateway_helpers import FakeClock, gateway_env, http_get, start_gateway, wait_for
 from test_gateway_live_page import Texts, chromium
 
 from flywheel import proto
 from flywheel.nets_numpy import NumpyQNetwork
-from flywheel.processes import launch
 from flywheel.services.actor.clips import ClipFilmer
 from flywheel.services.gateway.clips import ClipAssembler, ClipRejected
-from flywheel.testing.ports import free_port_block
 
 
 def chunk(data: bytes, index: int, count: int, *, clip: int = 1, version: int = 7, total: int | None = None,
@@ -71,9 +69,7 @@ class Acting:
 
 
 def test_an_actor_films_cartpole_and_the_live_page_plays_it(tmp_path: Path) -> None:
-    base = free_port_block(2)
-    url, telemetry = f"http://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"
-    proc = launch(["gateway"], gateway_env(base, FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT=telemetry), tmp_path / "gw.log")
+    proc, url, telemetry = start_gateway(gateway_env(), tmp_path / "gw.log")
     ctx = zmq.Context()
     filmer = None
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from flywheel import proto
 from flywheel.processes import launch
-from flywheel.testing.ports import free_port, free_port_block
+from flywheel.services.gateway.server import listen_socket
 
 
 def _rows(folder: Path) -> list[dict[str, str]]:
@@ -24,13 +25,17 @@ def _rows(folder: Path) -> list[dict[str, str]]:
         return []
 
 
-def _start(folder: Path, http: int, telemetry: int, log: Path):
-    env = gateway_env(http, FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT=f"tcp://127.0.0.1:{telemetry}",
+def _start(folder: Path, http: socket.socket, telemetry: str, log: Path):
+    """A gateway serving on ``http``, a listening socket it inherits, as flywheel run starts one (a restart keeps
+    the port); telemetry on a Unix socket, so the actor's endpoint stays the same too."""
+    env = gateway_env(FLYWHEEL_GATEWAY_HTTP_FD=str(http.fileno()), FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT=telemetry,
                       FLYWHEEL_GATEWAY_CURVES_DIR=str(folder), FLYWHEEL_GATEWAY_CURVES_INTERVAL_S="0.3")
-    proc = launch(["gateway"], env, log)
+    proc = launch(["gateway"], env, log, pass_fds=(http.fileno(),))
+    url = f"http://127.0.0.1:{http.getsockname()[1]}"
+
     def up() -> bool:
         try:
-            return http_get(f"http://127.0.0.1:{http}/status")[0] == 200
+            return http_get(f"{url}/status")[0] == 200
         except OSError:
             return False
 
@@ -40,11 +45,11 @@ def _start(folder: Path, http: int, telemetry: int, log: Path):
 
 def test_curves_are_written_by_the_gateway_and_continue_after_it_is_killed(tmp_path: Path) -> None:
     folder, log = tmp_path / "curves", tmp_path / "gateway.log"
-    http, telemetry = free_port(), free_port_block(1)
+    http, telemetry = listen_socket("127.0.0.1", 0), f"ipc://{tmp_path}/telemetry"
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
-    push.connect(f"tcp://127.0.0.1:{telemetry}")
+    push.connect(telemetry)
     seq = 0
 
     def report(steps: float) -> None:
@@ -78,6 +83,7 @@ def test_curves_are_written_by_the_gateway_and_continue_after_it_is_killed(tmp_p
             proc.kill()
         push.close(0)
         ctx.term()
+        http.close()
     acc = EventAccumulator(str(folder / "tb"))
     acc.Reload()
     returns = acc.Scalars("returns/episode")

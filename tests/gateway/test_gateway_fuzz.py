@@ -13,12 +13,9 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from gateway_helpers import AUTH, gateway_env, http_get, wait_for
+from gateway_helpers import AUTH, gateway_env, http_get, start_gateway, wait_for
 from hypothesis import HealthCheck, settings
 from schemathesis.generation import GenerationMode
-
-from flywheel.processes import launch
-from flywheel.testing.ports import free_port
 
 MAX_EXAMPLES = 20
 SEEN: Counter[tuple[str, int]] = Counter()  # (path, status) of every fuzzed request
@@ -26,10 +23,8 @@ SEEN: Counter[tuple[str, int]] = Counter()  # (path, status) of every fuzzed req
 
 @pytest.fixture(scope="module")
 def live_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
     log = tmp_path_factory.mktemp("fuzz") / "gateway.log"
-    proc = launch(["gateway"], gateway_env(port), log)
-    url = f"http://127.0.0.1:{port}"
+    proc, url, _ = start_gateway(gateway_env(), log)  # on the port the kernel picked, as its start line says
     try:
         wait_for(lambda: proc.poll() is None and _up(url), timeout=30, what=f"gateway on {url} ({log})")
         yield url

@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -21,9 +20,8 @@ import cv2
 import numpy as np
 import pytest
 import zmq
-from gateway_helpers import gateway_env, http_get, wait_for
+from gateway_helpers import gateway_env, http_get, start_gateway, wait_for
 
-from flywheel.testing.ports import free_port_block
 from flywheel.transport import TelemetryReporter
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -78,19 +76,13 @@ class Texts(HTMLParser):
 def fed_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """A gateway fed telemetry; ``indirect`` parameter True: the actors report Mario distances and flags too."""
     mario = bool(getattr(request, "param", False))
-    base = free_port_block(2)
-    env = gateway_env(base, FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT=f"tcp://127.0.0.1:{base + 1}",
-                      FLYWHEEL_GATEWAY_HISTORY_INTERVAL_S="0.2")
     log = tmp_path / "gateway.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flywheel", "gateway"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{base}"
+    proc, url, telemetry = start_gateway(gateway_env(FLYWHEEL_GATEWAY_HISTORY_INTERVAL_S="0.2"), log)
     ctx = zmq.Context()
     try:
         wait_for(lambda: _up(url), timeout=30, what=f"gateway on {url}")
         stop = threading.Event()
-        feeder = threading.Thread(target=feed, args=(ctx, f"tcp://127.0.0.1:{base + 1}", stop, mario),
+        feeder = threading.Thread(target=feed, args=(ctx, telemetry, stop, mario),
                                   daemon=True)
         feeder.start()
         wait_for(lambda: len(json.loads(http_get(f"{url}/history")[1])["points"]) >= 6, timeout=20,

@@ -14,7 +14,7 @@ import zmq
 
 from flywheel import proto
 from flywheel.services.learner.core import LearnerCore
-from flywheel.testing.ports import free_port
+from flywheel.testing.reported import LEARNER_WEIGHTS, reported
 from flywheel.testing.run import clean_env
 from flywheel.transport import subscriber
 
@@ -63,12 +63,12 @@ def fit_one_step_rewards(core: LearnerCore, seed: int, updates: int = 300) -> tu
     return core.q_values(states), table
 
 
-def learner_env(checkpoint_dir: Path, weights_port: int, **extra: str) -> dict[str, str]:
-    """A learner process's environment: weights on ``weights_port``, its other peers inproc endpoints nobody binds,
-    one CPU thread, weights published again every 0.2 s (a subscriber that joins late still gets the first version)."""
+def learner_env(checkpoint_dir: Path, **extra: str) -> dict[str, str]:
+    """A learner process's environment: weights on a port the kernel picks, its other peers inproc endpoints
+    nobody binds, one CPU thread, weights published again every 0.2 s (a late subscriber still gets the first)."""
     return clean_env(**{
         "FLYWHEEL_LEARNER_CHECKPOINT_DIR": str(checkpoint_dir),
-        "FLYWHEEL_LEARNER_WEIGHTS_BIND": f"tcp://127.0.0.1:{weights_port}",
+        "FLYWHEEL_LEARNER_WEIGHTS_BIND": "tcp://127.0.0.1:0",
         "FLYWHEEL_LEARNER_SAMPLE_ENDPOINT": "inproc://no-replay",  # connected, never bound: nothing answers
         "FLYWHEEL_LEARNER_TELEMETRY_ENDPOINT": "inproc://no-gateway",
         "FLYWHEEL_LEARNER_CONTROL_ENDPOINT": "inproc://no-gateway-control",
@@ -88,18 +88,22 @@ def first_weights_then_stop(checkpoint_dir: Path, *, wait_s: float = 60, stop_s:
                             **extra: str) -> StoppedLearner:
     """Start a learner process (``learner_env`` with ``extra``), read the first weights it publishes within
     ``wait_s`` seconds, stop it with SIGTERM and wait up to ``stop_s`` seconds for it to exit."""
-    port = free_port()
+    log = checkpoint_dir.parent / f"{checkpoint_dir.name}-learner.log"
     ctx = zmq.Context()
-    sub = subscriber(ctx, f"tcp://127.0.0.1:{port}")
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], env=learner_env(checkpoint_dir, port, **extra),
-                            stderr=subprocess.PIPE, text=True)
+    sub = None
+    with open(log, "w") as err_out:
+        proc = subprocess.Popen([sys.executable, "-c", SCRIPT], env=learner_env(checkpoint_dir, **extra),
+                                stderr=err_out, text=True)
     try:
+        (endpoint,) = reported(log, LEARNER_WEIGHTS, wait_s)  # its start line names the port it bound
+        sub = subscriber(ctx, endpoint)
         assert sub.poll(int(wait_s * 1000)), "no weights published"
         weights = proto.decode(sub.recv_multipart(), expect=proto.Weights)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=stop_s)
+        proc.wait(timeout=stop_s)
     finally:
         proc.kill()
-        sub.close()
+        if sub is not None:
+            sub.close()
         ctx.term()
-    return StoppedLearner(weights, proc.returncode, err)
+    return StoppedLearner(weights, proc.returncode, log.read_text(errors="replace"))

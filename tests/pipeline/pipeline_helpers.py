@@ -1,4 +1,4 @@
-"""Helpers for whole-pipeline tests: free ports, service processes, gateway polling."""
+"""Helpers for whole-pipeline tests: service processes, the endpoints they report, gateway polling."""
 
 from __future__ import annotations
 

@@ -9,8 +9,6 @@ import sys
 import pytest
 from pipeline_helpers import clean_env
 
-from flywheel.testing.ports import free_port_block
-
 
 def flywheel(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "flywheel", *args], env=clean_env(), capture_output=True,
@@ -56,17 +54,23 @@ def test_bad_value_from_the_environment_names_the_variable() -> None:
 
 
 def test_port_in_use_for_run_and_for_a_service() -> None:
-    base = free_port_block(7)
+    any_port = "tcp://127.0.0.1:0"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
-        busy.bind(("127.0.0.1", base + 1))
+        busy.bind(("127.0.0.1", 0))  # a port held by someone else: the kernel's pick
         busy.listen(1)
-        line = one_line(flywheel("run", "--env", "CartPole-v1", "--base-port", str(base),
-                                 "--http-port", str(base + 6)))
-        assert f"port {base + 1}" in line and "already in use" in line and "--base-port" in line
-        line = one_line(flywheel("replay", "--transitions-bind", f"tcp://127.0.0.1:{base + 1}",
-                                 "--sample-bind", f"tcp://127.0.0.1:{base + 2}"))
+        port = busy.getsockname()[1]
+        line = one_line(flywheel("run", "--env", "CartPole-v1", "--base-port", "0", "--http-port", str(port)))
+        assert f"port {port}" in line and "already in use" in line and "--http-port" in line
+        line = one_line(flywheel("run", "--env", "CartPole-v1", "--base-port", str(port), "--http-port", "0"))
+        assert f"port {port}" in line and "already in use" in line and "--base-port" in line  # the first one
+        line = one_line(flywheel("replay", "--transitions-bind", f"tcp://127.0.0.1:{port}", "--sample-bind", any_port))
         assert "already in use" in line and "FLYWHEEL_REPLAY_TRANSITIONS_BIND" in line
-        line = one_line(flywheel("gateway", "--http-port", str(base + 1), "--telemetry-endpoint",
-                                 f"tcp://127.0.0.1:{base + 3}", "--control-endpoint", f"tcp://127.0.0.1:{base + 4}",
-                                 "--lease-endpoint", f"tcp://127.0.0.1:{base + 5}"))
+        line = one_line(flywheel("gateway", "--http-port", str(port), "--telemetry-endpoint", any_port,
+                                 "--control-endpoint", any_port, "--lease-endpoint", any_port))
         assert "gateway HTTP" in line
+
+
+def test_gateway_http_fd_that_is_no_listening_socket() -> None:
+    line = one_line(flywheel("gateway", "--http-fd", "97", "--telemetry-endpoint", "tcp://127.0.0.1:0",
+                             "--control-endpoint", "tcp://127.0.0.1:0", "--lease-endpoint", "tcp://127.0.0.1:0"))
+    assert "FLYWHEEL_GATEWAY_HTTP_FD=97 is not an open socket" in line

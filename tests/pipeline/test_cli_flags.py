@@ -19,7 +19,6 @@ from flywheel.cli import build_parser, package_version
 from flywheel.processes import launch
 from flywheel.registry import settings_class
 from flywheel.settings import JsonLogFormatter, settings_from_args
-from flywheel.testing.ports import free_port_block
 
 
 def settings(*argv: str) -> object:
@@ -91,12 +90,11 @@ def test_json_formatter_writes_one_object_per_line_with_the_traceback() -> None:
 
 
 def test_a_service_started_with_log_format_json_writes_json_lines(tmp_path: Path) -> None:
-    base = free_port_block(4)
     log = tmp_path / "gateway.log"
-    proc = launch(["gateway", "--log-format", "json", "--http-host", "127.0.0.1",
-                   "--http-port", str(base), "--telemetry-endpoint", f"tcp://127.0.0.1:{base + 1}",
-                   "--control-endpoint", f"tcp://127.0.0.1:{base + 2}",
-                   "--lease-endpoint", f"tcp://127.0.0.1:{base + 3}", "--instance", "gw-json"], clean_env(), log)
+    any_port = "tcp://127.0.0.1:0"
+    proc = launch(["gateway", "--log-format", "json", "--http-host", "127.0.0.1", "--http-port", "0",
+                   "--telemetry-endpoint", any_port, "--control-endpoint", any_port, "--lease-endpoint", any_port,
+                   "--instance", "gw-json"], clean_env(), log)
     try:
         deadline = time.monotonic() + 60
         while "HTTP on" not in log.read_text() and "startup complete" not in log.read_text():
@@ -118,12 +116,11 @@ def test_a_service_started_with_log_format_json_writes_json_lines(tmp_path: Path
 def test_run_passes_log_format_to_every_child(tmp_path: Path) -> None:
     from flywheel.run import make_plan
 
-    base = free_port_block(7)
     args = build_parser().parse_args(["run", "--env", "CartPole-v1", "--log-format", "json", "--checkpoint-dir",
-                                      str(tmp_path), "--base-port", str(base), "--http-port", str(base + 6)])
+                                      str(tmp_path), "--base-port", "0", "--http-port", "0"])
     plan = make_plan(args)
     assert {service: values["LOG_FORMAT"] for service, values in plan.env.items()} == {
         "gateway": "json", "replay": "json", "learner": "json", "actor": "json"}
     plain = make_plan(build_parser().parse_args(["run", "--env", "CartPole-v1", "--checkpoint-dir", str(tmp_path),
-                                                 "--base-port", str(base), "--http-port", str(base + 6)]))
+                                                 "--base-port", "0", "--http-port", "0"]))
     assert all("LOG_FORMAT" not in values for values in plain.env.values())

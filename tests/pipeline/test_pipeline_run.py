@@ -14,20 +14,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mod
 from pipeline_helpers import clean_env, get_json, wait_until
 
 from flywheel.processes import launch
-from flywheel.testing.ports import free_port_block
+from flywheel.testing.run import launcher_endpoints
 
 
 def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None:
-    base = free_port_block(7)
     log = tmp_path / "run.log"
     proc = launch(["run", "--env", "CartPole-v1", "--actors", "2", "--envs-per-actor", "4",
-                   "--base-port", str(base), "--http-port", str(base + 6), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                   "--base-port", "0", "--http-port", "0", "--checkpoint-dir", str(tmp_path / "ckpt"),
                    "--progress-interval", "1", "--set", "replay.min_size_to_sample=200"], clean_env(), log)
     children: set[int] = set()
     try:
         def running() -> bool:
             children.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
-            status = get_json(f"http://127.0.0.1:{base + 6}/status")
+            endpoints = launcher_endpoints(log)  # the URL it printed: the kernel picked the port
+            status = None if endpoints is None else get_json(f"{endpoints[0]}/status")
             if status is None:
                 return False
             learner = status["services"].get("learner", {}).get("totals", {})
@@ -36,8 +36,10 @@ def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None
             return len(children) >= 5 and trained
         wait_until(running, 120, "flywheel run to train on batches from shared memory", [log])
         wait_until(lambda: "updates" in log.read_text(), 30, "a progress line", [log])
-        sockets = Path(tempfile.gettempdir()) / f"flywheel-run-{proc.pid}-{base}"
+        sockets = Path(tempfile.gettempdir()) / f"flywheel-run-{proc.pid}-0"
         assert (sockets / "transitions").is_socket() and (sockets / "sample").is_socket()  # the local fast path
+        url, weights = launcher_endpoints(log) or ("", "")
+        assert url.startswith("http://127.0.0.1:") and weights == f"ipc://{sockets}/weights"  # no TCP port guessed
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0, log.read_text()
     finally:
@@ -58,16 +60,16 @@ def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None
 
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     """Even SIGKILL of ``flywheel run`` leaves no orphan: children get SIGTERM from the kernel (PDEATHSIG)."""
-    base = free_port_block(7)
     log = tmp_path / "run.log"
     proc = launch(["run", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2",
-                   "--base-port", str(base), "--http-port", str(base + 6), "--checkpoint-dir", str(tmp_path / "ckpt")],
+                   "--base-port", "0", "--http-port", "0", "--checkpoint-dir", str(tmp_path / "ckpt")],
                   clean_env(), log)
     children: set[int] = set()
 
     def started() -> bool:
         children.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
-        return len(children) >= 4 and get_json(f"http://127.0.0.1:{base + 6}/healthz") is not None
+        endpoints = launcher_endpoints(log)
+        return len(children) >= 4 and endpoints is not None and get_json(f"{endpoints[0]}/healthz") is not None
     try:
         wait_until(started, 60, "children to start", [log])
     finally:

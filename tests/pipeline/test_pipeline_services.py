@@ -8,37 +8,38 @@ from pathlib import Path
 
 from pipeline_helpers import clean_env, get_json, get_text, metric_values, start, wait_until
 
-from flywheel.testing.ports import free_port_block
+from flywheel.testing.reported import GATEWAY_HTTP, GATEWAY_UP, LEARNER_WEIGHTS, REPLAY_TCP, reported
 
 
 def test_four_services_train_cartpole_end_to_end(tmp_path: Path) -> None:
-    base = free_port_block(7)
-    ep = {name: f"tcp://127.0.0.1:{base + i}" for i, name in enumerate(
-        ("transitions", "sample", "weights", "telemetry", "control", "lease"))}
-    http = base + 6
-    common = {"TELEMETRY_ENDPOINT": ep["telemetry"], "CONTROL_ENDPOINT": ep["control"]}
+    any_port = "tcp://127.0.0.1:0"  # every server binds a port the kernel picks and says which in its start line
 
     def env(service: str, **values: str) -> dict[str, str]:
-        merged = {**common, **values}
-        return clean_env(**{f"FLYWHEEL_{service.upper()}_{k}": v for k, v in merged.items()})
+        return clean_env(**{f"FLYWHEEL_{service.upper()}_{k}": v for k, v in values.items()})
 
-    specs = {
-        "gateway": env("gateway", LEASE_ENDPOINT=ep["lease"], HTTP_PORT=str(http), HTTP_HOST="127.0.0.1"),
-        "replay": env("replay", TRANSITIONS_BIND=ep["transitions"], SAMPLE_BIND=ep["sample"],
-                      MIN_SIZE_TO_SAMPLE="200", CAPACITY="20000", CHECKPOINT_DIR=str(tmp_path / "replay")),
-        "learner": env("learner", ENV_ID="CartPole-v1", SAMPLE_ENDPOINT=ep["sample"], WEIGHTS_BIND=ep["weights"],
-                       BATCH_SIZE="32", PUBLISH_INTERVAL_UPDATES="5", TORCH_THREADS="1",
-                       CHECKPOINT_DIR=str(tmp_path / "learner")),
-        "actor": env("actor", ENV_ID="CartPole-v1", NUM_ENVS="4", TRANSITIONS_ENDPOINT=ep["transitions"],
-                     WEIGHTS_ENDPOINT=ep["weights"], LEASE_ENDPOINT=ep["lease"]),
-    }
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = [tmp_path / f"{name}.log" for name in (*specs, "actor-b")]
+    logs = [tmp_path / f"{name}.log" for name in ("gateway", "replay", "learner", "actor", "actor-b")]
     try:
-        for name, values in specs.items():
-            procs[name] = start([name], values, tmp_path / f"{name}.log")
-        procs["actor-b"] = start(["actor"], specs["actor"], tmp_path / "actor-b.log")
-        url = f"http://127.0.0.1:{http}"
+        procs["gateway"] = start(["gateway"], env("gateway", TELEMETRY_ENDPOINT=any_port, CONTROL_ENDPOINT=any_port,
+                                                  LEASE_ENDPOINT=any_port, HTTP_PORT="0", HTTP_HOST="127.0.0.1"),
+                                 logs[0])
+        telemetry, control, lease = reported(logs[0], GATEWAY_UP)
+        (url,) = reported(logs[0], GATEWAY_HTTP)
+        common = {"TELEMETRY_ENDPOINT": telemetry, "CONTROL_ENDPOINT": control}
+        procs["replay"] = start(["replay"], env("replay", **common, TRANSITIONS_BIND=any_port, SAMPLE_BIND=any_port,
+                                                MIN_SIZE_TO_SAMPLE="200", CAPACITY="20000",
+                                                CHECKPOINT_DIR=str(tmp_path / "replay")), logs[1])
+        transitions, sample = reported(logs[1], REPLAY_TCP)
+        procs["learner"] = start(["learner"], env("learner", **common, ENV_ID="CartPole-v1", SAMPLE_ENDPOINT=sample,
+                                                  WEIGHTS_BIND=any_port, BATCH_SIZE="32", PUBLISH_INTERVAL_UPDATES="5",
+                                                  TORCH_THREADS="1", CHECKPOINT_DIR=str(tmp_path / "learner")),
+                                 logs[2])
+        (weights,) = reported(logs[2], LEARNER_WEIGHTS, timeout=120)
+        assert not any(e.endswith(":0") for e in (telemetry, control, lease, transitions, sample, weights))
+        actor = env("actor", **common, ENV_ID="CartPole-v1", NUM_ENVS="4", TRANSITIONS_ENDPOINT=transitions,
+                    WEIGHTS_ENDPOINT=weights, LEASE_ENDPOINT=lease)
+        procs["actor"] = start(["actor"], actor, logs[3])
+        procs["actor-b"] = start(["actor"], actor, logs[4])
 
         def trained() -> dict | None:
             status = get_json(f"{url}/status")

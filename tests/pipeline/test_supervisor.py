@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,6 @@ from pipeline_helpers import get_json, get_text, wait_until
 
 from flywheel.run import Child, Plan
 from flywheel.supervisor import RestartPolicy, Supervisor, restart_values
-from flywheel.testing.ports import free_port_block
 from flywheel.testing.run import FlywheelRun
 
 # -- the policy: no processes ------------------------------------------------------------------------------------
@@ -164,15 +164,22 @@ def test_supervisor_reports_to_a_curve_gateway_with_the_actors_keys(tmp_path: Pa
     """With --curve-keys-dir the gateway's telemetry socket is a CURVE server: the run connects as a client."""
     from flywheel import security
     from flywheel.cli import build_parser
-    from flywheel.run import _start, make_plan
+    from flywheel.run import _http_socket, _start, make_plan
 
     keys = tmp_path / "keys"
     security.generate(keys)
-    base = free_port_block(7)
     args = build_parser().parse_args(["run", "--env", "CartPole-v1", "--curve-keys-dir", str(keys), "--checkpoint-dir",
-                                      str(tmp_path / "ckpt"), "--base-port", str(base), "--http-port", str(base + 6)])
+                                      str(tmp_path / "ckpt"), "--base-port", "0", "--http-port", "0"])
     plan = make_plan(args)
+    plan.env["gateway"]["TELEMETRY_ENDPOINT"] = "tcp://127.0.0.1:0"  # TCP, where CURVE applies; the kernel's port
+    http = _http_socket(plan)  # as flywheel run: the launcher listens, the gateway serves on the inherited socket
+    assert http is not None and plan.socket_dir is not None
+    plan.socket_dir.mkdir(mode=0o700, parents=True)  # the Unix sockets' folder, as run() makes it
     children = [_start("gateway", "gateway-0", plan.env["gateway"], tmp_path)]
+    bound = wait_until(lambda: (get_json(f"{plan.gateway_url}/status") or {}).get("gateway", {}).get("endpoints"),
+                       60, "the gateway to report its endpoints", [tmp_path / "gateway-0.log"])
+    assert bound["telemetry"].startswith("tcp://127.0.0.1:") and not bound["telemetry"].endswith(":0")
+    plan.env["gateway"]["TELEMETRY_ENDPOINT"] = bound["telemetry"]  # where the supervisor reports to
     previous = security.active()
     supervisor = Supervisor(children, plan, _start, args)
     try:
@@ -180,7 +187,7 @@ def test_supervisor_reports_to_a_curve_gateway_with_the_actors_keys(tmp_path: Pa
 
         def reported() -> dict[str, Any] | None:
             assert supervisor.poll() is None, supervisor.reason
-            status = get_json(f"http://127.0.0.1:{base + 6}/status") or {}
+            status = get_json(f"{plan.gateway_url}/status") or {}
             instances = status.get("services", {}).get("supervisor", {}).get("instances", [])
             return instances[0] if instances else None
 
@@ -193,6 +200,8 @@ def test_supervisor_reports_to_a_curve_gateway_with_the_actors_keys(tmp_path: Pa
         security.configure(previous)
         children[0].proc.terminate()
         children[0].proc.wait(timeout=30)
+        http.close()
+        shutil.rmtree(plan.socket_dir, ignore_errors=True)
 
 
 # -- a real run: CartPole, one actor -----------------------------------------------------------------------------

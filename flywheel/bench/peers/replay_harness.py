@@ -22,6 +22,7 @@ import zmq
 from flywheel import proto
 from flywheel.bench.runner import BenchError
 from flywheel.testing.ports import free_port
+from flywheel.testing.reported import REPLAY_TCP, reported
 
 from .cpu_clock import SideClock, pin_process
 from .replay_data import sender_main
@@ -67,8 +68,7 @@ class ReplayService:
         self.workdir = workdir
         sock = self.sock_prefix = f"/tmp/fw-bench-{os.getpid()}-{name}"
         self.transitions_ipc, self.sample_ipc = f"ipc://{sock}-tr", f"ipc://{sock}-sa"
-        self.transitions_tcp = f"tcp://127.0.0.1:{free_port()}"
-        self.sample_tcp = f"tcp://127.0.0.1:{free_port()}"
+        self.transitions_tcp = self.sample_tcp = "tcp://127.0.0.1:0"  # the kernel picks; read back once started
         self.ctx = zmq.Context()
         self.telemetry = self.ctx.socket(zmq.PULL)
         telemetry = f"ipc://{sock}-te"
@@ -93,6 +93,7 @@ class ReplayService:
                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         self.process = psutil.Process(self.proc.pid)
         self.wait(lambda: "size_transitions" in self.gauges, 120, "the replay to start")
+        self.transitions_tcp, self.sample_tcp = reported(self.log_path, REPLAY_TCP, 30, error=BenchError)
 
     def poll(self) -> None:
         """Read every telemetry message that arrived."""

@@ -40,7 +40,7 @@ from flywheel.bench.suites._learner_loops import (
 from flywheel.processes import die_with_parent
 from flywheel.services.learner.core import AMP_DTYPES, CoreConfig, LearnerCore
 from flywheel.services.learner.metrics import bf16_peak_tflops, flops_per_update, network_passes
-from flywheel.testing.ports import free_port
+from flywheel.testing.reported import REPLAY_TCP, reported
 
 DESCRIPTION = "learner fed by a real replay vs a bare PyTorch loop (updates/s, data wait); GPU Nature CNN b512 goal"
 OPTIONS = {
@@ -63,22 +63,25 @@ RATIO_GOAL = 0.95
 
 
 class ReplayProcess:
-    """``flywheel replay`` as a child process on free loopback ports, filled with random transitions."""
+    """``flywheel replay`` as a child process on loopback ports the kernel picks, filled with random transitions."""
 
     def __init__(self, case: Case, workdir: Path) -> None:
-        self.sample_endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.transitions_endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.log = open(workdir / f"replay-{case.key}.log", "wb")  # closed in close()
+        log_path = workdir / f"replay-{case.key}.log"
+        self.log = open(log_path, "wb")  # closed in close()
         args = ["--capacity", str(2 * case.fill), "--min-size-to-sample", str(case.fill),
-                "--transitions-bind", self.transitions_endpoint, "--sample-bind", self.sample_endpoint,
-                "--telemetry-endpoint", f"tcp://127.0.0.1:{free_port()}",
-                "--control-endpoint", f"tcp://127.0.0.1:{free_port()}", "--log-level", "WARNING"]
+                "--transitions-bind", "tcp://127.0.0.1:0", "--sample-bind", "tcp://127.0.0.1:0",
+                "--telemetry-endpoint", "inproc://no-gateway", "--control-endpoint", "inproc://no-gateway-control"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
         # its own session, hence its own scheduling group (Linux autogroup), as a separate service has: on a
         # shared machine the replay then competes with other programs, not with the learner it feeds
         self.proc = subprocess.Popen([sys.executable, "-m", "flywheel", "replay", *args], env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=die_with_parent)
+        try:  # its start line says which ports it bound
+            self.transitions_endpoint, self.sample_endpoint = reported(log_path, REPLAY_TCP, 120, error=BenchError)
+        except BenchError:
+            self.close()
+            raise
 
     def fill(self, ctx: zmq.Context, case: Case, timeout_s: float = 180.0) -> None:
         """Push ``case.fill`` transitions, then wait until the replay answers a sample request."""
