@@ -291,7 +291,7 @@ def summarize(results: list[dict[str, Any]], cap_s: float, opts: dict[str, Any],
         f"stays at {zoo['hyperparameters']['exploration_final_eps']:g}), torch threads "
         f"{', '.join(str(t) for t in opts['sb3_threads'])}. Flywheel: `flywheel run --env {env_id} --actors "
         f"{opts['actors']}`" + (f" with --set {' --set '.join(opts['sets'])}" if opts["sets"] else "")
-        + " (the vector preset).",
+        + " (the vector preset), started with --base-port 0 --http-port 0: every service on Unix sockets.",
         "Censored at the {:g} s cap (counted as the cap, which flatters whichever side it happened to): {}.".format(
             cap_s, ", ".join(f"{side} {sum(r['reached'] is None for r in rs)} of {len(rs)}"
                              for side, rs in by_side.items())),
