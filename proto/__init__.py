@@ -1,5 +1,6 @@
 """Flywheel's wire protocol: typed messages and the one codec that encodes and decodes them."""
 
+from . import packing
 from .codec import DEFAULT_LIMITS, Limits, decode, encode, peek_kind
 from .commands import (
     COMMAND_ARGS,
@@ -57,4 +58,6 @@ __all__ = [
     "COMMAND_ARGS", "CheckpointArgs", "Command", "CommandArgs", "CommandError", "CommandHandlers", "CommandKind",
     "ExplorationArgs", "LrArgs", "PauseArgs", "PublishIntervalArgs", "ReplayRatioArgs", "ResumeArgs",
     "UnknownCommand", "command_kind", "dispatch", "parse_args",
+    # LZ4-packed frames (proto/packing.py)
+    "packing",
 ]

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .errors import BadShape
+from .packing import CODEC, MAX_UNPACKED_BYTES, parse_shape, unpack_frames
 
 SCHEMA_VERSION = 1
 
@@ -109,6 +110,7 @@ class SampleRequest(Message):
     SCALARS: ClassVar[dict[str, str]] = {
         "request_id": INT, "batch_size": INT, "beta": FLOAT,
         "shm": BOOL, "shm_segment": STR, "release_slot": INT, "slots": INT, "compact": BOOL,
+        "packed": BOOL,
     }
     request_id: int
     batch_size: int
@@ -124,6 +126,9 @@ class SampleRequest(Message):
     # The client rebuilds pixel stacks from distinct frames: socket replies of a frame-deduplicating replay may
     # then come in the compact form (SampleBatch.frames). Absent (old clients): whole stacks, as before.
     compact: bool = False
+    # With ``compact``, the client can also unpack LZ4-packed frames (SampleBatch.packed): a replay that keeps its
+    # frames packed (frame_packing=lz4) then sends those, several times fewer bytes. Absent: unpacked frames.
+    packed: bool = False
 
     def validate(self) -> None:
         if not 1 <= self.batch_size <= 65536:
@@ -139,7 +144,8 @@ class SampleBatch(Message):
     """Replay -> learner: a ready-to-use batch with replay indices and importance weights."""
 
     KIND: ClassVar[str] = "sample_batch"
-    SCALARS: ClassVar[dict[str, str]] = {"request_id": INT, "replay_size": INT, "shm": SCALAR_MAP}
+    SCALARS: ClassVar[dict[str, str]] = {"request_id": INT, "replay_size": INT, "shm": SCALAR_MAP,
+                                         "packing": SCALAR_MAP}
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {
         "obs": PIXELS_OR_VECTORS,
         "action": BATCH_I64,
@@ -152,6 +158,8 @@ class SampleBatch(Message):
         "frames": ArraySpec(("uint8",), 3, 3, optional=True),
         "obs_idx": ArraySpec(("int64",), 1, 2, optional=True),
         "next_idx": ArraySpec(("int64",), 1, 2, optional=True),
+        "packed": ArraySpec(("uint8",), optional=True),
+        "packed_sizes": ArraySpec(("int64",), optional=True),
     }
     request_id: int
     replay_size: int
@@ -174,6 +182,12 @@ class SampleBatch(Message):
     frames: np.ndarray | None = None
     obs_idx: np.ndarray | None = None
     next_idx: np.ndarray | None = None
+    # The packed compact form (asked for with SampleRequest.packed): the distinct frames as LZ4 blocks one after
+    # another in ``packed``, their sizes in ``packed_sizes`` (F,) (a frame's own size: stored as is), and
+    # ``packing`` = {"codec": "lz4", "shape": "84,84"}; ``frames`` is then absent (proto/packing.py).
+    packing: dict[str, Any] = field(default_factory=dict)
+    packed: np.ndarray | None = None
+    packed_sizes: np.ndarray | None = None
 
     def validate(self) -> None:
         _batch_size(self, ("obs", "action", "reward", "discount", "next_obs", "index", "weight", "is_demo",
@@ -184,27 +198,57 @@ class SampleBatch(Message):
         in_slot = isinstance(slot, int) and slot >= 0
         if in_slot and not placeholders:
             raise BadShape("sample_batch: a shared-memory reply carries (B, 0) observation placeholders")
-        if self.frames is not None or self.obs_idx is not None or self.next_idx is not None:
+        if self.packed is not None or self.packed_sizes is not None or self.packing:
+            self._check_packed()
+        if (self.frames is not None or self.packed is not None or self.obs_idx is not None
+                or self.next_idx is not None):
             self._check_frame_refs(placeholders and not in_slot)
 
+    def _check_packed(self) -> None:
+        packed, sizes = self.packed, self.packed_sizes
+        if packed is None or sizes is None or self.frames is not None:
+            raise BadShape("sample_batch: packed, packed_sizes and packing come together, without frames")
+        if self.packing.get("codec") != CODEC:
+            raise BadShape(f"sample_batch: packing codec {self.packing.get('codec')!r}, only {CODEC!r} is known")
+        frame_bytes = int(np.prod(parse_shape(self.packing.get("shape"))))
+        if sizes.size and (int(sizes.min()) < 1 or int(sizes.max()) > frame_bytes):
+            raise BadShape(f"sample_batch: a packed frame size outside 1..{frame_bytes}")
+        if sizes.size * frame_bytes > MAX_UNPACKED_BYTES:
+            raise BadShape(f"sample_batch: {sizes.size} packed frames of {frame_bytes} bytes unpack to more than "
+                           f"{MAX_UNPACKED_BYTES >> 20} MiB")
+        if int(sizes.sum(dtype=np.int64)) != packed.size:
+            raise BadShape(f"sample_batch: packed frame sizes add up to {int(sizes.sum(dtype=np.int64))}, "
+                           f"{packed.size} bytes came")
+
+    def _frame_count(self) -> int:
+        if self.frames is not None:
+            return int(self.frames.shape[0])
+        return int(self.packed_sizes.shape[0]) if self.packed_sizes is not None else 0
+
     def _check_frame_refs(self, placeholders: bool) -> None:
-        frames, obs_idx, next_idx = self.frames, self.obs_idx, self.next_idx
-        if frames is None or obs_idx is None or next_idx is None:
-            raise BadShape("sample_batch: frames, obs_idx and next_idx come together")
+        obs_idx, next_idx = self.obs_idx, self.next_idx
+        if (self.frames is None and self.packed is None) or obs_idx is None or next_idx is None:
+            raise BadShape("sample_batch: frames (or packed frames), obs_idx and next_idx come together")
         if not placeholders:
             raise BadShape("sample_batch: a compact reply carries (B, 0) observation placeholders and no slot")
         if obs_idx.shape != next_idx.shape or (obs_idx.ndim == 2 and not 1 <= obs_idx.shape[1] <= 64):
             raise BadShape(f"sample_batch: obs_idx {obs_idx.shape} and next_idx {next_idx.shape} differ or are "
                            "deeper than 64 frames")
-        count = frames.shape[0]
+        count = self._frame_count()
         if not 1 <= count <= 2 * obs_idx.size:
             raise BadShape(f"sample_batch: {count} frames for {obs_idx.size} stack references")
         for refs in (obs_idx, next_idx):
             if int(refs.min()) < 0 or int(refs.max()) >= count:
                 raise BadShape(f"sample_batch: frame index outside 0..{count - 1}")
 
-    def expand_frames(self) -> None:
-        """Rebuild obs/next_obs of a compact batch with one gather of its frames (a no-op for other batches)."""
+    def expand_frames(self, scratch: np.ndarray | None = None) -> None:
+        """Rebuild obs/next_obs of a compact batch with one gather of its frames (a no-op for other batches);
+        packed frames are first unpacked, into ``scratch`` when it is a large enough uint8 buffer. Raises
+        MalformedMessage when a packed frame does not decompress to one frame."""
+        if self.packed is not None and self.packed_sizes is not None:
+            self.frames = unpack_frames(self.packed, self.packed_sizes, parse_shape(self.packing["shape"]), scratch)
+            self.packed = self.packed_sizes = None
+            self.packing = {}
         if self.frames is None or self.obs_idx is None or self.next_idx is None:
             return
         rows = self.obs_idx.shape[0]

@@ -231,6 +231,8 @@ class Feeder:
             for i, part in enumerate(parts):
                 self.delivered += 1
                 self.events.put(ReadyBatch(ordered.index[i * size:(i + 1) * size], batch.replay_size, part, lease))
+            if not self.paused:  # the next request leaves now, not after every waiting reply is decoded
+                self.client.top_up(self.beta, self._request_limit())
 
     def _flush_priorities(self, *, wait: bool) -> None:
         """Send every priority update whose copy has landed, as one message (fewer sends, fewer GIL hand-offs)."""

@@ -56,14 +56,16 @@ class ReplayClient:
     ``transport``: ``"auto"`` takes the replay's shared-memory offer when its segment can be opened here and its
     token matches (same host, same /dev/shm), otherwise stays on TCP; ``"shm"`` insists (ReplayClientError if the
     segment cannot be opened); ``"tcp"`` never asks. With ``compact`` (default), pixel batches over the socket come
-    as distinct frames plus stack indices and are rebuilt here with one gather. Replies that do not decode are
+    as distinct frames plus stack indices and are rebuilt here with one gather; a replay that keeps frames packed
+    (frame_packing=lz4) sends them as LZ4 blocks (unless ``packed`` is false), unpacked here into one reused
+    buffer. Replies that do not decode are
     counted in ``faults`` (logged once per kind) and free their request's place.
     """
 
     def __init__(self, endpoint: str, batch_size: int, *, inflight: int = 4, beta: float = 0.4,
                  transport: str = "auto", ctx: zmq.Context | None = None, max_message_mb: int = 1024,
                  limits: proto.Limits | None = None, slots: int = 0, request_timeout_s: float = 60.0,
-                 faults: FaultCounter | None = None, compact: bool = True) -> None:
+                 faults: FaultCounter | None = None, compact: bool = True, packed: bool = True) -> None:
         if not 1 <= batch_size <= 65536 or not 1 <= inflight <= 256:
             raise ValueError("batch_size must be in 1..65536 and inflight in 1..256")
         if transport not in TRANSPORTS:
@@ -71,7 +73,7 @@ class ReplayClient:
         self.endpoint, self.batch_size, self.inflight, self.transport = endpoint, batch_size, inflight, transport
         self.slots = min(slots or inflight, 256)  # shared-memory slots asked for: the most this client holds
         self.beta = self._check_beta(beta)
-        self.request_timeout_s, self.compact = request_timeout_s, compact
+        self.request_timeout_s, self.compact, self.packed = request_timeout_s, compact, compact and packed
         self.faults = faults if faults is not None else FaultCounter("replay client")
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
@@ -89,7 +91,9 @@ class ReplayClient:
         self._next_id = 1
         self._disconnected = False
         self._last_progress = time.monotonic()
-        self.counters = {"shm_batches": 0, "tcp_batches": 0, "compact_batches": 0, "bad_replies": 0,
+        self._unpacked = np.empty(0, np.uint8)  # packed frames are unpacked here, then gathered into stacks
+        self.counters = {"shm_batches": 0, "tcp_batches": 0, "compact_batches": 0, "packed_batches": 0,
+                         "bad_replies": 0,
                          "unrequested_replies": 0, "priority_updates": 0, "priority_updates_dropped": 0,
                          "requests_resent": 0, "reconnects": 0}
 
@@ -119,6 +123,7 @@ class ReplayClient:
         return {"sample_batches_total": float(c["shm_batches"] + c["tcp_batches"]),
                 "shm_batches_total": float(c["shm_batches"]), "tcp_batches_total": float(c["tcp_batches"]),
                 "compact_batches_total": float(c["compact_batches"]),
+                "packed_batches_total": float(c["packed_batches"]),
                 "requests_resent_total": float(c["requests_resent"]),
                 "replay_reconnects_total": float(c["reconnects"]),
                 "replies_unrequested_total": float(c["unrequested_replies"]),
@@ -138,7 +143,7 @@ class ReplayClient:
         request = proto.SampleRequest(
             request_id=self._next_id, batch_size=self.batch_size, beta=self.beta, shm=not self.shm_refused,
             shm_segment=self.segment.name if self.segment else "", release_slot=release, slots=self.slots,
-            compact=self.compact)
+            compact=self.compact, packed=self.packed)
         try:
             self.sock.send_multipart(proto.encode(request), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -248,9 +253,19 @@ class ReplayClient:
             self.counters["shm_batches"] += 1
             self.held[batch.request_id] = (str(shm["segment"]), slot)
             return batch
-        if batch.frames is not None:
-            batch.expand_frames()
+        if batch.frames is not None or batch.packed is not None:
+            packed = batch.packed is not None
+            if packed and batch.packed_sizes is not None:
+                need = int(batch.packed_sizes.size * np.prod(proto.packing.parse_shape(batch.packing["shape"])))
+                if self._unpacked.size < need:
+                    self._unpacked = np.empty(need, np.uint8)
+            try:
+                batch.expand_frames(self._unpacked)
+            except proto.DecodeError as exc:
+                self._refuse(exc, freed=True)
+                return None
             self.counters["compact_batches"] += 1
+            self.counters["packed_batches"] += int(packed)
         self.counters["tcp_batches"] += 1
         self.held[batch.request_id] = ("", -1)
         return batch

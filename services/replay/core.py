@@ -12,7 +12,7 @@ from flywheel import proto
 
 from .frames import stream_keys
 from .limiter import RateLimiter
-from .storage import SchemaMismatch, TransitionStorage, frame_layout
+from .storage import FrameRefs, SchemaMismatch, TransitionStorage, frame_layout
 from .sumtree import SumTree
 from .table import ReplayTable
 
@@ -39,6 +39,7 @@ class ReplayConfig:
     dedup_frames: bool = True
     frame_ratio: float = 1.1
     frame_capacity: int | None = None
+    pack_frames: bool = False  # also keep pixel frames LZ4-packed, for packed socket replies
     demo_ratio: float = 0.0
     gather_threads: int = 2
 
@@ -74,7 +75,8 @@ class ReplayCore:
         self.config = config
         self.main = ReplayTable(config.capacity, prioritized=config.prioritized, alpha=config.alpha,
                                 priority_eps=config.priority_eps, dedup_frames=config.dedup_frames,
-                                frame_ratio=config.frame_ratio, frame_capacity=config.frame_capacity)
+                                frame_ratio=config.frame_ratio, frame_capacity=config.frame_capacity,
+                                pack_frames=config.pack_frames)
         self.demos: ReplayTable | None = None
         self.limiter = RateLimiter(
             config.min_size_to_sample, config.samples_per_insert, config.error_buffer, config.block_inserts,
@@ -150,7 +152,7 @@ class ReplayCore:
         frames = 2 * layout[0] * count + 8 * layout[0] + 8 if layout else None  # room for every frame: no eviction
         table = ReplayTable(max(count, 1), prioritized=self.config.prioritized, alpha=self.config.alpha,
                             priority_eps=self.config.priority_eps, dedup_frames=self.config.dedup_frames,
-                            frame_capacity=frames)
+                            frame_capacity=frames, pack_frames=self.config.pack_frames)
         table.storage.allocate(tuple(obs_shape), dtype)
         for episode, rows in enumerate(episodes):
             keys = np.full(len(rows.action), episode, np.uint64)
@@ -204,28 +206,35 @@ class ReplayCore:
         """Whether batches can travel in the compact form (every table keeps pixel frames deduplicated)."""
         return self.main.storage.frames is not None and (self.demos is None or self.demos.storage.frames is not None)
 
-    def sample_compact(self, batch_size: int, beta: float, request_id: int = 0) -> proto.SampleBatch:
+    @property
+    def packed_ready(self) -> bool:
+        """Whether compact batches can carry LZ4-packed frames (every table's frame ring packs them)."""
+        tables = [self.main] if self.demos is None else [self.main, self.demos]
+        return self.compact_ready and all(t.storage.frames is not None and t.storage.frames.packed is not None
+                                          for t in tables)
+
+    def sample_compact(self, batch_size: int, beta: float, request_id: int = 0,
+                       packed: bool = False) -> proto.SampleBatch:
         """A batch in the compact form: each distinct frame once plus the stacks' frame indices (see
-        ``proto.SampleBatch.frames``); only when ``compact_ready``. The caller checks ``can_sample``."""
+        ``proto.SampleBatch.frames``), the frames LZ4-packed with ``packed`` (only when ``packed_ready``); only
+        when ``compact_ready``. The caller checks ``can_sample``."""
         schema = self.obs_schema
-        assert schema is not None and self.compact_ready
+        assert schema is not None and self.compact_ready and (self.packed_ready or not packed)
         slots, demo_slots, parts = self._draw(batch_size, beta)
-        frames, obs_idx, next_idx = self.main.storage.frame_refs(slots)
+        refs = self.main.storage.frame_refs(slots, packed)
         if demo_slots is not None:
             assert self.demos is not None
-            demo_frames, demo_obs, demo_next = self.demos.storage.frame_refs(demo_slots)
-            offset = frames.shape[0]
-            frames = np.concatenate([frames, demo_frames])
-            obs_idx = np.concatenate([obs_idx, demo_obs + offset])
-            next_idx = np.concatenate([next_idx, demo_next + offset])
+            refs = _joined(refs, self.demos.storage.frame_refs(demo_slots, packed))
+        obs_idx, next_idx = refs.obs_idx, refs.next_idx
         if len(schema[0]) == 2:  # single-frame observations: one frame per row, no stack axis
             obs_idx, next_idx = obs_idx[:, 0], next_idx[:, 0]
         placeholder = np.empty((batch_size, 0), schema[1])
+        packing = {"codec": "lz4", "shape": ",".join(str(side) for side in schema[0][-2:])} if packed else {}
         return proto.SampleBatch(
             request_id=request_id, replay_size=parts.replay_size, obs=placeholder, action=parts.action,
             reward=parts.reward, discount=parts.discount, next_obs=placeholder, index=parts.index,
-            weight=parts.weight, is_demo=parts.is_demo if self.demos is not None else None, frames=frames,
-            obs_idx=obs_idx, next_idx=next_idx)
+            weight=parts.weight, is_demo=parts.is_demo if self.demos is not None else None, frames=refs.frames,
+            obs_idx=obs_idx, next_idx=next_idx, packing=packing, packed=refs.packed, packed_sizes=refs.packed_sizes)
 
     def sample(self, batch_size: int, beta: float, request_id: int = 0) -> proto.SampleBatch:
         """A ready-to-use batch in fresh arrays; the caller checks ``can_sample`` first."""
@@ -274,6 +283,19 @@ class ReplayCore:
             raise ValueError("checkpoint limiter counts are not two non-negative numbers")
         self.main.load_state_dict(state)
         self.limiter.load_state_dict({"inserts": int(counts[0]), "samples": int(counts[1])})
+
+
+def _joined(main: FrameRefs, demos: FrameRefs) -> FrameRefs:
+    """One batch's frame references from the main table's and the demonstrations table's."""
+    offset = main.count
+    obs_idx, next_idx = np.concatenate([main.obs_idx, demos.obs_idx + offset]), np.concatenate(
+        [main.next_idx, demos.next_idx + offset])
+    if main.frames is not None and demos.frames is not None:
+        return FrameRefs(np.concatenate([main.frames, demos.frames]), obs_idx, next_idx)
+    assert main.packed is not None and demos.packed is not None
+    assert main.packed_sizes is not None and demos.packed_sizes is not None
+    return FrameRefs(None, obs_idx, next_idx, np.concatenate([main.packed, demos.packed]),
+                     np.concatenate([main.packed_sizes, demos.packed_sizes]))
 
 
 def _check_values(batch: proto.TransitionBatch) -> None:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from flywheel.proto.packing import pack_bound, pack_frame
+
 COMPARE_CHUNK = 256  # frames compared per NumPy call: bounds the temporaries
 
 
@@ -36,7 +38,8 @@ class FrameStore:
     key or a fingerprint collision can only cost space, never return a wrong frame.
     """
 
-    def __init__(self, capacity: int, frame_shape: tuple[int, ...], window: int | None = None) -> None:
+    def __init__(self, capacity: int, frame_shape: tuple[int, ...], window: int | None = None,
+                 pack: bool = False) -> None:
         if capacity < 2:
             raise ValueError("a frame store needs at least 2 frames")
         self.capacity = capacity
@@ -58,6 +61,13 @@ class FrameStore:
         self.frames_in = 0  # frames offered
         self.frames_written = 0  # frames stored (the rest reused a stored one)
         self.collisions = 0  # key matches whose bytes differed
+        # frame_packing=lz4: each frame also as an LZ4 block in a slot of a quarter frame (size 0: it did not fit,
+        # the frame itself travels), so TCP batches carry several times fewer bytes (proto/packing.py)
+        self.pack_slot = max(1, self.frame_bytes // 4) if pack else 0
+        self.packed = np.zeros((capacity, self.pack_slot), np.uint8) if pack else None
+        self.packed_size = np.zeros(capacity, np.int32) if pack else None
+        self._pack_scratch = np.empty(pack_bound(self.frame_bytes), np.uint8)
+        self.frames_unpackable = 0  # frames LZ4 could not fit in a slot
 
     @property
     def oldest_id(self) -> int:
@@ -121,6 +131,8 @@ class FrameStore:
         if first_part < count:
             np.take(frames, src[first_part:], axis=0, out=self.frames[: count - first_part], mode="clip")
         ids = self.head + np.arange(count, dtype=np.int64)
+        if self.packed is not None:
+            self.pack(ids % self.capacity)
         if keys is not None:
             new_keys = keys[src]
             self.keys[ids % self.capacity] = new_keys
@@ -129,6 +141,33 @@ class FrameStore:
             self.table_id[table_slots] = ids
         self.head += count
         self.frames_written += count
+
+    def pack(self, slots: np.ndarray) -> None:
+        """Compress the frames in ``slots`` into their packed slots (after they are written or restored)."""
+        packed, sizes, scratch = self.packed, self.packed_size, self._pack_scratch
+        assert packed is not None and sizes is not None
+        flat = self.frames.reshape(self.capacity, -1)
+        for slot in slots.tolist():
+            size = pack_frame(flat[slot], scratch)
+            if size <= self.pack_slot:
+                packed[slot, :size] = scratch[:size]
+                sizes[slot] = size
+            else:
+                sizes[slot] = 0
+                self.frames_unpackable += 1
+
+    def packed_frames(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The frames of global ``ids`` as concatenated LZ4 blocks and their sizes (SampleBatch.packed form:
+        a frame that did not pack travels as itself, its size the frame's)."""
+        packed, stored = self.packed, self.packed_size
+        assert packed is not None and stored is not None
+        slots = ids % self.capacity
+        sizes = stored[slots]
+        blocks, whole = memoryview(packed.reshape(-1)), memoryview(self.frames.reshape(-1))
+        step, frame = self.pack_slot, self.frame_bytes
+        payload = b"".join([blocks[slot * step:slot * step + size] if size else whole[slot * frame:(slot + 1) * frame]
+                            for slot, size in zip(slots.tolist(), sizes.tolist(), strict=True)])
+        return np.frombuffer(payload, np.uint8), np.where(sizes == 0, frame, sizes).astype(np.int64)
 
     def _mismatches(self, frames: np.ndarray, refs: np.ndarray) -> np.ndarray:
         """Indices i whose frame differs from the bytes id refs[i] holds."""
@@ -156,4 +195,5 @@ class FrameStore:
 
     @property
     def nbytes(self) -> int:
-        return int(self.frames.nbytes + self.keys.nbytes + self.table_key.nbytes + self.table_id.nbytes)
+        packed = 0 if self.packed is None or self.packed_size is None else self.packed.nbytes + self.packed_size.nbytes
+        return int(self.frames.nbytes + self.keys.nbytes + self.table_key.nbytes + self.table_id.nbytes + packed)

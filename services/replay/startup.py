@@ -21,6 +21,7 @@ def build_core(settings: ReplaySettings) -> ReplayCore:
         min_size_to_sample=settings.min_size_to_sample, samples_per_insert=settings.samples_per_insert,
         error_buffer=settings.error_buffer, block_inserts=settings.block_inserts, seed=settings.seed,
         dedup_frames=settings.dedup_frames, frame_ratio=settings.frame_ratio, demo_ratio=settings.demo_ratio,
+        pack_frames=settings.frame_packing == "lz4",
         gather_threads=settings.gather_threads,
     ))
 

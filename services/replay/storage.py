@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -13,6 +14,23 @@ SMALL_FIELDS = ("action", "reward", "discount")
 FRAME_FIELDS = ("obs_ref", "next_ref", "min_ref", "ins_head")
 _NO_FLOOR = np.iinfo(np.int64).max
 PARALLEL_GATHER_BYTES = 4 << 20  # a helper thread pays off above a few MB of observations
+
+
+@dataclass
+class FrameRefs:
+    """A batch's distinct frames (or, packed, their LZ4 blocks and sizes) and its stacks' indices into them."""
+
+    frames: np.ndarray | None
+    obs_idx: np.ndarray
+    next_idx: np.ndarray
+    packed: np.ndarray | None = None
+    packed_sizes: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        """How many distinct frames."""
+        sizes = self.packed_sizes
+        return int(self.frames.shape[0]) if self.frames is not None else int(0 if sizes is None else sizes.size)
 
 
 class SchemaMismatch(ValueError):
@@ -41,11 +59,12 @@ class TransitionStorage:
     """
 
     def __init__(self, capacity: int, *, dedup_frames: bool = True, frame_ratio: float = 1.1,
-                 frame_capacity: int | None = None) -> None:
+                 frame_capacity: int | None = None, pack_frames: bool = False) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self.dedup_frames, self.frame_ratio, self.frame_capacity = dedup_frames, frame_ratio, frame_capacity
+        self.pack_frames = pack_frames  # the frame ring also keeps each frame LZ4-packed (FrameStore.pack)
         self.next_position = 0
         self.oldest = 0
         self.obs_shape: tuple[int, ...] | None = None
@@ -69,7 +88,7 @@ class TransitionStorage:
             self.arrays["next_obs"] = np.zeros((cap, *self.obs_shape), self.obs_dtype)
             return
         self.depth, frame_shape = layout
-        self.frames = FrameStore(self.frame_ring_size(self.depth), frame_shape)
+        self.frames = FrameStore(self.frame_ring_size(self.depth), frame_shape, pack=self.pack_frames)
         refs = (cap, self.depth)
         self.arrays.update(obs_ref=np.zeros(refs, np.int64), next_ref=np.zeros(refs, np.int64),
                            min_ref=np.zeros(cap, np.int64), ins_head=np.zeros(cap, np.int64))
@@ -233,20 +252,23 @@ class TransitionStorage:
         """The per-row arrays (action, reward, discount) of ``slots``."""
         return {name: self.arrays[name][slots] for name in SMALL_FIELDS}
 
-    def frame_refs(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(each distinct frame of the rows' stacks once (F, H, W), obs and next_obs frame indices (B, K) into it).
+    def frame_refs(self, slots: np.ndarray, packed: bool = False) -> FrameRefs:
+        """Each distinct frame of the rows' stacks once, and the obs and next_obs frame indices (B, K) into them.
 
         ``frames[obs_idx]`` is what ``gather`` writes as obs; a stack and its next stack share K - n frames, and
         a stack at an episode start repeats its first one, so F is below the 2 * B * K frames of whole stacks.
+        With ``packed`` (a packing store only) the frames come as LZ4 blocks (``FrameStore.packed_frames``).
         """
         store = self.frames
         assert store is not None, "frame_refs needs deduplicated pixel storage"
         refs = np.concatenate([self.arrays["obs_ref"][slots], self.arrays["next_ref"][slots]])
         ids, inverse = np.unique(refs, return_inverse=True)
-        frames = np.take(store.frames, ids % store.capacity, axis=0)
         inverse = inverse.reshape(refs.shape)
         rows = len(slots)
-        return frames, inverse[:rows], inverse[rows:]
+        if packed:
+            blocks, sizes = store.packed_frames(ids)
+            return FrameRefs(None, inverse[:rows], inverse[rows:], blocks, sizes)
+        return FrameRefs(np.take(store.frames, ids % store.capacity, axis=0), inverse[:rows], inverse[rows:])
 
     def state_dict(self) -> dict[str, np.ndarray | list[np.ndarray]]:
         """Arrays to checkpoint; the frame ring as its live id range, possibly in two segments."""
@@ -325,6 +347,8 @@ class TransitionStorage:
                 slots = np.arange(lo, hi) % self.frames.capacity
                 self.frames.frames[slots] = frames[lo - first:hi - first]
                 self.frames.keys[slots] = state["frames.keys"][lo - first:hi - first]
+                if self.frames.packed is not None:
+                    self.frames.pack(slots)
             self.frames.rebuild_index()
             self._floor = int(self.arrays["min_ref"][live].min()) if live.size else _NO_FLOOR
 

@@ -12,9 +12,10 @@ class ReplayTable:
     """Storage plus sampling state; priorities are stored as (p + eps) ** alpha."""
 
     def __init__(self, capacity: int, *, prioritized: bool = True, alpha: float = 0.6, priority_eps: float = 1e-6,
-                 dedup_frames: bool = True, frame_ratio: float = 1.1, frame_capacity: int | None = None) -> None:
+                 dedup_frames: bool = True, frame_ratio: float = 1.1, frame_capacity: int | None = None,
+                 pack_frames: bool = False) -> None:
         self.storage = TransitionStorage(capacity, dedup_frames=dedup_frames, frame_ratio=frame_ratio,
-                                         frame_capacity=frame_capacity)
+                                         frame_capacity=frame_capacity, pack_frames=pack_frames)
         self.tree = SumTree(capacity) if prioritized else None
         self.alpha, self.priority_eps = alpha, priority_eps
         self.max_priority = 1.0

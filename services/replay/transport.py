@@ -70,7 +70,7 @@ class ReplayServer:
             "sample_requests_dropped_total": 0, "rate_limiter_sample_wait_seconds_total": 0.0,
             "rate_limiter_insert_wait_seconds_total": 0.0, "checkpoints_total": 0, "checkpoint_failures_total": 0,
             "shm_batches_total": 0, "socket_batches_total": 0, "shm_slots_exhausted_total": 0,
-            "compact_batches_total": 0,
+            "compact_batches_total": 0, "packed_batches_total": 0,
             "control_commands_total": 0,
         }
         self.max_turn_during_checkpoint_s = 0.0
@@ -224,8 +224,10 @@ class ReplayServer:
                     return reply, (segment, slot)
                 self.counters["shm_slots_exhausted_total"] += 1
         if request.compact and core.compact_ready:  # each distinct frame once; the client rebuilds the stacks
-            batch = core.sample_compact(rows, request.beta, request.request_id)
+            packed = request.packed and core.packed_ready  # and LZ4-packed, when kept so and the client unpacks
+            batch = core.sample_compact(rows, request.beta, request.request_id, packed)
             self.counters["compact_batches_total"] += 1
+            self.counters["packed_batches_total"] += int(packed)
         else:
             batch = core.sample(rows, request.beta, request.request_id)
         if segment is not None:
@@ -293,6 +295,7 @@ class ReplayServer:
             "shm_bytes": self.shm.nbytes if self.shm is not None else 0,
             "frames_per_transition": storage.frames_stored / storage.size if storage.size else 0.0,
             "evicted_for_frames_transitions": storage.frames_evicted,
+            "unpackable_frames": storage.frames.frames_unpackable if storage.frames is not None else 0,
             "insert_rate_per_second": self._rates[0],
             "sample_rate_per_second": self._rates[1],
             "pending_sample_requests": len(self.pending),

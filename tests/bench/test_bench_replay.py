@@ -117,6 +117,20 @@ def test_learner_data_path_rows_sit_beside_cpprb_with_their_goals_judged_only_at
     assert not [row for row in sampling_rows(1_000_000, [1], slow) if row.goal]  # a smaller core budget
 
 
+def test_a_packing_replay_labels_its_tcp_rows_and_sets_packed_beside_unpacked_frames() -> None:
+    runs = {"learner_tcp": [_run(130, 80)], "learner_tcp_plain": [_run(100, 64)], "cpprb": [_run(100, 100)]}
+    rows = sampling_rows(1_000_000, [0, 1], runs, goal=">= 100", packed=True)
+    packed = [row for row in rows if "over tcp, LZ4-packed frames (its ReplayClient" in row.case]
+    plain = [row for row in rows if "over tcp, unpacked frames (its ReplayClient" in row.case]
+    assert len(packed) == len(plain) == 2 and packed[0].met is True and plain[0].goal == ""
+    versus = [row for row in rows if row.peer_name == "the same path, unpacked frames"]
+    assert [(row.flywheel, row.peer, row.ratio) for row in versus] == [(130, 100, 1.3), (80, 64, 1.25)]
+    assert plot_label(versus[0]) == ("sample 1,000,000, cores=2: the learner's data path over tcp, LZ4-packed "
+                                     "against unpacked frames vs the same path, unpacked frames")
+    unpacked = sampling_rows(1_000_000, [0, 1], {"learner_tcp": [_run(130, 80)]})  # a replay that does not pack
+    assert "over tcp (its ReplayClient" in unpacked[0].case
+
+
 def test_the_learner_tcp_rows_sit_beside_the_ceiling_zeromq_alone_measures_for_real() -> None:
     runs = {"learner_tcp": [_run(100, 50)], "zmq_tcp": [_run(125, 80)], "cpprb": [_run(100, 100)]}
     rows = sampling_rows(1_000_000, [0, 1], runs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,10 +12,11 @@ import numpy as np
 import zmq
 
 from flywheel import proto
+from flywheel.services.replay.client import ReplayClient
 from flywheel.services.replay.core import ReplayConfig, ReplayCore
 from flywheel.services.replay.transport import ReplayServer
 from flywheel.testing.polling import wait_until
-from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter
+from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, make_socket
 
 OBS_SHAPE = (4,)
 
@@ -187,3 +189,43 @@ def assert_stored_as_sent(core: ReplayCore, sent: dict[int, tuple[np.ndarray, np
         live = np.zeros(storage.capacity, bool)
         live[slots] = True
         assert np.all(leaves[live] > 0) and np.all(leaves[~live] == 0)
+
+
+def first_reply_tampered(make_reply: Callable[[proto.SampleRequest], list], tamper: Callable[[list], list],
+                         faults: FaultCounter) -> tuple[list[proto.SampleBatch], ReplayClient]:
+    """A ReplayClient (2 in flight) against a bare ROUTER answering its two requests with ``make_reply``, the
+    first passed through ``tamper``: returns the batches the client handed out and the (closed) client."""
+    ctx = zmq.Context()
+    router = make_socket(ctx, zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    client = ReplayClient(f"tcp://127.0.0.1:{port}", 4, inflight=2, ctx=ctx, faults=faults)
+    try:
+        client.top_up()
+        answered, deadline = 0, time.monotonic() + 10
+        while answered < 2 and time.monotonic() < deadline:
+            if router.poll(100):
+                frames = router.recv_multipart()
+                reply = make_reply(proto.decode(frames[1:], expect=proto.SampleRequest))
+                router.send_multipart([frames[0], *(tamper(reply) if answered == 0 else reply)])
+                answered += 1
+        got, deadline = [], time.monotonic() + 5
+        while len(got) + client.counters["bad_replies"] < 2 and time.monotonic() < deadline:
+            if client.sock.poll(100) and (batch := client.receive()) is not None:
+                got.append(batch)
+        return got, client
+    finally:
+        client.close()
+        router.close(0)
+        ctx.term()
+
+
+def assert_demo_and_actor_rows(batch: proto.SampleBatch, demo_obs: np.ndarray, demo_next: np.ndarray,
+                               streams: ActorStreams, demos: int) -> None:
+    """``demos`` rows of ``batch`` are demonstrations with their own stacks; the rest are what ``streams`` sent."""
+    demo = batch.demo_mask()
+    assert demo.sum() == demos
+    for i in np.nonzero(demo)[0]:
+        row = -1 - int(batch.index[i])
+        assert np.array_equal(batch.obs[i], demo_obs[row]) and np.array_equal(batch.next_obs[i], demo_next[row])
+    for i in np.nonzero(~demo)[0]:
+        assert np.array_equal(batch.obs[i], streams.sent[int(batch.index[i])][0])

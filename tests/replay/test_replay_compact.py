@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 import pytest
-import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from replay_helpers import ActorStreams, make_core, running_server
+from replay_helpers import ActorStreams, assert_demo_and_actor_rows, first_reply_tampered, make_core, running_server
 
 from flywheel import proto
 from flywheel.services.replay.client import ReplayClient
 from flywheel.services.replay.core import DemoRows
 from flywheel.services.replay.shm import ShmSlots
-from flywheel.transport import FaultCounter, make_socket
+from flywheel.transport import FaultCounter
 
 
 def round_trip(batch: proto.SampleBatch) -> proto.SampleBatch:
@@ -73,14 +71,7 @@ def test_demonstration_rows_index_their_own_frames() -> None:
     core.load_demos(12, (4, 8, 8), np.uint8, [DemoRows(demo_obs, np.arange(12) + 1000, np.zeros(12, np.float32),
                                                        np.full(12, 0.9, np.float32), demo_next)])
     assert core.compact_ready
-    batch = round_trip(core.sample_compact(16, beta=0.4))
-    demo = batch.demo_mask()
-    assert demo.sum() == 4
-    for i in np.nonzero(demo)[0]:
-        row = -1 - int(batch.index[i])
-        assert np.array_equal(batch.obs[i], demo_obs[row]) and np.array_equal(batch.next_obs[i], demo_next[row])
-    for i in np.nonzero(~demo)[0]:
-        assert np.array_equal(batch.obs[i], streams.sent[int(batch.index[i])][0])
+    assert_demo_and_actor_rows(round_trip(core.sample_compact(16, beta=0.4)), demo_obs, demo_next, streams, demos=4)
 
 
 def valid_compact(rows: int = 4) -> proto.SampleBatch:
@@ -111,36 +102,20 @@ def test_malformed_compact_batches_are_refused(change: dict, message: str) -> No
 
 def test_a_compact_reply_with_bad_indices_is_counted_and_the_client_goes_on() -> None:
     """Indices are checked on decode, before any gather: a reply pointing outside its frames is a counted fault."""
-    ctx = zmq.Context()
-    router = make_socket(ctx, zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
+    def reply(request: proto.SampleRequest) -> list:
+        assert request.compact
+        return proto.encode(dataclasses.replace(valid_compact(), request_id=request.request_id))
+
+    def tamper(frames: list) -> list:  # obs_idx after encoding: index 200 into 6 frames
+        position = [i for i, f in enumerate(frames) if isinstance(f, np.ndarray) and f.shape == (4, 4)][0]
+        frames[position] = np.full((4, 4), 200, np.int64)
+        return frames
+
     faults = FaultCounter("learner")
-    client = ReplayClient(f"tcp://127.0.0.1:{port}", 4, inflight=2, ctx=ctx, faults=faults)
-    try:
-        client.top_up()
-        answered, deadline = 0, time.monotonic() + 10
-        while answered < 2 and time.monotonic() < deadline:
-            if router.poll(100):
-                frames = router.recv_multipart()
-                request = proto.decode(frames[1:], expect=proto.SampleRequest)
-                assert request.compact
-                reply = proto.encode(dataclasses.replace(valid_compact(), request_id=request.request_id))
-                if answered == 0:  # tamper with obs_idx after encoding: index 200 into 6 frames
-                    position = [i for i, f in enumerate(reply) if isinstance(f, np.ndarray) and f.shape == (4, 4)][0]
-                    reply[position] = np.full((4, 4), 200, np.int64)
-                router.send_multipart([frames[0], *reply])
-                answered += 1
-        got, deadline = [], time.monotonic() + 5
-        while len(got) + client.counters["bad_replies"] < 2 and time.monotonic() < deadline:
-            if client.sock.poll(100) and (batch := client.receive()) is not None:
-                got.append(batch)
-        assert client.counters["bad_replies"] == 1 and faults.counts["sample:shape"] == 1
-        assert len(got) == 1 and got[0].obs.shape == (4, 4, 8, 8) and client.outstanding == 0
-        assert np.array_equal(got[0].next_obs[0], valid_compact().frames[2:6])
-    finally:
-        client.close()
-        router.close(0)
-        ctx.term()
+    got, client = first_reply_tampered(reply, tamper, faults)
+    assert client.counters["bad_replies"] == 1 and faults.counts["sample:shape"] == 1
+    assert len(got) == 1 and got[0].obs.shape == (4, 4, 8, 8) and client.outstanding == 0
+    assert np.array_equal(got[0].next_obs[0], valid_compact().frames[2:6])
 
 
 def test_old_clients_get_whole_stacks_new_ones_the_compact_form() -> None:

@@ -18,19 +18,20 @@ MARIO_OBS, MARIO_ACTIONS = (4, 84, 84), 7
 WARMUP_BATCHES = 3  # the first replies carry the shared-memory offer
 
 
-def learner_settings(endpoint: str, transport: str, batch: int, inflight: int) -> LearnerSettings:
+def learner_settings(endpoint: str, transport: str, batch: int, inflight: int, packed: bool = True
+                     ) -> LearnerSettings:
     """LearnerSettings of a CPU learner sampling ``batch``-row batches from ``endpoint`` over ``transport``; its
     control endpoint is an in-process one nobody publishes on (the feeder still polls it, as in the service)."""
     return LearnerSettings.model_validate({
         "instance": "bench-learner-path", "env_id": "bench", "batch_size": batch, "requests_in_flight": inflight,
         "sample_endpoint": endpoint, "sample_transport": transport, "control_endpoint": "inproc://bench-control",
         "telemetry_endpoint": "inproc://unused", "weights_bind": "inproc://unused-weights", "device": "cpu",
-        "torch_threads": 1})
+        "torch_threads": 1, "sample_packed": packed})
 
 
 def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float, cpus: list[int], result: Any,
                       inflight: int = 4, side_pids: tuple[int, ...] = (), obs_shape: tuple[int, ...] = MARIO_OBS,
-                      n_actions: int = MARIO_ACTIONS) -> None:
+                      n_actions: int = MARIO_ACTIONS, packed: bool = True) -> None:
     """Sample for ``seconds`` through the learner service's data path (datapath.open_data_path: ReplayClient,
     Feeder with its I/O thread for pixels, core.check_batch, the CPU stager), taking ready batches as the update
     loop does and handing back random |TD| priorities at once, with no training in between. CPU-seconds are
@@ -46,7 +47,7 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)  # before any thread starts: they inherit it
     torch.set_num_threads(1)  # the data path does no torch compute; no idle pool threads to count
-    settings = learner_settings(endpoint, transport, batch, inflight)
+    settings = learner_settings(endpoint, transport, batch, inflight, packed)
     core = LearnerCore(obs_shape, n_actions, CoreConfig(), "cpu")  # its check_batch and stager, as the service's
     ctx = zmq.Context()
     faults = FaultCounter("learner")
@@ -90,15 +91,16 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
         ctx.term()
     c = path.client.counters
     result.put(rates | {"shm": c["shm_batches"], "tcp": c["tcp_batches"], "compact": c["compact_batches"],
+                        "packed": c["packed_batches"],
                         "rows": counts["rows"], "priority_messages": c["priority_updates"],
                         "faults": faults.total})
 
 
 def learner_path_run(endpoint: str, transport: str, batch: int, seconds: float, cpus: list[int], inflight: int = 4,
                      side_pids: tuple[int, ...] = (), obs_shape: tuple[int, ...] = MARIO_OBS,
-                     n_actions: int = MARIO_ACTIONS) -> dict[str, Any]:
+                     n_actions: int = MARIO_ACTIONS, packed: bool = True) -> dict[str, Any]:
     """``learner_path_main`` in its own process; returns its batches per second (``rate``) and per CPU-second
     of it and ``side_pids`` (``rate_per_cpu``) and its path counters."""
     return spawned_result(learner_path_main, lambda result: (
-        endpoint, transport, batch, seconds, cpus, result, inflight, tuple(side_pids), obs_shape, n_actions),
+        endpoint, transport, batch, seconds, cpus, result, inflight, tuple(side_pids), obs_shape, n_actions, packed),
         seconds + 180, f"learner data path ({transport})")

@@ -18,7 +18,8 @@ SAMPLING_VARIANTS = (
     ("shm_sync", "shm, synchronous priority updates (1 in flight: update sent before the next request)"),
     ("tcp", "tcp, async priority updates (4 requests in flight)"),
     ("learner_shm", f"the learner service's data path over shm {_LEARNER}"),
-    ("learner_tcp", f"the learner service's data path over tcp {_LEARNER}"),
+    ("learner_tcp", f"the learner service's data path over tcp{{packed}} {_LEARNER}"),
+    ("learner_tcp_plain", f"the learner service's data path over tcp, unpacked frames {_LEARNER}"),
 )
 CPPRB_SAMPLER = "cpprb (in-process, synchronous update_priorities)"
 WHOLE_BATCH_BYTES = 2 * BATCH * 4 * 84 * 84  # a 512-batch's obs and next_obs, stacked Mario frames (28.9 MB)
@@ -95,14 +96,16 @@ def peer_only_row(case: str, metric: str, unit: str, peer_runs: list[float], pee
 
 
 def sampling_rows(fill: int, cpus: list[int], runs: dict[str, list[dict[str, float]]], goal: str = "",
-                  reverb_fill: int | None = None) -> list[Row]:
+                  reverb_fill: int | None = None, packed: bool = False) -> list[Row]:
     """Rows of one sampling group: Flywheel's variants against cpprb (same fill, same cores, in turns), and
     Reverb against Flywheel's TCP variant when ``runs`` has Reverb's: with a ratio only when Reverb held
-    ``fill`` too (``reverb_fill``), else Reverb's figures alone and the reason."""
+    ``fill`` too (``reverb_fill``), else Reverb's figures alone and the reason. ``packed``: the replay kept its
+    frames LZ4-packed (frame_packing=lz4), so its TCP rows carried packed frames."""
     where = f"sample {BATCH} Mario of {fill:,} stored, {cores_text(cpus)}"
     rows: list[Row] = []
     for key, how in SAMPLING_VARIANTS:
         if runs.get(key):
+            how = how.format(packed=", LZ4-packed frames" if packed else "")
             pair = rate_rows(f"{where}: {how}", "batches", "batches/s", runs[key], runs.get("cpprb", []),
                              CPPRB_SAMPLER, "every process of its side", goal if key == "shm" else "")
             if goal:  # the group on the whole core budget
@@ -113,9 +116,14 @@ def sampling_rows(fill: int, cpus: list[int], runs: dict[str, list[dict[str, flo
                           "prebuilt buffer, 4 in flight (no sampling, no decoding): the socket pair's ceiling",
                           "batches", "batches/s", runs["zmq_tcp"], [], "", "both processes")
         if runs.get("learner_tcp"):
-            rows += rate_rows(f"{where}: the learner's data path over tcp against {ZMQ_ALONE}", "batches",
-                              "batches/s", runs["learner_tcp"], runs["zmq_tcp"], ZMQ_ALONE,
+            how = " (LZ4-packed frames)" if packed else ""
+            rows += rate_rows(f"{where}: the learner's data path over tcp{how} against {ZMQ_ALONE}",
+                              "batches", "batches/s", runs["learner_tcp"], runs["zmq_tcp"], ZMQ_ALONE,
                               "every process of its side")
+    if runs.get("learner_tcp") and runs.get("learner_tcp_plain"):
+        rows += rate_rows(f"{where}: the learner's data path over tcp, LZ4-packed against unpacked frames",
+                          "batches", "batches/s", runs["learner_tcp"], runs["learner_tcp_plain"],
+                          "the same path, unpacked frames", "every process of its side")
     reverb = runs.get("reverb", [])
     if not reverb:
         return rows

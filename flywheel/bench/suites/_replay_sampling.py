@@ -13,10 +13,13 @@ from flywheel.bench.suites._replay_rows import BATCH, WHOLE_BATCH_BYTES, samplin
 
 MARIO_ROWS = 128  # rows per Mario transition message, as an actor with 16 envs sends them
 # Flywheel's samplers, each run in turns with the peers: (key, transport, requests in flight, client): "bare" is a
-# ReplayClient poll/update/release loop (replay_harness), "learner" the learner service's data path (learner_path).
+# ReplayClient poll/update/release loop (replay_harness), "learner" the learner service's data path (learner_path),
+# "learner_plain" the same with sample_packed=false (the replay's frames unpacked, as before frame packing).
 FLYWHEEL_SAMPLERS = (("shm", "shm", 4, "bare"), ("shm_sync", "shm", 1, "bare"), ("tcp", "tcp", 4, "bare"),
-                     ("learner_shm", "shm", 4, "learner"), ("learner_tcp", "tcp", 4, "learner"))
+                     ("learner_shm", "shm", 4, "learner"), ("learner_tcp", "tcp", 4, "learner"),
+                     ("learner_tcp_plain", "tcp", 4, "learner_plain"))
 RUN_FIELDS = ("rate", "rate_per_cpu", "wall_s", "cpu_s", "shm", "tcp")
+PACKED_BYTES_PER_FRAME = 84 * 84 // 4 + 4  # frame_packing=lz4: a quarter-frame slot and its size, per Mario frame
 SAMPLING_NOTES = (
     "Sampling: each side's processes (Flywheel: replay + client; cpprb: its one process; Reverb: server + "
     "client) are pinned, every thread, to the same cores; per CPU-second rows count user + system time of all "
@@ -25,6 +28,11 @@ SAMPLING_NOTES = (
     "batch is drawn after the previous one's priorities are applied, as in cpprb; the async rows keep 4 in "
     "flight, as a learner does. The replay runs its default 2 gather threads (on a 1-core budget they share "
     "it).",
+    "The sampled replay keeps its frames LZ4-packed as well (frame_packing=lz4, a quarter-frame slot each): "
+    "the bare tcp row and the learner's tcp row get packed frames (ReplayClient unpacks them with "
+    "cramjam into one buffer, then gathers the stacks); the learner's 'unpacked frames' row asks for plain "
+    "frames from the same replay (sample_packed=false), as the TCP path ran before packing. Shared-memory "
+    "rows never touch the packed copy.",
     "Learner data path rows: the learner service's own sampling code (services/learner/datapath.py, built from "
     "LearnerSettings: batch 512, requests_in_flight 4, sample_transport shm or tcp, CPU device, Mario's "
     "(4, 84, 84) network shape) in one pinned process: ReplayClient, the Feeder's I/O thread, core.check_batch "
@@ -40,35 +48,44 @@ SAMPLING_NOTES = (
 )
 
 
-def sampling_group(ctx: BenchContext, result: SuiteResult, service: ReplayService, cpprb: CpprbPeer,
+def sampling_group(ctx: BenchContext, result: SuiteResult, service: ReplayService, cpprb: CpprbPeer | None,
                    reverb: OptionalPeer | None, fill: int, cpus: list[int], seconds: float,
-                   reverb_fill: int | None = None, goal: str = "") -> None:
+                   reverb_fill: int | None = None, goal: str = "", packed: bool = False) -> None:
     """512-batches with priority updates from ``fill`` stored: Flywheel's samplers, cpprb and Reverb in turns,
-    every side pinned to ``cpus``."""
+    every side pinned to ``cpus``. ``packed``: the replay keeps frames LZ4-packed, and the learner's path also
+    runs asking for plain frames (before and after). Without ``cpprb``: the TCP samplers and their ceiling only."""
     with_reverb = reverb is not None and reverb.peer is not None
-    ctx.progress(f"sampling 512-batches of {fill:,} on {len(cpus)} core(s) per side (shm async and synchronous, "
-                 f"tcp, the learner's data path over shm and tcp, cpprb{', Reverb' if with_reverb else ''}): "
+    what = ("shm async and synchronous, tcp, the learner's data path over shm and tcp, cpprb"
+            f"{', Reverb' if with_reverb else ''}") if cpprb is not None else "tcp: bare, the learner's data path"
+    ctx.progress(f"sampling 512-batches of {fill:,} on {len(cpus)} core(s) per side ({what}): "
                  f"{ctx.warmup} warm-up + {ctx.runs} runs each")
     service.pin(cpus)
-    cpprb.pin(cpus)
+    if cpprb is not None:
+        cpprb.pin(cpus)
     if reverb is not None:
         reverb.pin(cpus)
-    keys = [key for key, *_ in FLYWHEEL_SAMPLERS] + ["zmq_tcp", "cpprb", "reverb"]
+    samplers = [sampler for sampler in FLYWHEEL_SAMPLERS if (packed or sampler[3] != "learner_plain")
+                and (cpprb is not None or sampler[1] == "tcp")]
+    keys = [key for key, *_ in samplers] + ["zmq_tcp", "cpprb", "reverb"]
     runs: dict[str, list[dict[str, float]]] = {key: [] for key in keys}
     for _ in range(ctx.warmup + ctx.runs):
-        for key, transport, inflight, client in FLYWHEEL_SAMPLERS:
-            sample = learner_path_run if client == "learner" else sample_run
-            got = sample(service.sample_tcp, transport, BATCH, seconds, cpus, inflight=inflight,
-                         side_pids=(service.proc.pid,))
+        for key, transport, inflight, client in samplers:
+            if client == "bare":
+                got = sample_run(service.sample_tcp, transport, BATCH, seconds, cpus, inflight=inflight,
+                                 side_pids=(service.proc.pid,))
+            else:
+                got = learner_path_run(service.sample_tcp, transport, BATCH, seconds, cpus, inflight=inflight,
+                                       side_pids=(service.proc.pid,), packed=client == "learner")
             runs[key].append({k: got[k] for k in RUN_FIELDS})
         runs["zmq_tcp"].append(zmq_ceiling_run(WHOLE_BATCH_BYTES, seconds, cpus))  # the TCP rows' ceiling
-        runs["cpprb"].append(cpprb.ask(f"sample {seconds}"))
+        if cpprb is not None:
+            runs["cpprb"].append(cpprb.ask(f"sample {seconds}"))
         if reverb is not None and (answer := reverb.ask(f"sample {seconds}")) is not None:
             runs["reverb"].append(answer)
     runs = {key: values[ctx.warmup:] for key, values in runs.items()}
     if reverb is None or reverb.peer is None:
         runs["reverb"] = []
-    result.rows += sampling_rows(fill, cpus, runs, goal, reverb_fill)
+    result.rows += sampling_rows(fill, cpus, runs, goal, reverb_fill, packed)
     result.extra.setdefault("sampling", []).append({"fill": fill, "cpus": cpus, "runs": runs})
 
 
@@ -82,17 +99,17 @@ def sampling_groups(ctx: BenchContext, result: SuiteResult, service: ReplayServi
     try:
         for cpus in budgets:
             sampling_group(ctx, result, service, peer, None, fill, cpus, seconds,
-                           goal=">= 100" if cpus is budgets[-1] else "")
+                           goal=">= 100" if cpus is budgets[-1] else "", packed=True)
     finally:
         peer.close()
     return peer.filled
 
 
 def filled_service(ctx: BenchContext, work: Path, name: str, capacity: int, frames_file: Path,
-                   other_cpus: list[int]) -> ReplayService:
-    """A Mario replay of ``capacity`` fed 12% more than that: the frame ring wraps once, so every page it will
-    ever use is resident."""
-    service = ReplayService(work, name, capacity, checkpoint_dir=str(work / f"ckpt-{name}"))
+                   other_cpus: list[int], **settings: str) -> ReplayService:
+    """A Mario replay of ``capacity`` (with ``settings``) fed 12% more than that: the frame ring wraps once, so
+    every page it will ever use is resident."""
+    service = ReplayService(work, name, capacity, checkpoint_dir=str(work / f"ckpt-{name}"), **settings)
     try:
         target = int(capacity * 1.12)
         ctx.progress(f"inserting {target:,} Mario transitions into a {capacity:,}-transition replay")
