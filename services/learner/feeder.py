@@ -206,9 +206,11 @@ class Feeder:
 
     def _take_batches(self) -> None:
         while True:
+            compact = self.client.counters["compact_batches"]
             batch = self.client.receive()
             if batch is None:
                 return
+            rebuilt = self.client.counters["compact_batches"] > compact  # its stacks took milliseconds to rebuild
             try:
                 self.check(batch)
             except BadBatch as exc:
@@ -231,7 +233,7 @@ class Feeder:
             for i, part in enumerate(parts):
                 self.delivered += 1
                 self.events.put(ReadyBatch(ordered.index[i * size:(i + 1) * size], batch.replay_size, part, lease))
-            if not self.paused:  # the next request leaves now, not after every waiting reply is decoded
+            if rebuilt and not self.paused:  # the next request leaves now, not after every waiting reply is rebuilt
                 self.client.top_up(self.beta, self._request_limit())
 
     def _flush_priorities(self, *, wait: bool) -> None:

@@ -78,8 +78,9 @@ def post(url: str, token: str | None, body: dict[str, Any]) -> int:
         return exc.code
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 2.0) -> Any:
-    return wait_until(check, timeout, what, interval=interval)
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 2.0,
+             detail: Callable[[], str] | None = None) -> Any:
+    return wait_until(check, timeout, what, interval=interval, detail=detail)
 
 
 def apex_epsilons(n: int, envs: int = int(LIGHT["FLYWHEEL_ACTOR_NUM_ENVS"]), base: float = 0.4,
@@ -253,7 +254,22 @@ def check_a_crashed_learner_resumes(engine: Engine, compose_file: Path, port: in
         taken = bool(actors) and min(a["gauges"].get("weight_version", 0) for a in actors) > last_version
         return status if going_on and taken else None
 
-    wait_for("the restarted learner to train on and the actors to take its weights", resumed, timeout=300)
+    def where_it_stands() -> str:
+        """What the gateway last saw of the learner and the actors, and the newest log lines of the learner and
+        the replay: enough to tell a learner that does not train from actors that do not take its weights."""
+        status = get_json(f"{url}/status") or {}
+        learner = learner_instance(status) or {}
+        seen = {k: learner.get(k) for k in ("instance", "restarts")} | {
+            "counters": {k: v for k, v in learner.get("counters", {}).items() if "total" in k},
+            "gauges": learner.get("gauges", {})}
+        versions = [a["gauges"].get("weight_version") for a in live_actors(status)]
+        logs = engine.compose(compose_file, "logs", "--no-color", "--tail", "40", "learner", "replay",
+                              timeout=120).stdout
+        return (f"\nkilled at update {last_updates:.0f}, version {last_version:.0f}; learner now: {json.dumps(seen)}"
+                f"\nactor weight versions: {versions}\nlogs:\n{logs[-6000:]}")
+
+    wait_for("the restarted learner to train on and the actors to take its weights", resumed, timeout=300,
+             detail=where_it_stands)
     assert int(engine.docker_cmd(*inspect).stdout.split()[1]) == restarts + 1, "compose restarted the container"
     logs = engine.compose(compose_file, "logs", "--no-color", "learner", timeout=120).stdout
     assert "resume=auto" in logs and "resumed from" in logs, logs[-3000:]
