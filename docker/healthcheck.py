@@ -5,7 +5,9 @@ The image runs one service as PID 1 (``flywheel <service> ...``; under an init, 
 this script reads which one from /proc/<pid>/cmdline and checks it:
 
 - gateway: GET http://127.0.0.1:<http_port>/healthz must answer 200;
-- replay, learner: the process is alive and its bound port (sample / weights) accepts TCP connections;
+- replay, learner: the process is alive and listens on its bound port (sample / weights), read from the kernel's
+  table of this network namespace (/proc/net/tcp, tcp6) rather than by connecting: a bare TCP connection would be a
+  failed CURVE handshake, counted (curve_handshakes_refused_total) and logged by the service at every check;
 - actor (and anything else): the process is alive (not a zombie).
 
 Exit 0 when healthy, 1 otherwise (Docker HEALTHCHECK and Kubernetes exec probes both read it).
@@ -16,7 +18,6 @@ no environment) and urllib imported only for the gateway, so it starts fast on a
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 SERVICES = ("replay", "learner", "gateway", "actor", "run")
@@ -49,10 +50,12 @@ def setting(argv: list[str], service: str, field: str, default: str) -> str:
 
 
 def port_of(endpoint: str, default: int) -> int:
-    """Port of ``tcp://*:5556`` style endpoints; the default for anything else (ipc://, malformed)."""
-    if not endpoint.startswith("tcp://"):
+    """Port of the first ``tcp://*:5556`` style endpoint of a comma-separated list; the default for anything else
+    (ipc:// alone, malformed)."""
+    tcp = [part.strip() for part in endpoint.split(",") if part.strip().startswith("tcp://")]
+    if not tcp:
         return default
-    tail = endpoint.rsplit(":", 1)[-1]
+    tail = tcp[0].rsplit(":", 1)[-1]
     return int(tail) if tail.isdigit() else default
 
 
@@ -65,12 +68,22 @@ def process_alive(pid: int = 1) -> bool:
     return state not in ("Z", "X")
 
 
-def tcp_open(port: int, timeout: float = 2.0) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+LISTEN = "0A"  # the TCP state column of /proc/net/tcp
+
+
+def listening(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> bool:
+    """Whether a socket of this network namespace listens on ``port``, on any address (no connection made)."""
+    for table in tables:
+        try:
+            with open(table) as f:
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
 
 
 def http_ok(port: int, timeout: float = 3.0) -> bool:
@@ -93,7 +106,7 @@ def check(argv: list[str], pid: int = 1) -> tuple[bool, str]:
     if service in BOUND_PORT:
         field, default = BOUND_PORT[service]
         port = port_of(setting(argv, service, field, f"tcp://*:{default}"), default)
-        return tcp_open(port), f"{service} listening on port {port}"
+        return listening(port), f"{service} listening on port {port}"
     return True, f"{service or 'process'} alive"
 
 

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--client", action="append", default=[], metavar="NAME",
                           help="one more authorized client, in clients/NAME/ (e.g. a remote actor host; repeatable)")
     generate.add_argument("--force", action="store_true", help="replace keys already in the folder")
+    generate.add_argument("--if-missing", action="store_true",
+                          help="keep the keys already in the folder (exit 0) and add only the --client folders it "
+                          "lacks; write them all when it holds none (idempotent, e.g. a one-shot container)")
     for name in SERVICES:
         cls = settings_class(name)
         add_settings_flags(sub.add_parser(name, help=f"run one {name} (flags or FLYWHEEL_{name.upper()}_* vars)"),
@@ -72,27 +75,84 @@ def run_service(name: str, args: argparse.Namespace) -> int:
         return 2
 
     try:
-        security.configure(security.keys_from_settings(settings, name))
+        security.configure(security.keys_from_settings(settings, name), allow_plaintext=settings.allow_plaintext,
+                           service=name)
     except security.CurveKeyError as exc:
         return error(str(exc))
     try:
         return main(settings)
-    except (EndpointInUse, UnknownEnvironmentError) as exc:
+    except (EndpointInUse, UnknownEnvironmentError, security.PlaintextBindRefused) as exc:
         return error(str(exc))
+
+
+KEY_SET = ("server.key", "server.key_secret", "client.key", "client.key_secret", "authorized/client.key")
 
 
 def run_keys(args: argparse.Namespace) -> int:
     from flywheel import security
 
+    folder: Path = args.directory
     try:
-        written = security.generate(args.directory, args.client, force=args.force)
+        if args.if_missing and not args.force and (folder / "server.key_secret").exists():
+            missing = [name for name in KEY_SET if not (folder / name).is_file()]
+            if missing:
+                raise security.CurveKeyError(f"{folder} holds an incomplete key set (no {', '.join(missing)}); "
+                                             "--force replaces it (every service then needs the new keys)")
+            added = add_clients(folder, args.client)
+            print(f"kept the keys in {folder}" + (f"; added the clients {', '.join(added)}" if added else ""))
+        elif (folder / "server.key_secret").exists() and not args.force:
+            raise security.CurveKeyError(f"{folder} already holds keys: --if-missing keeps them (and adds the "
+                                         "--client folders), --force replaces them (every service then needs the "
+                                         "new ones)")
+        else:
+            written = security.generate(folder, args.client, force=args.force)
+            print(f"wrote {len(written)} key files to {folder}: mount the folder on every service as "
+                  "FLYWHEEL_<SERVICE>_CURVE_KEYS_DIR" + (f"; clients/<NAME>/ on the hosts {', '.join(args.client)}"
+                                                         if args.client else ""))
+        for name in dict.fromkeys(args.client):  # what servers elsewhere need to admit it (..._AUTHORIZED_KEYS)
+            print(f"client {name}: folder {folder / 'clients' / name}, public key {client_public_key(folder, name)}")
     except (security.CurveKeyError, OSError) as exc:
         print(f"error: flywheel keys: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {len(written)} key files to {args.directory}: mount the folder on every service as "
-          f"FLYWHEEL_<SERVICE>_CURVE_KEYS_DIR" + (f"; clients/<NAME>/ on the hosts {', '.join(args.client)}"
-                                                   if args.client else ""))
     return 0
+
+
+def client_public_key(folder: Path, name: str) -> str:
+    import zmq.auth
+
+    public, _ = zmq.auth.load_certificate(folder / "authorized" / f"{name}.key")
+    return public.decode()
+
+
+def add_clients(folder: Path, names: list[str]) -> list[str]:
+    """One more authorized client per name that ``folder`` lacks, beside its keys (which stay): the names added.
+
+    Servers read authorized/ when they start, so they accept a new client after a restart."""
+    import re
+    import shutil
+
+    import zmq.auth
+
+    from flywheel import security
+
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_-]+", n) or n in ("server", "client")]
+    if bad:
+        raise security.CurveKeyError(f"client names must be letters, digits, '-' or '_' (and not server/client): "
+                                     f"{bad}")
+    added = []
+    for name in dict.fromkeys(names):
+        client, authorized = folder / "clients" / name, folder / "authorized" / f"{name}.key"
+        if (client / "client.key_secret").is_file() and authorized.is_file():
+            continue
+        shutil.rmtree(client, ignore_errors=True)
+        client.mkdir(parents=True, mode=0o700)
+        zmq.auth.create_certificates(client, "client")
+        shutil.copy(folder / "server.key", client / "server.key")
+        shutil.copy(client / "client.key", authorized)
+        for path in (*client.iterdir(), authorized):
+            path.chmod(0o600 if path.name.endswith("_secret") else 0o644)
+        added.append(name)
+    return added
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from flywheel.supervisor import Supervisor, add_supervisor_flags
 
 STOP_ORDER = ("actor", "learner", "replay", "gateway")
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
+SOCKET_PARENT_MAX = 64  # bytes: PARENT/flywheel-run-PID-XXXXXXXX/transitions fits in sun_path (107 + NUL)
 
 # Presets by observation kind; FLYWHEEL_* variables in the environment and --set override them.
 VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` (docs/benchmarks/sb3.md)
@@ -30,7 +32,8 @@ VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` 
     # thousands of stale transitions ahead of the replay's rate limiter.
     "actor": {"num_envs": "16", "n_step": "3", "gamma": "0.99", "send_hwm": "1", "hidden": "128"},
     "replay": {"capacity": "100000", "min_size_to_sample": "1000", "samples_per_insert": "8",
-               "error_buffer": "2000", "alpha": "0.6", "block_inserts": "true", "transitions_hwm": "1"},
+               "error_buffer": "2000", "alpha": "0.6", "block_inserts": "true", "transitions_hwm": "1",
+               "checkpoint_interval_s": "600"},  # as compose and k8s: a killed replay restarts with its data
     "learner": {"batch_size": "128", "lr": "0.002", "tau": "0.02", "adam_eps": "0.0001", "hidden": "128",
                 "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
                 "batches_per_request": "4", "torch_threads": "1"},
@@ -42,7 +45,7 @@ NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES")  # the learner's v
 PIXEL_PRESET = {  # Mario on 2 cores: docs/benchmarks/mario.md (gamma 0.9 as the Mario recipes that reach the flag)
     "actor": {"num_envs": "8", "n_step": "3", "gamma": "0.9", "send_hwm": "16"},
     "replay": {"capacity": "100000", "min_size_to_sample": "5000", "samples_per_insert": "8",
-               "error_buffer": "2000", "block_inserts": "true"},
+               "error_buffer": "2000", "block_inserts": "true", "checkpoint_interval_s": "600"},
     "learner": {"batch_size": "32", "lr": "0.0001", "target_update_interval": "1000",
                 "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1",
                 "compile": "on"},  # inductor + channels-last: 1.2x the eager update on a CPU (docs/LEARNER.md)
@@ -105,6 +108,16 @@ class Plan:
     log_dir: Path
     actor_extra: list[dict[str, str]] = field(default_factory=list)
     socket_dir: Path | None = None  # holds the Unix sockets of the local fast path; removed at the end
+    _remove: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.socket_dir is not None:  # also when a plan is dropped unused (and at exit)
+            self._remove = weakref.finalize(self, shutil.rmtree, str(self.socket_dir), True)
+
+    def remove_socket_dir(self) -> None:
+        """Remove the sockets' folder (the end of the run); idempotent."""
+        if self._remove is not None:
+            self._remove()
 
 
 def _check_port(port: int, what: str, flag: str) -> None:
@@ -124,7 +137,30 @@ def default_actors(obs_dtype: str, cores: int | None = None) -> int:
     return max(1, cores - 1) if obs_dtype == "uint8" else cores
 
 
+def _private_socket_dir() -> Path:
+    """A new folder for the run's Unix sockets: mode 0700 under a name no one can guess (``mkdtemp``), so another
+    local user cannot make it first and take the sockets; under /tmp when TMPDIR is too long for socket paths."""
+    parent = tempfile.gettempdir()
+    if len(parent.encode()) > SOCKET_PARENT_MAX:
+        parent = "/tmp"
+    return Path(tempfile.mkdtemp(prefix=f"flywheel-run-{os.getpid()}-", dir=parent))
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
+    """The plan for ``args``; with Unix sockets, their private folder is made now (``Plan.remove_socket_dir``)."""
+    # Same-host fast path: Unix sockets hold far less data in flight than TCP loopback buffers (which let
+    # actors run tens of thousands of small transitions ahead of the replay's rate limiter), and cost less.
+    ipc = getattr(args, "local_transport", "tcp") == "ipc" or not args.base_port
+    socket_dir = _private_socket_dir() if ipc else None
+    try:
+        return _make_plan(args, socket_dir)
+    except BaseException:
+        if socket_dir is not None:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+        raise
+
+
+def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
     from flywheel.envs import UnknownEnvironmentError, env_spec
 
     if args.actors is not None and args.actors < 1:
@@ -148,11 +184,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
     for what, port in ports.items():
         if port:
             _check_port(port, what, "--http-port" if what == "http" else "--base-port")
-    socket_dir = None
-    if getattr(args, "local_transport", "tcp") == "ipc" or not base:
-        # Same-host fast path: Unix sockets hold far less data in flight than TCP loopback buffers (which let
-        # actors run tens of thousands of small transitions ahead of the replay's rate limiter), and cost less.
-        socket_dir = Path(tempfile.gettempdir()) / f"flywheel-run-{os.getpid()}-{base}"  # made by run()
     if base:
         endpoint = {what: f"tcp://127.0.0.1:{ports[what]}" for what in names}
     else:  # no TCP port at all: nothing to collide with, and no port to guess in advance
@@ -173,7 +204,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
                     "HTTP_PORT": str(ports["http"]), "CURVES_DIR": str(ckpt),
                     "CURVES_INTERVAL_S": str(args.progress_interval)},
         "replay": {**common, "TRANSITIONS_BIND": transitions_bind, "SAMPLE_BIND": sample_bind,
-                   "CHECKPOINT_DIR": str(ckpt / "replay"), "RESTORE": str(args.resume).lower()},
+                   "CHECKPOINT_DIR": str(ckpt / "replay"), "RESTORE": str(args.resume).lower(), "ENV_ID": args.env},
         "learner": {**common, "ENV_ID": args.env, "SAMPLE_ENDPOINT": sample_connect,
                     "WEIGHTS_BIND": local("weights"), "CHECKPOINT_DIR": str(ckpt / "learner"),
                     "RESUME": str(args.resume and (ckpt / "learner" / "learner.safetensors").exists()).lower()},
@@ -320,8 +351,6 @@ def run(args: argparse.Namespace) -> int:
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     if not args.resume:  # the gateway writes tb/ and progress.csv; a new run's curves start over
         curves.reset(args.checkpoint_dir.resolve())
-    if plan.socket_dir is not None:
-        plan.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     http = _http_socket(plan)
     stop_reason: list[str] = []
 
@@ -384,8 +413,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"error: {c.name} exited with code {c.proc.returncode}: {_tail(c.log)}", file=sys.stderr)
     if http is not None:
         http.close()
-    if plan.socket_dir is not None:
-        shutil.rmtree(plan.socket_dir, ignore_errors=True)
+    plan.remove_socket_dir()
     if code == 0 and not getattr(args, "no_video", False):
         from flywheel.play import film_run
 

@@ -15,6 +15,7 @@ One key layout, made by ``flywheel keys generate DIR``::
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shutil
@@ -37,6 +38,10 @@ CONNECTS = {"replay", "learner", "actor"}
 
 class CurveKeyError(ValueError):
     """CURVE settings that cannot work; the message is one line naming the file or variable to fix."""
+
+
+class PlaintextBindRefused(CurveKeyError):
+    """A bind on an address other hosts can reach, with no CURVE keys and no explicit ``allow_plaintext``."""
 
 
 @dataclass(frozen=True)
@@ -141,17 +146,57 @@ def _secret(value: Any) -> str:
 
 # ---- the process's keys and the sockets ------------------------------------------------------------------------
 _active: CurveKeys | None = None
+_allow_plaintext = False
+_service = "<service>"
 _handlers: dict[int, ZapHandler] = {}
 _watched: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()
 _lock = threading.Lock()
 
 
-def configure(keys: CurveKeys | None) -> None:
-    """Set the keys every later ``flywheel.transport.bind``/``connect`` of this process uses (None: plain)."""
-    global _active
+def configure(keys: CurveKeys | None, *, allow_plaintext: bool = False, service: str = "") -> None:
+    """Set the keys every later ``flywheel.transport.bind``/``connect`` of this process uses (None: plain).
+
+    Without keys, a bind on an address other hosts can reach is refused unless ``allow_plaintext`` says otherwise
+    (``check_bind``); ``service`` names the settings prefix in that refusal."""
+    global _active, _allow_plaintext, _service
     _active = keys
+    _allow_plaintext = allow_plaintext
+    _service = service or "<service>"
     if keys is not None:
         log.info("CURVE on: TCP connections encrypted; servers accept %d client key(s)", len(keys.authorized))
+    elif allow_plaintext:
+        log.warning("allow_plaintext is on and CURVE is off: ZeroMQ sockets bound on non-loopback addresses accept "
+                    "anyone who reaches them, unencrypted (push transitions, read batches, send priorities)")
+
+
+def loopback_only(endpoint: str) -> bool:
+    """Whether other hosts cannot reach ``endpoint``: ipc and inproc, or tcp on a loopback address or ``lo``."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    if scheme != "tcp":
+        return False  # pgm, epgm, udp, ws...: network transports
+    host = rest.rpartition(":")[0].split(";")[-1].strip("[]")
+    if host in ("localhost", "lo"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", an interface name or a host name: may be reachable from elsewhere
+
+
+def check_bind(endpoint: str, what: str, setting: str) -> None:
+    """Refuse a plaintext bind that other hosts can reach (the gateway's token rule, for the data plane)."""
+    if _active is not None or loopback_only(endpoint):
+        return
+    prefix = f"FLYWHEEL_{_service.upper()}_"
+    if not _allow_plaintext:
+        raise PlaintextBindRefused(
+            f"refusing to bind {endpoint} ({what}) without CURVE: other hosts could push, read and change "
+            f"training data. Make keys with `flywheel keys generate DIR` and set {prefix}CURVE_KEYS_DIR=DIR, bind "
+            f"127.0.0.1 or ipc:// ({setting}), or set {prefix}ALLOW_PLAINTEXT=true on a network you trust")
+    log.warning("PLAINTEXT bind of %s (%s): CURVE is off and allow_plaintext is on, so anyone who reaches this "
+                "port can use it", endpoint, what)
 
 
 def active() -> CurveKeys | None:
@@ -302,8 +347,8 @@ class ZapHandler:
             return [b"1.0", request_id, b"200", b"OK", b"", b""]
         key = zmq.utils.z85.encode(credentials[0]) if mechanism == b"CURVE" and credentials else b""
         if key and key in self.authorized:
-            self.accepted += 1
-            return [b"1.0", request_id, b"200", b"OK", key[:8], b""]
+            self.accepted += 1  # no user id: with one, libzmq 4.3.5 stalled a CURVE PULL socket at RCVHWM 1
+            return [b"1.0", request_id, b"200", b"OK", b"", b""]
         self.refused["unauthorized_key"] += 1
         if key not in self._logged and len(self._logged) < 1024:
             self._logged.add(key)

@@ -47,6 +47,8 @@ class CommonSettings(BaseSettings):
                                                "key, Z85 (services that connect; instead of client.key_secret)")
     curve_authorized_keys: str = Field("", description="CURVE: client public keys the servers accept, Z85, "
                                        "comma-separated (besides authorized/*.key in the keys folder)")
+    allow_plaintext: bool = Field(False, description="let ZeroMQ sockets bind non-loopback addresses without CURVE "
+                                  "(logged as a warning at every such bind); only for a network you trust")
 
 
 class SettingsError(SystemExit):

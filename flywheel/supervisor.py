@@ -227,7 +227,7 @@ class Supervisor:
             try:
                 settings = build_settings(settings_class("actor"), {k.lower(): v for k, v in actor.items()},
                                           "run (supervisor)")
-                security.configure(security.keys_from_settings(settings, "actor"))
+                security.configure(security.keys_from_settings(settings, "actor"), service="actor")
             except (SettingsError, security.CurveKeyError, ValueError) as exc:
                 print(f"warning: flywheel run reports no restarts to the gateway: {exc}", file=sys.stderr)
                 return None

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psutil
 import zmq
+import zmq.asyncio
 
 from flywheel import __version__, proto, security
 
@@ -21,10 +24,30 @@ class EndpointInUse(RuntimeError):
     """A bind failed because another process holds the address."""
 
 
-def make_socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int = 1000,
-                max_msg_bytes: int = -1, sndbuf: int = 0, rcvbuf: int = 0) -> zmq.Socket:
-    """A socket with high-water marks, a zero linger, an optional inbound size cap and kernel buffer sizes.
+MAX_PARTS = 64  # the most parts any Flywheel message has: a header, its arrays and a ROUTER envelope
 
+
+class MessageTooLarge(proto.OversizedMessage):
+    """A multipart message passed its socket's part or byte budget; its remaining parts were read and dropped."""
+
+
+@dataclass(frozen=True)
+class MessageBudget:
+    """What one inbound message may hold on a socket, checked part by part as it is received."""
+
+    max_parts: int = MAX_PARTS
+    max_bytes: int = -1  # the whole message, every part added up; -1: unbounded
+
+
+_budgets: weakref.WeakKeyDictionary[zmq.Socket, MessageBudget] = weakref.WeakKeyDictionary()
+
+
+def make_socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int = 1000,
+                max_msg_bytes: int = -1, max_parts: int = MAX_PARTS, sndbuf: int = 0, rcvbuf: int = 0) -> zmq.Socket:
+    """A socket with high-water marks, a zero linger, inbound message budgets and kernel buffer sizes.
+
+    ``max_msg_bytes`` bounds one whole inbound message (libzmq's ZMQ_MAXMSGSIZE, also set, bounds each part only:
+    a peer that sends a bigger part is disconnected); ``max_parts`` bounds its parts. ``receive`` enforces both.
     ``sndbuf``/``rcvbuf`` (bytes; 0: the OS default) bound what TCP itself holds in flight beyond the
     high-water marks: by default Linux lets a few MiB per connection run ahead of a receiver that stopped reading.
     """
@@ -34,6 +57,7 @@ def make_socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int 
     sock.setsockopt(zmq.RCVHWM, rcvhwm)
     if max_msg_bytes > 0:
         sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+    _budgets[sock] = MessageBudget(max_parts, max_msg_bytes)
     if sndbuf > 0:
         sock.setsockopt(zmq.SNDBUF, sndbuf)
     if rcvbuf > 0:
@@ -41,11 +65,60 @@ def make_socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int 
     return sock
 
 
+class _Intake:
+    """One message's parts as they are received, kept only while within the budget."""
+
+    def __init__(self, budget: MessageBudget) -> None:
+        self.budget, self.size, self.why = budget, 0, ""
+        self.frames: list[zmq.Frame] = []
+
+    def add(self, frame: zmq.Frame) -> bool:
+        """Take one part; whether more parts follow."""
+        self.size += len(frame)
+        if not self.why:
+            if len(self.frames) + 1 > self.budget.max_parts:
+                self.why = f"more than {self.budget.max_parts} parts"
+            elif 0 < self.budget.max_bytes < self.size:
+                self.why = f"more than {self.budget.max_bytes} bytes in all"
+            else:
+                self.frames.append(frame)
+        return bool(frame.more)
+
+    def message(self) -> list[zmq.Frame]:
+        if self.why:
+            raise MessageTooLarge(f"message of {self.size} bytes refused: {self.why}")
+        return self.frames
+
+
+def receive(sock: zmq.Socket, flags: int = zmq.NOBLOCK) -> list[zmq.Frame]:
+    """One multipart message, received part by part within the socket's ``MessageBudget`` (zero copy).
+
+    Raises ``zmq.Again`` when none is waiting (with NOBLOCK) and ``MessageTooLarge`` when the message passes the
+    budget: its other parts are received and dropped at once, so the process never holds more than the budget of
+    it (libzmq queues a whole message before the first part can be read; see docs/RELIABILITY.md)."""
+    intake = _Intake(_budgets.get(sock, MessageBudget()))
+    more = intake.add(sock.recv(flags, copy=False))
+    while more:
+        more = intake.add(sock.recv(copy=False))  # the rest of a message is already queued: this never waits
+    return intake.message()
+
+
+async def receive_async(sock: zmq.asyncio.Socket) -> list[zmq.Frame]:
+    """``receive`` for an asyncio socket: waits for the first part, then takes the rest within the budget."""
+    intake = _Intake(_budgets.get(sock, MessageBudget()))
+    more = intake.add(await sock.recv(copy=False))
+    while more:
+        more = intake.add(await sock.recv(copy=False))
+    return intake.message()
+
+
 def bind(sock: zmq.Socket, endpoint: str, what: str, setting: str) -> str:
     """Bind, turning 'address in use' into an error that says what to do; a CURVE server when keys are set.
 
     Returns the endpoint bound, which each service logs in its start line: with port 0 (``tcp://127.0.0.1:0``)
-    the kernel picks a free port, and this is how a caller (a test, a launcher) learns which."""
+    the kernel picks a free port, and this is how a caller (a test, a launcher) learns which. Without CURVE keys an
+    address other hosts can reach is refused (``security.PlaintextBindRefused``) unless ``allow_plaintext`` is on."""
+    security.check_bind(endpoint, what, setting)
     security.prepare_bind(sock, endpoint)
     try:
         sock.bind(endpoint)
@@ -74,19 +147,26 @@ def subscriber(ctx: zmq.Context, endpoint: str, *, rcvhwm: int = 1000, max_msg_b
     return sock
 
 
-def queued_frames(sock: zmq.Socket) -> Iterator[list[zmq.Frame]]:
-    """The multipart messages waiting on ``sock``, oldest first, received without blocking until none is left."""
+def queued_frames(sock: zmq.Socket, refused: Callable[[proto.DecodeError], None] | None = None,
+                  ) -> Iterator[list[zmq.Frame]]:
+    """The multipart messages waiting on ``sock``, oldest first, received without blocking until none is left;
+    each one past the socket's budget goes to ``refused`` instead (raised when there is none)."""
     while True:
         try:
-            frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            frames = receive(sock)
         except zmq.Again:
             return
+        except MessageTooLarge as exc:
+            if refused is None:
+                raise
+            refused(exc)
+            continue
         yield frames
 
 
 def queued_messages(sock: zmq.Socket, expect: type[M], refused: Callable[[proto.DecodeError], None]) -> Iterator[M]:
     """The queued messages of kind ``expect``, decoded; each one refused by the codec goes to ``refused`` instead."""
-    for frames in queued_frames(sock):
+    for frames in queued_frames(sock, refused):
         try:
             msg = proto.decode(frames, expect)
         except proto.DecodeError as exc:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
-from .errors import BadShape
-from .packing import CODEC, MAX_UNPACKED_BYTES, parse_shape, unpack_frames
+from .errors import BadShape, OversizedMessage
+from .packing import CODEC, MAX_EXPANDED_BYTES, MAX_UNPACKED_BYTES, parse_shape, unpack_frames
 
 SCHEMA_VERSION = 1
 
@@ -240,6 +242,25 @@ class SampleBatch(Message):
         for refs in (obs_idx, next_idx):
             if int(refs.min()) < 0 or int(refs.max()) >= count:
                 raise BadShape(f"sample_batch: frame index outside 0..{count - 1}")
+        if self.expanded_bytes() > MAX_EXPANDED_BYTES:  # a few KB of indices must not ask for GiBs of stacks
+            raise OversizedMessage(f"sample_batch: expands to {self.expanded_bytes()} bytes, more than "
+                                   f"{MAX_EXPANDED_BYTES >> 20} MiB")
+
+    def expanded_shape(self) -> tuple[int, ...] | None:
+        """The shape obs and next_obs of a compact batch take once expanded, (B, K, H, W) or (B, H, W); else None."""
+        if self.obs_idx is None or (self.frames is None and self.packed is None):
+            return None
+        frame = self.frames.shape[1:] if self.frames is not None else parse_shape(self.packing.get("shape"))
+        return (*self.obs_idx.shape, *frame)
+
+    def expanded_bytes(self) -> int:
+        """What ``expand_frames`` allocates (the stacks, and the unpacked frames of a packed batch), from the shapes
+        alone: receivers check it against their limits before expanding (0 for other batches)."""
+        shape, refs = self.expanded_shape(), self.obs_idx
+        if shape is None or refs is None:
+            return 0
+        frame_bytes = math.prod(shape[refs.ndim:])
+        return 2 * math.prod(shape) + (self._frame_count() * frame_bytes if self.packed is not None else 0)
 
     def expand_frames(self, scratch: np.ndarray | None = None) -> None:
         """Rebuild obs/next_obs of a compact batch with one gather of its frames (a no-op for other batches);
@@ -261,6 +282,26 @@ class SampleBatch(Message):
         if self.is_demo is None:
             return np.zeros(self.action.shape[0], dtype=bool)
         return self.is_demo.astype(bool)
+
+
+_REASON = re.compile(r"^[a-z][a-z_]{0,31}$")
+
+
+@dataclass
+class SampleRefused(Message):
+    """Replay -> learner: a request the replay will not serve (``reason``, the fault it counted: ``batch_size`` when
+    above its max_batch_size, then in ``limit``), so the client need not wait for it; old clients count a wrong kind."""
+
+    KIND: ClassVar[str] = "sample_refused"
+    SCALARS: ClassVar[dict[str, str]] = {"request_id": INT, "reason": STR, "detail": STR, "limit": INT}
+    request_id: int
+    reason: str
+    detail: str = ""
+    limit: int = 0
+
+    def validate(self) -> None:
+        if not _REASON.match(self.reason):
+            raise BadShape(f"sample_refused: reason {self.reason[:40]!r} is not a fault name")
 
 
 @dataclass
@@ -395,7 +436,7 @@ class ClipChunk(Message):
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (
-        TransitionBatch, SampleRequest, SampleBatch, PriorityUpdate, Weights, Telemetry, Control,
+        TransitionBatch, SampleRequest, SampleBatch, SampleRefused, PriorityUpdate, Weights, Telemetry, Control,
         LeaseRequest, LeaseReply, ClipChunk,
     )
 }

@@ -71,7 +71,7 @@ class Cluster:
         common = {"TELEMETRY_ENDPOINT": ep("telemetry"), "CONTROL_ENDPOINT": ep("control")}
         wired = {
             "gateway": {"LEASE_ENDPOINT": ep("lease"), "HTTP_HOST": "127.0.0.1", "HTTP_PORT": str(self.ports["http"])},
-            "replay": {"TRANSITIONS_BIND": ep("transitions"), "SAMPLE_BIND": ep("sample")},
+            "replay": {"ENV_ID": self.env_id, "TRANSITIONS_BIND": ep("transitions"), "SAMPLE_BIND": ep("sample")},
             "learner": {"ENV_ID": self.env_id, "SAMPLE_ENDPOINT": ep("sample"), "WEIGHTS_BIND": ep("weights")},
             "actor": {"ENV_ID": self.env_id, "TRANSITIONS_ENDPOINT": ep("transitions"),
                       "WEIGHTS_ENDPOINT": ep("weights"), "LEASE_ENDPOINT": ep("lease")},

@@ -16,6 +16,9 @@ _KEY_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)(?:\{(.*)\})?$")
 _LABEL_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)=\"?([^\",{}=]*)\"?$")
 _RESERVED_LABELS = {"service", "instance", "le", "quantile"}
 _TYPE_WORDS = ("counter", "gauge", "histogram", "summary", "untyped")
+# The largest magnitude a reported value may have: beyond 2**53 a float no longer counts by one, no real counter or
+# gauge gets there, and sums of many such values stay finite (JSON, int() and the live page's numbers need that).
+MAX_ABS_VALUE = float(2**53)
 
 
 class TelemetryRejected(proto.DecodeError):
@@ -26,6 +29,27 @@ class TelemetryRejected(proto.DecodeError):
 
 class CapacityExceeded(TelemetryRejected):
     fault = "capacity"
+
+
+class BadValues(TelemetryRejected):
+    """Values left out of a telemetry message that was otherwise kept (see ``value_ok``)."""
+
+    fault = "bad_value"
+
+
+def value_ok(value: float, kind: str) -> bool:
+    """Whether a reported value is kept: a number within +-MAX_ABS_VALUE, or NaN for a gauge ("no value yet", as a
+    learner's loss before its first update). Infinities, absurd magnitudes and NaN counters are left out."""
+    if math.isnan(value):
+        return kind == "gauge"
+    return abs(value) <= MAX_ABS_VALUE
+
+
+def bad_values_fault(msg: proto.Telemetry, bad: list[tuple[str, float]]) -> BadValues:
+    """The fault to count for a message some of whose values were left out, naming the first few."""
+    shown = ", ".join(f"{key[:64]!r}={value!r}" for key, value in bad[:5])
+    return BadValues(f"telemetry from {msg.service[:40]} {msg.instance[:64]!r}: left out {len(bad)} value(s) that "
+                     f"are infinite, NaN counters or beyond +-2**53 ({shown}); fix them in that service")
 
 
 def parse_key(key: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
@@ -150,9 +174,15 @@ class Registry:
         self.went_down = 0
         self.events: deque[tuple[str, InstanceState, str]] = deque(maxlen=10_000)
         self.retired: dict[str, dict[str, float]] = {}  # per service: lifetime counters of forgotten instances
+        self.last_bad_values: list[tuple[str, float]] = []  # (key, value) left out of the last message stored
 
     def update(self, msg: proto.Telemetry) -> InstanceState:
-        """Store one telemetry message; raises TelemetryRejected when it cannot be kept."""
+        """Store one telemetry message; raises TelemetryRejected when it cannot be kept.
+
+        Values ``value_ok`` refuses are left out and listed in ``last_bad_values``; a counter left out keeps its
+        last value, so totals neither drop nor count twice.
+        """
+        self.last_bad_values = []
         if not _NAME_RE.match(msg.service):
             raise TelemetryRejected(f"telemetry: service name {msg.service[:40]!r} must match {_NAME_RE.pattern}")
         if msg.service == "gateway":
@@ -180,8 +210,10 @@ class Registry:
             state.down = False
             self.events.append(("back", state, f"after {now - state.received:.1f} s of silence"))
         state.seq, state.sent_time, state.received, state.received_wall = msg.seq, msg.time, now, time.time()
-        state.carry_drops(msg.counters)
-        state.counters, state.gauges, state.info = dict(msg.counters), dict(msg.gauges), dict(msg.info)
+        counters = self._checked(msg.counters, "counter", state.counters)
+        gauges = self._checked(msg.gauges, "gauge", {})
+        state.carry_drops(counters)
+        state.counters, state.gauges, state.info = counters, gauges, dict(msg.info)
         for values, kind in ((state.counters, "counter"), (state.gauges, "gauge")):
             for k in values:
                 self.metric(msg.service, kind, k)  # refused keys are known (and logged) from the first report
@@ -190,6 +222,17 @@ class Registry:
             state.window.popleft()
         self.received += 1
         return state
+
+    def _checked(self, values: dict[str, float], kind: str, previous: dict[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, value in values.items():
+            if value_ok(value, kind):
+                out[key] = value
+            else:
+                self.last_bad_values.append((key, value))
+                if key in previous:
+                    out[key] = previous[key]
+        return out
 
     def metric(self, service: str, kind: str, key: str) -> tuple[str, str, tuple[tuple[str, str], ...]] | None:
         """(name, suffix, extra labels) of a telemetry key, or None when it cannot be exported.

@@ -9,6 +9,8 @@ from pydantic_settings import SettingsConfigDict
 
 from flywheel.settings import CommonSettings
 
+from .clips import CLIP_BUFFER_BYTES, CLIP_MAX_BYTES
+
 
 class GatewaySettings(CommonSettings):
     """The gateway binds the telemetry, control and lease endpoints that every other service connects to."""
@@ -48,4 +50,8 @@ class GatewaySettings(CommonSettings):
     curves_interval_s: float = Field(10.0, gt=0, le=3600, description="seconds between points of the curves")
     max_instances: int = Field(10_000, ge=1, description="most service instances (and leases) tracked at once")
     telemetry_hwm: int = Field(10_000, ge=1, description="receive high-water mark of the telemetry socket")
+    clip_buffer_bytes: int = Field(
+        CLIP_BUFFER_BYTES, ge=CLIP_MAX_BYTES, le=1 << 32,
+        description="most bytes all filmed clips in flight hold together (at least one whole 16 MiB clip); a "
+                    "piece that would pass it pushes out the oldest other clips in flight")
 

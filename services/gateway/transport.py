@@ -15,14 +15,14 @@ import zmq
 import zmq.asyncio
 
 from flywheel import proto
-from flywheel.transport import FaultCounter, bind, make_socket
+from flywheel.transport import FaultCounter, MessageTooLarge, bind, make_socket, receive_async
 
 from .auth import ControlAuth
 from .clips import ClipAssembler
 from .control import ControlBook
 from .history import LearningCurve, curve_point
 from .lease import LeaseFull, LeaseTable
-from .metrics import CapacityExceeded, Registry
+from .metrics import CapacityExceeded, Registry, bad_values_fault
 from .settings import GatewaySettings
 
 log = logging.getLogger("flywheel.gateway")
@@ -43,7 +43,7 @@ class GatewayService:
         self.control = ControlBook(settings.one_shot_repeat_s)
         self.leases = LeaseTable(settings.lease_ttl_s, settings.max_instances)
         self.curve = LearningCurve(settings.history_interval_s, settings.history_points)
-        self.clips = ClipAssembler()
+        self.clips = ClipAssembler(max_buffer_bytes=settings.clip_buffer_bytes)
         self.faults = FaultCounter("gateway")
         self.started = time.monotonic()
         self.endpoints: dict[str, str] = {}
@@ -137,6 +137,8 @@ class GatewayService:
                              f", x {info['x_pos']}" if info["x_pos"] is not None else "", info["bytes"] >> 10)
                 return True
             self.registry.update(msg)
+            if self.registry.last_bad_values:  # kept, less the values that would break the views: counted
+                self.faults.record("telemetry", bad_values_fault(msg, self.registry.last_bad_values))
         except proto.DecodeError as exc:  # TelemetryRejected and ClipRejected are ones too
             self.faults.record("telemetry", exc)
             return False
@@ -147,7 +149,11 @@ class GatewayService:
     async def _telemetry_loop(self) -> None:
         assert self.telemetry_sock is not None
         while True:
-            frames = await self.telemetry_sock.recv_multipart(copy=False)
+            try:
+                frames = await receive_async(self.telemetry_sock)
+            except MessageTooLarge as exc:
+                self.faults.record("telemetry", exc)
+                continue
             self.accept_telemetry(frames)
 
     def sweep(self, now: float | None = None, wall: float | None = None) -> None:
@@ -207,7 +213,11 @@ class GatewayService:
     async def _lease_loop(self) -> None:
         assert self.lease_sock is not None
         while True:
-            frames = await self.lease_sock.recv_multipart(copy=True)
+            try:
+                frames = [frame.bytes for frame in await receive_async(self.lease_sock)]
+            except MessageTooLarge as exc:
+                self.faults.record("lease", exc)
+                continue
             reply = self.answer_lease(frames)
             if reply is not None:
                 with contextlib.suppress(zmq.Again, zmq.ZMQError):  # the peer went away: nothing to do

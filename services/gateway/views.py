@@ -22,6 +22,11 @@ def _num(value: float | None, digits: int = 6) -> float | None:
     return round(value, digits) if not float(value).is_integer() else value
 
 
+def _count(value: float) -> int | None:
+    """A whole number for JSON, or null when ``value`` is not finite (int() of an infinity raises)."""
+    return int(value) if math.isfinite(value) else None
+
+
 def _clean(values: dict[str, float]) -> dict[str, float]:
     """Finite values only: JSON has no NaN or infinity (/metrics still shows them)."""
     return {k: v for k, v in values.items() if math.isfinite(v)}
@@ -72,6 +77,8 @@ def metrics_text(gw: GatewayService) -> str:
           gw.clips.received)
     w.add("flywheel_gateway_clips_dropped_total", "counter", "clips given up: pieces stopped coming or pushed out",
           g, gw.clips.dropped)
+    w.add("flywheel_gateway_clip_buffer_bytes", "gauge", "bytes held by filmed clips in flight (at most "
+          "clip_buffer_bytes)", g, gw.clips.held)
     w.add("flywheel_gateway_curve_points", "gauge", "points in the live page's learning curve", g,
           len(gw.curve.points))
     if security.active() is not None:
@@ -136,7 +143,7 @@ def _summary(services: dict[str, Any]) -> dict[str, Any]:
         "replay_capacity": gauge("replay", "capacity_transitions", "sum"),
         "updates_per_s": total_rate("learner", "updates_total"),
         "weight_version": learner_version,
-        "policy_lag_versions": {"max": max(lags), "mean": _num(sum(lags) / len(lags), 3)} if lags else None,
+        "policy_lag_versions": {"max": _num(max(lags)), "mean": _num(sum(lags) / len(lags), 3)} if lags else None,
         "data_wait_ratio": gauge("learner", "data_wait_ratio"),
         "loss": gauge("learner", "loss"),
         "episode_return_mean": gauge("actor", "episode_return_mean"),
@@ -157,9 +164,9 @@ def _exploration(actors: list[dict[str, Any]]) -> dict[str, Any] | None:
     spans = {k: v for k, v in spans.items() if v[0] is not None and v[1] is not None}
     if not spans:
         return None
-    return {"slots": int(sum(v[2] for v in spans.values())), "min": min(v[0] for v in spans.values()),
-            "max": max(v[1] for v in spans.values()),
-            "actors": {k: {"min": v[0], "max": v[1], "slots": int(v[2])} for k, v in spans.items()}}
+    return {"slots": _count(sum(v[2] for v in spans.values())), "min": _num(min(v[0] for v in spans.values())),
+            "max": _num(max(v[1] for v in spans.values())),
+            "actors": {k: {"min": _num(v[0]), "max": _num(v[1]), "slots": _count(v[2])} for k, v in spans.items()}}
 
 
 def status(gw: GatewayService) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def open_data_path(settings: LearnerSettings, core: LearnerCore, ctx: zmq.Contex
     client = ReplayClient(settings.sample_endpoint, rows, inflight=settings.requests_in_flight, beta=beta,
                           transport=settings.sample_transport, ctx=ctx, limits=batch_limits(rows, core.obs_shape),
                           slots=2 * settings.requests_in_flight + 2, request_timeout_s=settings.request_timeout_s,
-                          faults=faults, packed=settings.sample_packed)
+                          faults=faults, packed=settings.sample_packed, obs_shape=core.obs_shape)
     control: ControlSubscriber | None = None
     try:
         control = ControlSubscriber(ctx, settings.control_endpoint, SERVICE, settings.instance, faults)

@@ -56,7 +56,8 @@ class LearnerSettings(CommonSettings):
     sample_packed: bool = Field(
         True, description="over TCP, take a frame_packing=lz4 replay's frames as LZ4 blocks (~5x fewer bytes, ~1 us "
                           "of this process's CPU a frame to unpack); false: plain frames")
-    weights_bind: str = Field("tcp://*:5557", min_length=1, description="address the weights PUB socket binds")
+    weights_bind: str = Field("tcp://127.0.0.1:5557", min_length=1, description="address the weights PUB socket "
+                              "binds (one other hosts reach needs CURVE keys or allow_plaintext)")
     checkpoint_dir: str | None = Field(None, description="directory for learner checkpoints (unset = none)")
     checkpoint_interval_s: float = Field(600.0, gt=0, le=86400, description="seconds between periodic checkpoints")
     resume: bool | Literal["auto"] = Field(

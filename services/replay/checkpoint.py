@@ -76,6 +76,18 @@ def save(state: dict[str, np.ndarray | list[np.ndarray]], directory: Path, info:
     tmp = directory / f".replay.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    try:
+        _fill(tmp, state, info)
+        _swap_in(tmp, directory)
+    except BaseException:  # a failed save (disk full) leaves nothing behind; a killed one is swept at start-up
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _remove_stale(directory)
+    return final
+
+
+def _fill(tmp: Path, state: dict[str, np.ndarray | list[np.ndarray]], info: dict[str, Any] | None) -> None:
+    """Write every array and the manifest into ``tmp``, fsynced."""
     manifest: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION, "time": time.time(),
                                 "info": info or {}, "arrays": {}}
     for name, value in state.items():
@@ -86,6 +98,11 @@ def save(state: dict[str, np.ndarray | list[np.ndarray]], directory: Path, info:
         fh.flush()
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
+
+
+def _swap_in(tmp: Path, directory: Path) -> None:
+    """Rename the filled ``tmp`` to ``directory/replay``, the previous checkpoint kept aside until it is in place."""
+    final = directory / "replay"
     old = directory / f".replay.old-{os.getpid()}"
     if not (final / "manifest.json").exists() and (old / "manifest.json").exists():
         os.replace(old, final)  # the fallback a killed save left (same pid after a container restart): keep it
@@ -96,16 +113,41 @@ def save(state: dict[str, np.ndarray | list[np.ndarray]], directory: Path, info:
     os.replace(tmp, final)
     _fsync_dir(directory)
     shutil.rmtree(old, ignore_errors=True)
-    _remove_stale(directory)
-    return final
 
 
-def _remove_stale(directory: Path) -> None:
-    """Temp and fallback folders that killed writers left behind (their process no longer runs)."""
-    for path in [*directory.glob(".replay.tmp-*"), *directory.glob(".replay.old-*")]:
+def _remove_stale(directory: Path, starting: bool = False) -> list[Path]:
+    """Temp and fallback folders that killed writers left behind (their process no longer runs); the removed ones.
+
+    ``starting`` (a replay that writes nothing yet): folders named after this process are stale too, and a fallback
+    is kept while it may be the only complete checkpoint (``replay`` missing: a save killed between its renames).
+    """
+    fallbacks_stale = not starting or (directory / "replay" / "manifest.json").exists()
+    removed: list[Path] = []
+    for path in [*directory.glob(".replay.tmp-*"), *(directory.glob(".replay.old-*") if fallbacks_stale else ())]:
         pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
+        if not pid.isdigit():
+            continue
+        if starting if int(pid) == os.getpid() else not _writer_running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _writer_running(pid: int) -> bool:
+    """Whether ``pid`` may still write: a killed writer not yet reaped (a zombie; an orphan's reaper can take a
+    second or two) writes no more."""
+    if not process_running(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def sweep(directory: Path) -> list[Path]:
+    """At start-up: remove what killed saves left in ``directory`` (see ``_remove_stale``); the removed folders."""
+    return _remove_stale(directory, starting=True) if directory.is_dir() else []
 
 
 def _current(directory: Path) -> Path:

@@ -14,7 +14,10 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from flywheel import proto
-from flywheel.transport import FaultCounter, connect, make_socket
+from flywheel.proto.messages import SampleRefused
+from flywheel.transport import FaultCounter, MessageTooLarge, connect, make_socket, receive
+
+from .refusals import Refused, check_fit
 
 log = logging.getLogger("flywheel.replay.client")
 SHM_DIR = "/dev/shm"
@@ -58,19 +61,23 @@ class ReplayClient:
     segment cannot be opened); ``"tcp"`` never asks. With ``compact`` (default), pixel batches over the socket come
     as distinct frames plus stack indices and are rebuilt here with one gather; a replay that keeps frames packed
     (frame_packing=lz4) sends them as LZ4 blocks (unless ``packed`` is false), unpacked here into one reused
-    buffer. Replies that do not decode are
-    counted in ``faults`` (logged once per kind) and free their request's place.
+    buffer. Replies that do not decode, or do not fit what was asked (``batch_size`` rows, ``obs_shape`` when given,
+    the decode limits once expanded), are counted in ``faults`` (logged once per kind) and free their request's
+    place; so does a compact batch that runs out of memory while it is expanded. A request the replay refuses for
+    its size (its ``max_batch_size``) raises ReplayClientError: asking again would never be served.
     """
 
     def __init__(self, endpoint: str, batch_size: int, *, inflight: int = 4, beta: float = 0.4,
                  transport: str = "auto", ctx: zmq.Context | None = None, max_message_mb: int = 1024,
                  limits: proto.Limits | None = None, slots: int = 0, request_timeout_s: float = 60.0,
-                 faults: FaultCounter | None = None, compact: bool = True, packed: bool = True) -> None:
+                 faults: FaultCounter | None = None, compact: bool = True, packed: bool = True,
+                 obs_shape: tuple[int, ...] | None = None) -> None:
         if not 1 <= batch_size <= 65536 or not 1 <= inflight <= 256:
             raise ValueError("batch_size must be in 1..65536 and inflight in 1..256")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be auto, shm or tcp, got {transport!r}")
         self.endpoint, self.batch_size, self.inflight, self.transport = endpoint, batch_size, inflight, transport
+        self.obs_shape = tuple(int(d) for d in obs_shape) if obs_shape is not None else None
         self.slots = min(slots or inflight, 256)  # shared-memory slots asked for: the most this client holds
         self.beta = self._check_beta(beta)
         self.request_timeout_s, self.compact, self.packed = request_timeout_s, compact, compact and packed
@@ -216,16 +223,24 @@ class ReplayClient:
     def receive(self) -> proto.SampleBatch | None:
         """The next reply if one has arrived (never blocks); None when none has or it was refused (counted)."""
         try:
-            frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            frames = receive(self.sock)
         except zmq.Again:
+            return None
+        except MessageTooLarge as exc:
+            self._refuse(exc)
             return None
         self._last_progress = time.monotonic()
         try:
-            batch = proto.decode(frames, expect=proto.SampleBatch, limits=self.limits)
+            batch = proto.decode(frames, expect=(proto.SampleBatch, SampleRefused), limits=self.limits)
         except proto.DecodeError as exc:
             self._refuse(exc)
             return None
+        if isinstance(batch, SampleRefused):
+            self._refused(batch)
+            return None
         shm = batch.shm
+        if shm.get("refused"):
+            self._shm_denied(str(shm["refused"]))
         if shm.get("segment") and not self.shm_refused and (self.segment is None or
                                                             self.segment.name != shm.get("segment")):
             self._attach(shm)
@@ -244,8 +259,9 @@ class ReplayClient:
             self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
         if isinstance(slot, int) and slot >= 0:
             try:
+                check_fit(batch, self.batch_size, self.obs_shape, self.limits.max_total_bytes, in_slot=True)
                 self._map_slot(batch)
-            except ReplayClientError as exc:
+            except (ReplayClientError, proto.DecodeError) as exc:
                 self._refuse(exc, freed=True)
                 if ours:
                     self._to_release.append(slot)
@@ -253,22 +269,54 @@ class ReplayClient:
             self.counters["shm_batches"] += 1
             self.held[batch.request_id] = (str(shm["segment"]), slot)
             return batch
+        try:
+            check_fit(batch, self.batch_size, self.obs_shape, self.limits.max_total_bytes, in_slot=False)
+        except proto.DecodeError as exc:
+            self._refuse(exc, freed=True)
+            return None
         if batch.frames is not None or batch.packed is not None:
-            packed = batch.packed is not None
-            if packed and batch.packed_sizes is not None:
-                need = int(batch.packed_sizes.size * np.prod(proto.packing.parse_shape(batch.packing["shape"])))
-                if self._unpacked.size < need:
-                    self._unpacked = np.empty(need, np.uint8)
+            packed, expanded = batch.packed is not None, batch.expanded_bytes()
             try:
+                if packed and batch.packed_sizes is not None:
+                    need = int(batch.packed_sizes.size * np.prod(proto.packing.parse_shape(batch.packing["shape"])))
+                    if self._unpacked.size < need:
+                        self._unpacked = np.empty(need, np.uint8)
                 batch.expand_frames(self._unpacked)
             except proto.DecodeError as exc:
                 self._refuse(exc, freed=True)
+                return None
+            except MemoryError:  # refused like any reply that cannot be used; the request is sent again
+                self._refuse(proto.OversizedMessage(f"sample_batch: out of memory expanding {batch.action.shape[0]} "
+                                                    f"rows ({expanded} bytes)"), freed=True)
                 return None
             self.counters["compact_batches"] += 1
             self.counters["packed_batches"] += int(packed)
         self.counters["tcp_batches"] += 1
         self.held[batch.request_id] = ("", -1)
         return batch
+
+    def _refused(self, refusal: SampleRefused) -> None:
+        """A sample_refused reply: counted, its request's place freed. One refused for its size would be refused
+        again forever: that raises ReplayClientError (the learner stops with this line)."""
+        if self._outstanding.pop(refusal.request_id, None) is None and self._outstanding:
+            self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
+        self._refuse(Refused(refusal.reason, f"the replay refused a request: {refusal.detail or refusal.reason}"),
+                     freed=True)
+        if refusal.reason == "batch_size":
+            raise ReplayClientError(
+                f"replay {self.endpoint} refuses sample requests of {self.batch_size} rows (its max_batch_size is "
+                f"{refusal.limit}): lower the learner's batch_size x batches_per_request, or raise the replay's "
+                "max_batch_size (FLYWHEEL_REPLAY_MAX_BATCH_SIZE)")
+
+    def _shm_denied(self, why: str) -> None:
+        """The replay offers shared memory only to ipc and loopback peers, and this one is neither."""
+        if self.transport == "shm":
+            raise ReplayClientError(f"replay {self.endpoint} refuses shared memory to this peer ({why}): it offers "
+                                    "it only to ipc:// and loopback (127.0.0.1) peers; connect over one of those, "
+                                    "or use sample transport auto or tcp")
+        if not self.shm_refused:
+            log.info("replay %s offers shared memory only to ipc and loopback peers: sampling over TCP", self.endpoint)
+            self.shm_refused = True
 
     def _refuse(self, exc: Exception, freed: bool = False) -> None:
         """A reply that cannot be used: counted; it answered one of ours, so the oldest request's place is freed."""
@@ -289,6 +337,8 @@ class ReplayClient:
             raise ReplayClientError("malformed shared-memory slot description") from None
         if dtype is None or not shape or any(d <= 0 for d in shape):
             raise ReplayClientError(f"bad slot dtype {shm.get('dtype')!r} or shape {shm.get('shape')!r}")
+        if self.obs_shape is not None and shape != self.obs_shape:
+            raise ReplayClientError(f"slot observations {shape}, this client expects {self.obs_shape}")
         full = (batch.action.shape[0], *shape)
         nbytes = int(np.prod(full)) * np.dtype(dtype).itemsize
         if any(off < 0 or off + nbytes > segment.size for off in offsets):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +24,12 @@ class InsertRejected(ValueError):
     fault = "values"
 
 
+class ActionOutOfRange(InsertRejected):
+    """A transition batch with an action outside 0..num_actions-1: the learner's network has no such output."""
+
+    fault = "action"
+
+
 @dataclass
 class ReplayConfig:
     """What shapes the replay core; built from ReplaySettings by main."""
@@ -42,6 +49,8 @@ class ReplayConfig:
     pack_frames: bool = False  # also keep pixel frames LZ4-packed, for packed socket replies
     demo_ratio: float = 0.0
     gather_threads: int = 2
+    num_actions: int = 0  # the env's action count: batches with an action outside it are refused (0: unchecked)
+    max_abs_value: float = 1e6  # largest |reward| and |float observation| stored: larger ones overflow the loss
 
 
 @dataclass
@@ -86,6 +95,7 @@ class ReplayCore:
         self.helper = ThreadPoolExecutor(1, "replay-gather") if config.gather_threads > 1 else None
         self.priority_updates = 0
         self.demo_samples = 0
+        self.expected_obs: tuple[tuple[int, ...], np.dtype] | None = None  # the env's, when known (expect_obs)
 
     @property
     def size(self) -> int:
@@ -128,10 +138,14 @@ class ReplayCore:
 
     def insert(self, batch: proto.TransitionBatch) -> int:
         """Store a decoded batch; raises SchemaMismatch or InsertRejected with the storage untouched."""
+        expected = self.expected_obs
+        if expected is not None and (tuple(batch.obs.shape[1:]) != expected[0] or batch.obs.dtype != expected[1]):
+            raise SchemaMismatch(f"observations {batch.obs.dtype}{tuple(batch.obs.shape[1:])} are not the env's "
+                                 f"{expected[1]}{expected[0]}")
         self.main.storage.check(batch.obs)
         if self.demos is not None:
             self.demos.storage.check(batch.obs)  # actors must send what the demonstrations hold
-        _check_values(batch)
+        _check_values(batch, self.config.num_actions, self.config.max_abs_value)
         priority = batch.priority
         if priority is not None and (not np.all(np.isfinite(priority)) or np.any(priority < 0)):
             priority = None  # an actor's garbage priorities must not poison the tree: use the max
@@ -140,6 +154,21 @@ class ReplayCore:
                                     priority, streamed=batch.stream is not None)
         self.limiter.record_insert(len(batch))
         return inserted
+
+    def check_actions(self, num_actions: int) -> None:
+        """Refuse, from now on, transition batches with an action outside 0..num_actions-1 (0: only negative ones)."""
+        if num_actions < 0:
+            raise ValueError(f"num_actions must be >= 0, got {num_actions}")
+        self.config.num_actions = num_actions
+
+    def expect_obs(self, shape: tuple[int, ...], dtype: np.dtype | str) -> None:
+        """Refuse, from now on, batches whose observations are not ``dtype[shape]`` (the env's); SchemaMismatch
+        when what is already stored (a restored checkpoint, demonstrations) is something else."""
+        schema = self.obs_schema
+        if schema is not None and (schema[0] != tuple(shape) or schema[1] != np.dtype(dtype)):
+            raise SchemaMismatch(f"the replay holds observations {schema[1]}{schema[0]}, the env gives "
+                                 f"{np.dtype(dtype)}{tuple(shape)}")
+        self.expected_obs = (tuple(shape), np.dtype(dtype))
 
     def load_demos(self, count: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str,
                    episodes: Iterable[DemoRows]) -> int:
@@ -298,13 +327,18 @@ def _joined(main: FrameRefs, demos: FrameRefs) -> FrameRefs:
                      np.concatenate([main.packed_sizes, demos.packed_sizes]))
 
 
-def _check_values(batch: proto.TransitionBatch) -> None:
-    if not np.all(np.isfinite(batch.reward)):
-        raise InsertRejected("rewards must be finite")
+def _check_values(batch: proto.TransitionBatch, num_actions: int = 0, max_abs: float = math.inf) -> None:
+    if not np.all(np.abs(batch.reward) <= max_abs):  # NaN fails it too
+        raise InsertRejected(f"rewards must be finite and within +-{max_abs:g} (max_abs_value)")
     discount = batch.discount
     if not np.all((discount >= 0) & (discount <= 1)):  # NaN fails both
         raise InsertRejected("discounts must lie in [0, 1]")
-    if np.any(batch.action < 0):
-        raise InsertRejected("actions must be non-negative")
-    if batch.obs.dtype.kind == "f" and not (np.all(np.isfinite(batch.obs)) and np.all(np.isfinite(batch.next_obs))):
-        raise InsertRejected("observations must be finite")
+    action = batch.action
+    if action.size and (int(action.min()) < 0 or (num_actions > 0 and int(action.max()) >= num_actions)):
+        bad = int(action.min()) if int(action.min()) < 0 else int(action.max())
+        allowed = f"0..{num_actions - 1}" if num_actions > 0 else "non-negative"
+        raise ActionOutOfRange(f"action {bad} outside {allowed}: the whole batch of {len(batch)} rows is refused")
+    if batch.obs.dtype.kind == "f" and not (np.all(np.abs(batch.obs) <= max_abs)
+                                            and np.all(np.abs(batch.next_obs) <= max_abs)):
+        raise InsertRejected(f"observations must be finite and within +-{max_abs:g} (max_abs_value): a larger one "
+                             "overflows the loss of every batch it is sampled into")

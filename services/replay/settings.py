@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -31,14 +32,24 @@ class ReplaySettings(CommonSettings):
         "those to TCP learners: ~5x fewer bytes a batch; for learners on other hosts (shared memory needs none)")
     gather_threads: int = Field(2, ge=1, le=2, description="threads copying a sampled batch (NumPy releases "
                                 "the GIL; 2 uses a second core when one is free)")
-    transitions_bind: str = Field("tcp://*:5555", description="PULL endpoint(s) actors push transitions to "
-                                  "(comma-separated, e.g. ipc:///tmp/flywheel-replay.ipc,tcp://*:5555)")
-    sample_bind: str = Field("tcp://*:5556", description="ROUTER endpoint(s) learners sample from")
+    transitions_bind: str = Field("tcp://127.0.0.1:5555", description="PULL endpoint(s) actors push transitions to "
+                                  "(comma-separated, e.g. ipc:///tmp/flywheel-replay.ipc,tcp://*:5555; an address "
+                                  "other hosts reach needs CURVE keys or allow_plaintext)")
+    sample_bind: str = Field("tcp://127.0.0.1:5556", description="ROUTER endpoint(s) learners sample from")
     transitions_hwm: int = Field(64, ge=1, description="receive high-water mark for transition batches")
     transitions_buffer_kb: int = Field(0, ge=0, le=1 << 20, description="kernel receive buffer of each transitions "
                                        "connection, KiB (0: the OS default, which TCP grows to a few MiB)")
     max_pending_requests: int = Field(256, ge=1, description="sample requests queued while the limiter waits")
     max_message_mb: int = Field(256, ge=1, le=4096, description="largest inbound message accepted")
+    max_batch_size: int = Field(8192, ge=1, le=65536, description="most rows one sample request may ask for; "
+                                "larger ones are refused with a sample_refused reply (the learner asks for "
+                                "batch_size x batches_per_request)")
+    env_id: str = Field("", max_length=128, description="the actors' environment id: its action count (found at "
+                        "start as the learner finds it) bounds stored actions (empty: num_actions or unchecked)")
+    max_abs_value: float = Field(1e6, gt=0, description="largest |reward| and |float observation| stored: a larger "
+                                 "one, finite but absurd, overflows the loss of every batch it lands in (refused)")
+    num_actions: int = Field(0, ge=0, le=1 << 20, description="actions of the environment: batches with an action "
+                             "outside 0..num_actions-1 are refused (0: from env_id)")
     shm: bool = Field(True, description="answer same-host clients through shared-memory slots in /dev/shm")
     shm_slots: int = Field(4, ge=1, le=256, description="slots per client when it does not say how many")
     shm_max_slots: int = Field(16, ge=1, le=256, description="most slots one client may hold")
@@ -52,3 +63,32 @@ class ReplaySettings(CommonSettings):
         False, description="when the checkpoint is corrupt or does not fit: set it aside and start empty "
         "(default: refuse to start)")
     seed: int | None = Field(None, description="sampling seed")
+
+
+@dataclass(frozen=True)
+class EnvContract:
+    """What every stored transition must fit: the env's action count and its observations (0 / None: unchecked)."""
+
+    num_actions: int = 0
+    obs_shape: tuple[int, ...] | None = None
+    obs_dtype: str | None = None
+
+
+def env_contract(settings: ReplaySettings) -> EnvContract:
+    """``num_actions``, and with ``env_id`` the action count, observation shape and dtype of the env registry's
+    spec (no env is built for Mario, Snake or MettaGrid ids), so that the first peer to send a batch cannot decide
+    what the replay stores. Raises ValueError with one line when the id is unknown or disagrees with
+    ``num_actions``."""
+    if not settings.env_id:
+        return EnvContract(settings.num_actions)
+    from flywheel.envs import env_spec  # imported late: env packages are heavy
+
+    try:
+        spec = env_spec(settings.env_id)
+    except Exception as exc:  # unknown ids, missing env packages, a Gymnasium env that fails to build
+        raise ValueError(f"replay env_id {settings.env_id!r}: {exc}") from None
+    found = int(spec.n_actions)
+    if settings.num_actions and settings.num_actions != found:
+        raise ValueError(f"replay num_actions {settings.num_actions} disagrees with env_id {settings.env_id!r}, "
+                         f"which has {found} actions: set one of them")
+    return EnvContract(found, tuple(int(d) for d in spec.obs_shape), str(spec.obs_dtype))

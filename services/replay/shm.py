@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import mmap
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import zmq
 
 from flywheel.checkpoints import process_running
 
@@ -87,6 +89,32 @@ class SlotSegment:
             self.mm.close()
         except BufferError:  # a view is still alive somewhere: the mapping goes with it
             pass
+
+
+def peer_address(frame: object) -> str:
+    """The ``Peer-Address`` of a received zmq.Frame: an IP for TCP, ``localhost:uid:gid:pid`` for ipc (Linux); ""
+    when it has none (inproc, or bytes without metadata)."""
+    get = getattr(frame, "get", None)
+    try:
+        address = get("Peer-Address") if get is not None else ""
+    except zmq.ZMQError:
+        return ""
+    return address.decode(errors="replace") if isinstance(address, bytes) else str(address or "")
+
+
+def peer_is_local(frame: object) -> bool:
+    """Whether the peer that sent ``frame`` may be offered shared memory: an ipc peer, or TCP from a loopback address
+    (127.0.0.0/8, ::1, ::ffff:127.x). Any other address, or none at all, is not (fail closed)."""
+    address = peer_address(frame)
+    if address == "localhost" or address.startswith("localhost:"):  # AF_UNIX: libzmq names no IP
+        return True
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
 
 
 def slot_bytes_for(batch_size: int, obs_shape: tuple[int, ...], dtype: np.dtype) -> int:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+
+import numpy as np
 
 from flywheel.demos import DemoFileError, open_demos
 
@@ -14,6 +17,23 @@ from .storage import SchemaMismatch
 
 log = logging.getLogger("flywheel.replay")
 
+# The fields a restore reads besides the per-slot arrays (storage.py checks those): the dtype each must have and its
+# shape (None: any length on that axis; no tuple: any shape), and whether a checkpoint must hold it. A crafted file
+# can carry valid CRCs, so each is checked before it is read: a scalar as an array or a string crashed the restore.
+_DTYPES = {"int": "an integer", "float": "a float", "uint8": "uint8", "uint64": "uint64"}
+FIELDS: dict[str, tuple[str, tuple[int | None, ...] | None, bool]] = {
+    "limiter.counts": ("int", (2,), True),
+    "config.capacity": ("int", (), True),
+    "sampler.max_priority": ("float", (), True),
+    "sampler.leaves": ("float", (None,), False),
+    "storage.positions": ("int", (2,), True),
+    "storage.obs_shape": ("int", (None,), True),
+    "storage.obs_dtype": ("uint8", (None,), True),
+    "storage.frames.range": ("int", (3,), False),
+    "storage.frames.frames": ("uint8", None, False),
+    "storage.frames.keys": ("uint64", (None,), False),
+}
+
 
 def build_core(settings: ReplaySettings) -> ReplayCore:
     return ReplayCore(ReplayConfig(
@@ -22,8 +42,31 @@ def build_core(settings: ReplaySettings) -> ReplayCore:
         error_buffer=settings.error_buffer, block_inserts=settings.block_inserts, seed=settings.seed,
         dedup_frames=settings.dedup_frames, frame_ratio=settings.frame_ratio, demo_ratio=settings.demo_ratio,
         pack_frames=settings.frame_packing == "lz4",
-        gather_threads=settings.gather_threads,
+        gather_threads=settings.gather_threads, max_abs_value=settings.max_abs_value,
     ))
+
+
+def _dtype_ok(dtype: np.dtype, want: str) -> bool:
+    if want == "int":
+        return dtype.kind in "iu"
+    return dtype.kind == "f" if want == "float" else dtype == np.dtype(want)
+
+
+def check_state(state: Mapping[str, np.ndarray]) -> None:
+    """Refuse, naming the field, a checkpoint whose ``FIELDS`` are missing or of the wrong dtype or shape."""
+    for name, (want, shape, required) in FIELDS.items():
+        if name not in state:
+            if required:
+                raise checkpoint.CheckpointError(f"replay checkpoint lacks the field {name}")
+            continue
+        value = state[name]
+        fits = shape is None or (value.ndim == len(shape) and all(
+            n is None or n == m for n, m in zip(shape, value.shape, strict=True)))
+        if not _dtype_ok(value.dtype, want) or not fits:
+            wanted = "any shape" if shape is None else "shape (" + ", ".join(
+                "n" if n is None else str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+            raise checkpoint.CheckpointError(f"replay checkpoint field {name} is {value.dtype}{list(value.shape)}, "
+                                             f"expected {_DTYPES[want]} of {wanted}")
 
 
 def restore(core: ReplayCore, settings: ReplaySettings) -> ReplayCore | None:
@@ -32,8 +75,10 @@ def restore(core: ReplayCore, settings: ReplaySettings) -> ReplayCore | None:
     if directory is None or not settings.restore or not checkpoint.exists(directory):
         return core
     try:
-        core.load_state_dict(checkpoint.load(directory))
-    except (checkpoint.CheckpointError, ValueError, KeyError) as exc:
+        state = checkpoint.load(directory)
+        check_state(state)
+        core.load_state_dict(state)
+    except (checkpoint.CheckpointError, ValueError, KeyError, TypeError) as exc:
         reason = f"cannot restore replay checkpoint from {directory}: {exc}"
         if not settings.start_empty_on_bad_checkpoint:
             log.error("%s (fix or move it, pass --restore false, or --start-empty-on-bad-checkpoint true)", reason)
@@ -60,8 +105,19 @@ def load_demos(core: ReplayCore, settings: ReplaySettings) -> bool:
     return True
 
 
+def sweep(settings: ReplaySettings) -> None:
+    """Remove the temp folders of saves killed before this start (each a checkpoint in size), in one log line."""
+    if settings.checkpoint_dir is None:
+        return
+    removed = checkpoint.sweep(settings.checkpoint_dir)
+    if removed:
+        log.info("removed what killed checkpoint writers left in %s: %s", settings.checkpoint_dir,
+                 ", ".join(path.name for path in removed))
+
+
 def start_core(settings: ReplaySettings) -> ReplayCore | None:
     """The core, restored and with its demonstrations; None when start-up must stop (already logged)."""
+    sweep(settings)
     core = restore(build_core(settings), settings)
     return core if core is not None and load_demos(core, settings) else None
 

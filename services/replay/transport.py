@@ -11,10 +11,20 @@ import psutil
 import zmq
 
 from flywheel import proto
-from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket
+from flywheel.proto.messages import SampleRefused
+from flywheel.transport import (
+    ControlSubscriber,
+    FaultCounter,
+    MessageTooLarge,
+    TelemetryReporter,
+    bind,
+    make_socket,
+    receive,
+)
 
 from .core import InsertRejected, ReplayCore
-from .shm import ShmSlots, SlotSegment
+from .refusals import Refused
+from .shm import ShmSlots, SlotSegment, peer_address, peer_is_local
 from .snapshot import Snapshotter
 from .storage import SchemaMismatch
 
@@ -34,7 +44,7 @@ class ReplayServer:
         self, core: ReplayCore, ctx: zmq.Context, *, transitions_bind: str, sample_bind: str,
         telemetry: TelemetryReporter, control: ControlSubscriber, faults: FaultCounter,
         transitions_hwm: int = 64, max_pending: int = 256, max_message_bytes: int = 256 << 20,
-        transitions_rcvbuf: int = 0,
+        transitions_rcvbuf: int = 0, max_batch_size: int = 8192,
         snapshotter: Snapshotter | None = None, checkpoint_interval_s: float = 0.0, shm: ShmSlots | None = None,
     ) -> None:
         self.core, self.telemetry, self.control, self.faults = core, telemetry, control, faults
@@ -43,7 +53,7 @@ class ReplayServer:
                                 rcvbuf=transitions_rcvbuf)
         self.router = make_socket(ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=64 << 20)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self.shm = shm
+        self.shm, self.max_batch_size = shm, max_batch_size
         self.endpoints: dict[str, list[str]] = {"transitions": [], "sample": []}  # as bound (port 0 resolved)
         try:
             for endpoint in _split(transitions_bind):
@@ -55,7 +65,7 @@ class ReplayServer:
         except Exception:
             self.close()
             raise
-        self.pending: deque[tuple[bytes, proto.SampleRequest, float]] = deque()
+        self.pending: deque[tuple[bytes, proto.SampleRequest, float, bool]] = deque()  # (..., shm refused)
         self.max_pending = max_pending
         self.snapshotter, self.checkpoint_interval_s = snapshotter, checkpoint_interval_s
         self._next_checkpoint = time.monotonic() + checkpoint_interval_s if checkpoint_interval_s else float("inf")
@@ -135,9 +145,13 @@ class ReplayServer:
             if time.monotonic() > deadline:
                 return
             try:
-                frames = self.pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = receive(self.pull)
             except zmq.Again:
                 return
+            except MessageTooLarge as exc:
+                self.faults.record("transitions", exc)
+                self.counters["transitions_rejected_total"] += 1
+                continue
             try:
                 batch = proto.decode(frames, proto.TransitionBatch, limits=self.limits)
                 inserted = self.core.insert(batch)
@@ -153,9 +167,12 @@ class ReplayServer:
     def _take_requests(self) -> None:
         while True:
             try:
-                frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = receive(self.router)
             except zmq.Again:
                 return
+            except MessageTooLarge as exc:  # unanswered: the client re-sends a request that times out
+                self.faults.record("sample", exc)
+                continue
             identity, body = frames[0].bytes, frames[1:]
             try:
                 msg = proto.decode(body, expect=(proto.SampleRequest, proto.PriorityUpdate))
@@ -166,6 +183,12 @@ class ReplayServer:
                 self.counters["priority_updates_total"] += self.core.update_priorities(msg.index, msg.priority)
                 continue
             assert isinstance(msg, proto.SampleRequest)
+            shm_refused = self.shm is not None and msg.shm and not peer_is_local(frames[0])
+            if shm_refused:  # /dev/shm files only for this host's peers: others get socket replies that say so
+                self.faults.record("sample", Refused("shm_peer", (
+                    f"shared memory asked for by peer {peer_address(frames[0]) or '(no address)'}: only ipc and "
+                    "loopback peers get it; answered over the socket")))
+                msg.shm, msg.shm_segment, msg.release_slot = False, "", -1
             if self.shm is not None:
                 if not msg.shm:
                     self.shm.drop(identity)  # the client reads from the socket (again): free its segment
@@ -173,19 +196,35 @@ class ReplayServer:
                     segment = self.shm.current(identity)
                     if segment is not None and segment.name == msg.shm_segment:
                         segment.release(msg.release_slot)
+            if msg.batch_size > self.max_batch_size:
+                self._refuse(identity, msg, Refused("batch_size", (
+                    f"sample request for {msg.batch_size} rows, above max_batch_size {self.max_batch_size} "
+                    "(FLYWHEEL_REPLAY_MAX_BATCH_SIZE)")))
+                continue
             if len(self.pending) >= self.max_pending:
                 self.counters["sample_requests_dropped_total"] += 1
                 continue
-            self.pending.append((identity, msg, time.monotonic()))
+            self.pending.append((identity, msg, time.monotonic(), shm_refused))
+
+    def _refuse(self, identity: bytes, request: proto.SampleRequest, why: Refused) -> None:
+        """Count a request that will not be served and tell its client (a sample_refused reply), which stops waiting."""
+        self.faults.record("sample", why)
+        reply = SampleRefused(request.request_id, why.fault, str(why)[:200], self.max_batch_size)
+        try:
+            self.router.send_multipart([identity, *proto.encode(reply)], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.counters["sample_requests_dropped_total"] += 1
 
     def _serve_pending(self) -> None:
         while self.pending and not self.paused:
-            identity, request, since = self.pending[0]
+            identity, request, since, shm_refused = self.pending[0]
             if not self.core.can_sample(request.batch_size):
                 return
             self.pending.popleft()
             self.counters["rate_limiter_sample_wait_seconds_total"] += time.monotonic() - since
             reply, held = self._sample(identity, request)
+            if shm_refused:
+                reply.shm = {"refused": "peer"}  # the client stops asking (ReplayClient) or stops with a clear error
             try:
                 self.router.send_multipart([identity, *proto.encode(reply)], flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:

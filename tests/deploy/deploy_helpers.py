@@ -18,7 +18,6 @@ from flywheel.services.replay.settings import ReplaySettings
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_GPU = ROOT / "docker-compose.gpu.yml"
-COMPOSE_CURVE = ROOT / "docker-compose.curve.yml"
 DOCKER = ROOT / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
 K8S = ROOT / "k8s"
@@ -29,6 +28,7 @@ SETTINGS: dict[str, type[BaseSettings]] = {
     "actor": ActorSettings, "replay": ReplaySettings, "learner": LearnerSettings, "gateway": GatewaySettings,
 }
 FLYWHEEL_SERVICES = ("gateway", "replay", "learner", "actor")
+CURVE_DIR = "/run/secrets/flywheel-curve"  # where compose and k8s mount the CURVE keys in every Flywheel container
 NAMESPACE = "flywheel"
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass"}

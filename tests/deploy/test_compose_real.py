@@ -7,7 +7,9 @@ Debian bookworm made with debootstrap, and Python packages come from a wheelhous
 
 It checks what the issue promises: 8 live actors in the gateway's /status holding 8 leases with the 8 distinct
 Ape-X exploration rates, learner updates that keep climbing, weights that reach every actor, the control token
-made by the compose file, and a `docker compose down -v` that leaves no container behind.
+made by the compose file, CURVE on as shipped (keys from the one-shot curve-keys service: every replay, learner and
+actor reports "curve": "on", the gateway logs it, and a plaintext client is refused by the replay), and a
+`docker compose down -v` that leaves no container behind.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from flywheel.testing.ports import free_port
 
 ACTORS = 8
 # everything but Grafana (no registry here for its image; its provisioning is checked statically)
-SERVICES = ("control-token", "gateway", "replay", "learner", "actor", "prometheus")
+SERVICES = ("control-token", "curve-keys", "gateway", "replay", "learner", "actor", "prometheus")
 PROJECT = "flywheel-compose-test"
 IMAGES = {"FLYWHEEL_IMAGE": "flywheel-test:cpu", "FLYWHEEL_IMAGE_ACTOR": "flywheel-test-actor:cpu"}
 # Light settings: a 2-core machine runs 11 containers. Everything else is the compose file's default.
@@ -140,6 +142,7 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
             engine.env["FLYWHEEL_PROMETHEUS_IMAGE"] = local_prometheus_image(engine, base, tmp_path / "prometheus")
         engine.compose(compose_file, "up", "-d", "--no-build", "--scale", f"actor={ACTORS}", *SERVICES, timeout=600)
         token = check_the_running_system(engine, compose_file, port)
+        check_curve_is_on(engine, compose_file, port)
         check_prometheus_scrapes_the_gateway(prometheus_port)
         check_a_crashed_learner_resumes(engine, compose_file, port, token)
     except BaseException:
@@ -197,6 +200,10 @@ def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> s
     assert status["leases"]["count"] == ACTORS
     assert all(a["gauges"]["weight_version"] > 0 for a in actors), "weights reached every actor"
 
+    learner = status["services"]["learner"]["instances"][0]["counters"]
+    shm, tcp = learner.get("shm_batches_total", 0), learner.get("tcp_batches_total", 0)
+    assert shm > 0 and tcp <= shm / 10, (
+        f"the learner must sample over the replay's Unix socket and shared memory: {learner}")
     first = learner_updates(status)
     later = wait_for("learner updates to climb", lambda: (s := get_json(f"{url}/status")) and
                      learner_updates(s) > first and s, timeout=120)
@@ -215,6 +222,43 @@ def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> s
     assert post(f"{url}/control/set_lr", token, {"lr": 0.0005}) == 202
     log("control: 401 without the token or with a wrong one, 202 with the token the compose file made")
     return token
+
+
+PLAINTEXT_PUSH = """
+import time, zmq
+sock = zmq.Context().socket(zmq.PUSH)
+sock.setsockopt(zmq.LINGER, 0)
+sock.connect("tcp://replay:5555")  # no CURVE keys: a NULL-mechanism handshake
+time.sleep(5)
+"""
+
+
+def refused_by_replay(status: dict[str, Any]) -> float:
+    """Handshakes the replay refused for a mechanism mismatch (a client without CURVE)."""
+    replays = status.get("services", {}).get("replay", {}).get("instances", [])
+    return sum(r.get("counters", {}).get('curve_handshakes_refused_total{reason="protocol"}', 0.0) for r in replays)
+
+
+def check_curve_is_on(engine: Engine, compose_file: Path, port: int) -> None:
+    """CURVE as shipped: the keys the curve-keys one-shot made are in use by every service, and a client without
+    them gets nowhere (the replay's handshake monitor counts it)."""
+    url = f"http://127.0.0.1:{port}"
+    status = get_json(f"{url}/status") or {}
+    for service in ("replay", "learner", "actor"):
+        instances = [i for i in status.get("services", {}).get(service, {}).get("instances", []) if i.get("up")]
+        assert instances, f"no live {service} in /status"
+        curve = {i["instance"]: i.get("info", {}).get("curve") for i in instances}
+        assert set(curve.values()) == {"on"}, f"{service}: telemetry info curve {curve}"
+    logs = engine.compose(compose_file, "logs", "--no-color", "curve-keys", "gateway", timeout=120).stdout
+    assert "wrote 5 key files to /run/secrets/flywheel-curve" in logs or "kept the keys" in logs, logs[-2000:]
+    assert "CURVE on: TCP connections encrypted" in logs, "the gateway binds with CURVE"
+    assert "PLAINTEXT" not in logs
+    before = refused_by_replay(status)
+    engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python", "actor", "-c",
+                   PLAINTEXT_PUSH, timeout=180)
+    wait_for("the replay to refuse a plaintext client", lambda: refused_by_replay(get_json(f"{url}/status") or {})
+             > before, timeout=60)
+    log("CURVE on: replay, learner and actors report curve=on; the replay refused a plaintext client")
 
 
 def learner_instance(status: dict[str, Any]) -> dict[str, Any] | None:

@@ -15,7 +15,6 @@ import yaml
 from deploy_helpers import (
     CLUSTER_SCOPED,
     COMPOSE,
-    COMPOSE_CURVE,
     COMPOSE_GPU,
     DEFAULT_RE,
     FLYWHEEL_SERVICES,
@@ -43,7 +42,7 @@ from deploy_helpers import (
 
 def test_compose_parses_with_the_services() -> None:
     services = compose()["services"]
-    for name in (*FLYWHEEL_SERVICES, "control-token", "prometheus", "grafana"):
+    for name in (*FLYWHEEL_SERVICES, "control-token", "curve-keys", "prometheus", "grafana"):
         assert name in services, f"docker-compose.yml has no service {name}"
     for name in FLYWHEEL_SERVICES:
         assert services[name]["command"][0] == name, f"{name} must run `flywheel {name}`"
@@ -56,8 +55,8 @@ def test_compose_parses_with_the_services() -> None:
         assert "target" not in build, "docker/Dockerfile builds one image per FLAVOR, its last stage"
     assert builders["control-token"]["args"]["FLAVOR"] == "services"
     assert builders["actor"]["args"]["FLAVOR"] == "actor"
-    for name in ("gateway", "replay", "learner"):
-        assert images[name] == images["control-token"], f"{name} runs the services image"
+    for name in ("gateway", "replay", "learner", "curve-keys"):
+        assert services[name]["image"] == images["control-token"], f"{name} runs the services image"
     assert images["actor"] != images["gateway"], "actors run the smaller actor image"
     assert compose_default(builders["actor"]["args"]["BASE_IMAGE"]) == "python:3.11-slim"
 
@@ -78,13 +77,21 @@ def test_control_token_reaches_the_gateway_as_a_file() -> None:
 
 def test_flywheel_containers_are_hardened() -> None:
     services = compose()["services"]
-    for name in (*FLYWHEEL_SERVICES, "control-token"):
+    for name in (*FLYWHEEL_SERVICES, "control-token", "curve-keys"):
         s = services[name]
         assert s.get("read_only") is True, f"{name}: read-only root file system (as in k8s/)"
         assert "/tmp" in s.get("tmpfs", []), f"{name}: a private /tmp"
         assert s.get("cap_drop") == ["ALL"], name
         assert "no-new-privileges:true" in s.get("security_opt", []), name
         assert "user" not in s or str(s["user"]).split(":")[0] not in ("0", "root"), name
+
+
+def test_flywheel_services_have_a_memory_limit() -> None:
+    """The backstop for what libzmq queues before a message can be checked (docs/RELIABILITY.md)."""
+    services = compose()["services"]
+    for name in FLYWHEEL_SERVICES:
+        limit = compose_default(services[name].get("mem_limit", ""))
+        assert limit[:-1].isdigit() and limit[-1] in "mg", f"{name}: mem_limit with a default, got {limit!r}"
 
 
 def test_actor_is_scalable() -> None:
@@ -115,18 +122,19 @@ def test_compose_dependencies_wait_for_health() -> None:
     for name, wanted in {"gateway": {"control-token"}, "replay": {"gateway"}, "learner": {"gateway", "replay"},
                          "actor": {"gateway", "replay", "learner"}}.items():
         deps = services[name]["depends_on"]
-        assert set(deps) == wanted, name
+        assert set(deps) == wanted | {"curve-keys"}, name
         for dep in deps:
-            expected = "service_completed_successfully" if dep == "control-token" else "service_healthy"
+            one_shot = dep in ("control-token", "curve-keys")
+            expected = "service_completed_successfully" if one_shot else "service_healthy"
             assert deps[dep]["condition"] == expected, f"{name} -> {dep}"
 
 
 def test_compose_defaults_to_cartpole_and_cpu() -> None:
     services = compose()["services"]
-    for name in ("learner", "actor"):
+    for name in ("replay", "learner", "actor"):
         env = environment(services[name])
         key = f"FLYWHEEL_{name.upper()}_ENV_ID"
-        assert env[key] == "${FLYWHEEL_ENV_ID:-CartPole-v1}", "learner and actors share one overridable env id"
+        assert env[key] == "${FLYWHEEL_ENV_ID:-CartPole-v1}", "replay, learner and actors share one env id"
     assert "deploy" not in services["learner"], "GPU reservations belong in docker-compose.gpu.yml (opt-in)"
 
 
@@ -155,7 +163,7 @@ def test_compose_volumes_are_declared() -> None:
         assert any(v.endswith(":/data") for v in doc["services"][name]["volumes"]), f"{name} checkpoints"
 
 
-@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_GPU, COMPOSE_CURVE], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_GPU], ids=lambda p: p.name)
 def test_compose_flywheel_variables_are_settings_fields(path: Path) -> None:
     for name, service in load_yaml(path)["services"].items():
         if name == "control-token":  # not a Flywheel service: docker/control-token.py reads FLYWHEEL_CONTROL_TOKEN
@@ -169,7 +177,7 @@ def test_compose_flywheel_variables_are_settings_fields(path: Path) -> None:
 
 
 def test_compose_interpolated_service_variables_are_settings_fields() -> None:
-    for path in (COMPOSE, COMPOSE_GPU, COMPOSE_CURVE):
+    for path in (COMPOSE, COMPOSE_GPU):
         for var, _ in DEFAULT_RE.findall(path.read_text()):
             service, field = split_var(var)
             if service:
@@ -286,7 +294,7 @@ def test_k8s_configmap_variables_are_settings_fields() -> None:
             assert isinstance(value, str), f"ConfigMap {name}: {key} must be a string (quote it)"
         check_settings(data, f"ConfigMap {name}")
     data = k8s_objects("ConfigMap")["flywheel-config"]["data"]
-    assert data["FLYWHEEL_ACTOR_ENV_ID"] == data["FLYWHEEL_LEARNER_ENV_ID"]
+    assert data["FLYWHEEL_ACTOR_ENV_ID"] == data["FLYWHEEL_LEARNER_ENV_ID"] == data["FLYWHEEL_REPLAY_ENV_ID"]
     for service in FLYWHEEL_SERVICES:
         assert data[f"FLYWHEEL_{service.upper()}_TELEMETRY_ENDPOINT"].endswith(":5558")
         assert data[f"FLYWHEEL_{service.upper()}_CONTROL_ENDPOINT"].endswith(":5559")
@@ -326,7 +334,7 @@ def test_learner_resumes_automatically_in_compose_and_k8s() -> None:
     assert env["FLYWHEEL_LEARNER_CHECKPOINT_DIR"].startswith("/data/")
     data = k8s_objects("ConfigMap")["flywheel-config"]["data"]
     assert data["FLYWHEEL_LEARNER_RESUME"] == "auto" and data["FLYWHEEL_LEARNER_CHECKPOINT_DIR"].startswith("/data/")
-    for path in (COMPOSE_GPU, COMPOSE_CURVE):  # no override turns it back
+    for path in (COMPOSE_GPU,):  # the override does not turn it back
         assert "FLYWHEEL_LEARNER_RESUME" not in environment(load_yaml(path)["services"].get("learner", {}))
 
 

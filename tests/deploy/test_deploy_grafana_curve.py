@@ -1,37 +1,37 @@
-"""Grafana in k8s/ (generated ConfigMaps in step with deploy/grafana) and the CURVE keys switch in compose and k8s."""
+"""Grafana in k8s/ (generated ConfigMaps in step with deploy/grafana) and CURVE, on as shipped in compose and k8s."""
 
 from __future__ import annotations
 
 import importlib.util
-import re
-import shutil
+import time
 from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlparse
 
 import pytest
 import yaml
+import zmq
 from deploy_helpers import (
-    COMPOSE_CURVE,
+    COMPOSE,
+    CURVE_DIR,
     FLYWHEEL_SERVICES,
     GRAFANA,
     K8S,
+    ROOT,
     SETTINGS,
-    check_settings,
-    compose_default,
-    environment,
+    compose,
     k8s_objects,
-    load_yaml,
 )
 
 from flywheel import security
+from flywheel.cli import main as flywheel
 
 FIX = ("run: python deploy/grafana/build_k8s_configmap.py (after python deploy/grafana/build_dashboards.py when "
        "the panels changed)")
-CURVE_DIR = "/run/secrets/flywheel-curve"
-# what `kubectl create secret generic flywheel-curve --from-file=...` in docs/DEPLOY.md puts in the Secret
-SECRET_FILES = {"server.key": "server.key", "server.key_secret": "server.key_secret",
-                "client.key_secret": "client.key_secret", "authorized-client.key": "authorized/client.key"}
+# the one documented command that makes the Kubernetes Secret (docs/DEPLOY.md, k8s/configmap.yaml)
+K8S_KEYS = "flywheel keys generate keys/ && kubectl -n flywheel create secret generic flywheel-curve --from-file=keys/"
+# a key for an actor on another host, under compose (docs/DEPLOY.md, docker-compose.yml)
+COMPOSE_CLIENT = "docker compose run --rm curve-keys --client NAME"
 
 
 def builder() -> ModuleType:
@@ -90,35 +90,44 @@ def test_the_configmap_builder_refuses_a_file_it_cannot_write_as_a_block(tmp_pat
 
 # ---- CURVE -----------------------------------------------------------------------------------------------------
 
-def test_compose_curve_override_mounts_the_keys_where_every_service_looks() -> None:
-    doc = load_yaml(COMPOSE_CURVE)
-    assert compose_default(doc["secrets"]["flywheel-curve"]["file"]) == "./keys"
-    assert set(doc["services"]) == set(FLYWHEEL_SERVICES)
-    for name, service in doc["services"].items():
-        (secret,) = service["secrets"]
-        assert secret["source"] == "flywheel-curve"
-        assert environment(service) == {f"FLYWHEEL_{name.upper()}_CURVE_KEYS_DIR": secret["target"]}
+def secret_from_folder(folder: Path) -> dict[str, bytes]:
+    """What `kubectl create secret generic NAME --from-file=folder/` stores: each regular file at the top of the
+    folder under its name; subfolders (authorized/, clients/) and anything but regular files are skipped."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink()}
 
 
-def commented_curve_lines() -> dict[str, str]:
-    text = (K8S / "configmap.yaml").read_text()
-    return dict(re.findall(r'^  # (FLYWHEEL_[A-Z]+_CURVE_KEYS_DIR): "([^"]+)"$', text, re.M))
+def workload_pod(service: str) -> dict:
+    workload = k8s_objects("Deployment").get(service) or k8s_objects("StatefulSet")[service]
+    return workload["spec"]["template"]["spec"]
 
 
-def test_k8s_curve_switch_is_off_and_uncommenting_it_names_the_mounted_secret() -> None:
+def test_the_documented_key_commands_are_the_ones_checked_here() -> None:
+    def flat(text: str) -> str:
+        return " ".join(text.replace("#", " ").split())
+
+    deploy = flat((ROOT / "docs" / "DEPLOY.md").read_text())
+    assert K8S_KEYS in deploy and K8S_KEYS in flat((K8S / "configmap.yaml").read_text())
+    assert COMPOSE_CLIENT in deploy and COMPOSE_CLIENT in flat(COMPOSE.read_text())
+    assert "docker-compose.curve" not in deploy + flat(COMPOSE.read_text()), "the override file is gone"
+
+
+def test_k8s_ships_with_curve_on_and_pods_wait_for_the_secret() -> None:
     data = k8s_objects("ConfigMap")["flywheel-config"]["data"]
-    assert not [k for k in data if "CURVE" in k], "CURVE is off as shipped"
-    switch = commented_curve_lines()
-    assert set(switch) == {f"FLYWHEEL_{s.upper()}_CURVE_KEYS_DIR" for s in FLYWHEEL_SERVICES}
-    check_settings({**data, **switch}, "k8s ConfigMap with the CURVE lines uncommented")
+    curve = {k: v for k, v in data.items() if "_CURVE_" in k or "PLAINTEXT" in k}
+    assert curve == {f"FLYWHEEL_{s.upper()}_CURVE_KEYS_DIR": CURVE_DIR for s in FLYWHEEL_SERVICES}
+    assert "flywheel-curve" not in k8s_objects("Secret"), "no keys in git: the Secret comes from one command"
     for name in FLYWHEEL_SERVICES:
-        workload = k8s_objects("Deployment").get(name) or k8s_objects("StatefulSet")[name]
-        pod = workload["spec"]["template"]["spec"]
-        mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
-        assert mounts["curve-keys"]["mountPath"] == switch[f"FLYWHEEL_{name.upper()}_CURVE_KEYS_DIR"] == CURVE_DIR
-        assert mounts["curve-keys"].get("readOnly") is True
+        pod = workload_pod(name)
+        container = pod["containers"][0]
+        env = [e["name"] for e in container.get("env", [])]
+        assert not [n for n in env if "_CURVE_" in n or "PLAINTEXT" in n], f"{name}: the ConfigMap says it"
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # flywheel-healthcheck connects to nothing
+            assert "tcpSocket" not in container.get(probe, {}), f"{name}: a bare TCP probe is a refused handshake"
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["curve-keys"]["mountPath"] == CURVE_DIR and mounts["curve-keys"].get("readOnly") is True
         secret = {v["name"]: v for v in pod["volumes"]}["curve-keys"]["secret"]
-        assert secret["secretName"] == "flywheel-curve" and secret["optional"] is True, name
+        assert secret["secretName"] == "flywheel-curve", name
+        assert secret.get("optional", False) is False, f"{name}: must wait for the keys, never start in plaintext"
         assert secret["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 10001, (
             f"{name}: keys readable by the pod's group only")
 
@@ -126,18 +135,122 @@ def test_k8s_curve_switch_is_off_and_uncommenting_it_names_the_mounted_secret() 
 @pytest.mark.parametrize("service", FLYWHEEL_SERVICES)
 def test_each_pod_gets_exactly_the_curve_files_its_service_needs(service: str, tmp_path: Path) -> None:
     keys = tmp_path / "keys"
-    security.generate(keys)
-    workload = k8s_objects("Deployment").get(service) or k8s_objects("StatefulSet")[service]
-    volume = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}["curve-keys"]
+    assert flywheel(["keys", "generate", str(keys), "--client", "remote-1"]) == 0
+    secret = secret_from_folder(keys)
+    assert set(secret) == {"server.key", "server.key_secret", "client.key", "client.key_secret"}
+    volume = {v["name"]: v for v in workload_pod(service)["volumes"]}["curve-keys"]
     mounted = tmp_path / "mounted"
     for item in volume["secret"]["items"]:  # as the kubelet lays the Secret's keys out
-        assert item["key"] in SECRET_FILES, f"{service}: the documented Secret has no key {item['key']}"
+        assert item["key"] in secret, f"{service}: the documented Secret has no key {item['key']}"
         target = mounted / item["path"]
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(keys / SECRET_FILES[item["key"]], target)
+        target.write_bytes(secret[item["key"]])
     settings = SETTINGS[service](curve_keys_dir=str(mounted))
     loaded = security.keys_from_settings(settings, service)  # refuses a folder missing what the service needs
     assert loaded is not None
     paths = {item["path"] for item in volume["secret"]["items"]}
     assert ("server.key_secret" in paths) == (service in security.BINDS), "server secrets only where they bind"
     assert ("client.key_secret" in paths) == (service in security.CONNECTS)
+    assert ("authorized/client.key" in paths) == (service in security.BINDS)
+
+
+def handshake(server: security.CurveKeys, client_public: bytes, client_secret: bytes, timeout_ms: int) -> bool:
+    """One REQ/REP round trip over TCP with CURVE, the server admitting ``server.authorized`` through ZAP."""
+    ctx = zmq.Context()
+    try:
+        handler = security.ZapHandler(ctx, server.authorized)
+        rep = ctx.socket(zmq.REP)
+        rep.setsockopt(zmq.ZAP_DOMAIN, security.ZAP_DOMAIN)
+        rep.setsockopt(zmq.CURVE_SECRETKEY, server.server_secret)
+        rep.setsockopt(zmq.CURVE_SERVER, 1)
+        rep.bind("tcp://127.0.0.1:0")
+        req = ctx.socket(zmq.REQ)
+        req.setsockopt(zmq.CURVE_SERVERKEY, server.server_public)
+        req.setsockopt(zmq.CURVE_PUBLICKEY, client_public)
+        req.setsockopt(zmq.CURVE_SECRETKEY, client_secret)
+        req.connect(rep.getsockopt(zmq.LAST_ENDPOINT).decode())
+        req.send(b"ping")
+        if not rep.poll(timeout_ms):
+            assert handler.refused["unauthorized_key"] >= 1, "refused by ZAP, not lost"
+            return False
+        rep.send(rep.recv() + b"-pong")
+        return req.poll(timeout_ms) != 0 and req.recv() == b"ping-pong"
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_compose_curve_keys_one_shot_is_idempotent_and_adds_clients_that_get_in(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The one-shot's own command line: keys made once and kept, `--client NAME` added later, and the added client
+    admitted by servers that load the folder (what `docker compose restart gateway replay learner` does)."""
+    entrypoint = compose()["services"]["curve-keys"]["entrypoint"]
+    assert entrypoint[:3] == ["flywheel", "keys", "generate"] and "--if-missing" in entrypoint
+    assert CURVE_DIR in entrypoint, "it writes where the services read"
+    keys = tmp_path / "keys"
+    argv = [str(keys) if arg == CURVE_DIR else arg for arg in entrypoint[1:]]
+    assert flywheel(argv) == 0
+    made = {p: p.read_bytes() for p in keys.rglob("*") if p.is_file()}
+    assert {p.relative_to(keys).as_posix() for p in made} == {
+        "server.key", "server.key_secret", "client.key", "client.key_secret", "authorized/client.key"}
+    assert flywheel(argv) == 0 and "kept the keys" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in keys.rglob("*") if p.is_file()} == made, "a second `up` changes nothing"
+    assert flywheel(["keys", "generate", str(keys)]) == 2 and "--if-missing" in capsys.readouterr().err
+
+    assert flywheel([*argv, "--client", "remote-1"]) == 0  # docker compose run --rm curve-keys --client remote-1
+    out = capsys.readouterr().out
+    remote = keys / "clients" / "remote-1"
+    client = security.keys_from_settings(SETTINGS["actor"](curve_keys_dir=str(remote)), "actor")
+    assert client is not None and client.client_public is not None and client.client_secret is not None
+    assert f"public key {client.client_public.decode()}" in out, "printed for ..._CURVE_AUTHORIZED_KEYS elsewhere"
+    assert all(path.read_bytes() == data for path, data in made.items()), "the existing keys stay"
+    assert (remote / "server.key").read_bytes() == made[keys / "server.key"]
+
+    server = security.keys_from_settings(SETTINGS["replay"](curve_keys_dir=str(keys)), "replay")
+    assert server is not None and client.client_public in server.authorized
+    assert handshake(server, client.client_public, client.client_secret, 5000), "the added client gets in"
+    stranger_public, stranger_secret = zmq.curve_keypair()
+    assert not handshake(server, stranger_public, stranger_secret, 1000), "an unknown key is refused"
+
+
+def test_transitions_flow_over_curve_with_the_deployments_high_water_marks() -> None:
+    """The actor -> replay PUSH/PULL as compose and k8s set it up (CURVE through the real ZAP handler, the replay's
+    transitions_hwm and the actors' send_hwm from the ConfigMap): every message arrives. With RCVHWM=1, libzmq 4.3.5
+    stalls the pipe when the ZAP reply carries a user id, so the replay would receive nothing."""
+    data = k8s_objects("ConfigMap")["flywheel-config"]["data"]
+    rcvhwm, sndhwm = int(data["FLYWHEEL_REPLAY_TRANSITIONS_HWM"]), int(data["FLYWHEEL_ACTOR_SEND_HWM"])
+    replay = compose()["services"]["replay"]["environment"]
+    assert replay["FLYWHEEL_REPLAY_TRANSITIONS_HWM"] == f"${{FLYWHEEL_REPLAY_TRANSITIONS_HWM:-{rcvhwm}}}"
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    ctx = zmq.Context()
+    try:
+        security.ZapHandler(ctx, frozenset({client_public}))
+        pull = ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.RCVHWM, rcvhwm)
+        pull.setsockopt(zmq.ZAP_DOMAIN, security.ZAP_DOMAIN)
+        pull.setsockopt(zmq.CURVE_SECRETKEY, server_secret)
+        pull.setsockopt(zmq.CURVE_SERVER, 1)
+        pull.bind("tcp://127.0.0.1:0")
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.SNDHWM, sndhwm)
+        push.setsockopt(zmq.CURVE_SERVERKEY, server_public)
+        push.setsockopt(zmq.CURVE_PUBLICKEY, client_public)
+        push.setsockopt(zmq.CURVE_SECRETKEY, client_secret)
+        push.connect(pull.getsockopt(zmq.LAST_ENDPOINT).decode())
+        received, sent = 0, 0
+        deadline = time.monotonic() + 10
+        while received < 20 and time.monotonic() < deadline:
+            if sent < 20 and push.poll(10, zmq.POLLOUT):
+                push.send(b"transition", zmq.NOBLOCK)
+                sent += 1
+            if pull.poll(10):
+                try:
+                    pull.recv(zmq.NOBLOCK)
+                    received += 1
+                except zmq.Again:
+                    pass
+        assert received == 20, (f"{received} of 20 messages ({sent} sent) reached a CURVE PULL with RCVHWM="
+                                f"{rcvhwm}: the ZAP handler's user id stalls the pipe (flywheel/security.py "
+                                "ZapHandler.answer: reply with an empty user id)")
+    finally:
+        ctx.destroy(linger=0)

@@ -7,12 +7,15 @@ import fnmatch
 import importlib.util
 import os
 import re
+import socket
 import stat
+import time
 import tomllib
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import zmq
 from deploy_helpers import DOCKER, DOCKERFILE, ROOT
 
 
@@ -161,6 +164,8 @@ def test_healthcheck_finds_the_service_and_its_port(monkeypatch: pytest.MonkeyPa
     assert hc.service_of(argv) == "replay"
     assert hc.service_of(["/opt/venv/bin/python", "/opt/venv/bin/flywheel", "--help"]) is None
     assert hc.port_of(hc.setting(argv, "replay", "sample_bind", "tcp://*:5556"), 5556) == 6000
+    assert hc.port_of("ipc:///run/flywheel-ipc/sample,tcp://*:6001", 5556) == 6001
+    assert hc.port_of("ipc:///run/flywheel-ipc/sample", 5556) == 5556
     monkeypatch.setenv("FLYWHEEL_GATEWAY_HTTP_PORT", "9001")
     assert hc.setting(["flywheel", "gateway"], "gateway", "http_port", "8080") == "9001"
     assert hc.setting(["flywheel", "gateway", "--http-port=9002"], "gateway", "http_port", "8080") == "9002"
@@ -169,16 +174,53 @@ def test_healthcheck_finds_the_service_and_its_port(monkeypatch: pytest.MonkeyPa
 
 def test_healthcheck_reports_a_closed_port_as_unhealthy() -> None:
     hc = load_module(DOCKER / "healthcheck.py")
-    import socket
-
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
         ok, what = hc.check(["python", "flywheel", "learner", "--weights-bind", f"tcp://*:{port}"], pid=os.getpid())
         assert ok, what
+        with socket.socket(socket.AF_INET6) as v6:  # an IPv6 listener counts too (/proc/net/tcp6)
+            v6.bind(("::1", 0))
+            v6.listen()
+            assert hc.listening(v6.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", port)) as client:  # connected, not listening: not a match
+            assert not hc.listening(client.getsockname()[1])
     ok, what = hc.check(["python", "flywheel", "learner", "--weights-bind", f"tcp://*:{port}"], pid=os.getpid())
     assert not ok and str(port) in what
+
+
+def test_healthcheck_makes_no_connection_that_a_curve_server_would_count(tmp_path: Path) -> None:
+    """The check reads the listen table: a CURVE replay sees no failed handshake from its own health check."""
+    from flywheel import security
+
+    hc = load_module(DOCKER / "healthcheck.py")
+    security.generate(tmp_path / "keys")
+    keys = security.load_keys(tmp_path / "keys")
+    assert keys is not None
+    ctx = zmq.Context()
+    try:
+        handler = security.ZapHandler(ctx, keys.authorized)
+        router = ctx.socket(zmq.ROUTER)
+        handler.watch(router)
+        router.setsockopt(zmq.ZAP_DOMAIN, security.ZAP_DOMAIN)
+        router.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
+        router.setsockopt(zmq.CURVE_SERVER, 1)
+        router.bind("tcp://127.0.0.1:0")
+        port = int(router.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
+        time.sleep(1.5)  # the handler's thread picks the monitor up within a second
+        for _ in range(3):
+            ok, what = hc.check(["python", "flywheel", "replay", "--sample-bind", f"tcp://*:{port}"],
+                                pid=os.getpid())
+            assert ok, what
+        with socket.create_connection(("127.0.0.1", port)):  # what a connecting check did: counted
+            pass
+        deadline = time.monotonic() + 10
+        while sum(handler.refused.values()) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sum(handler.refused.values()) == 1, handler.refused
+    finally:
+        ctx.destroy(linger=0)
 
 
 # ---- the control token -----------------------------------------------------------------------------------------

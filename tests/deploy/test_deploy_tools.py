@@ -18,7 +18,17 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from deploy_helpers import COMPOSE, COMPOSE_CURVE, COMPOSE_GPU, DOCKER, K8S, PROMETHEUS, ROOT, k8s_objects
+from deploy_helpers import (
+    COMPOSE,
+    COMPOSE_GPU,
+    CURVE_DIR,
+    DOCKER,
+    FLYWHEEL_SERVICES,
+    K8S,
+    PROMETHEUS,
+    ROOT,
+    k8s_objects,
+)
 from dockerhost import tool
 
 KUBERNETES_VERSION = "1.33.0"  # a release kubernetes-validate ships strict schemas for; the manifests use GA APIs
@@ -46,7 +56,6 @@ COMBINATIONS = {
     "default": ["-f", str(COMPOSE)],
     "monitoring": ["-f", str(COMPOSE), "--profile", "monitoring"],
     "gpu": ["-f", str(COMPOSE), "-f", str(COMPOSE_GPU)],
-    "curve": ["-f", str(COMPOSE), "-f", str(COMPOSE_CURVE)],
 }
 
 
@@ -65,6 +74,16 @@ def test_docker_compose_config_accepts_the_files(name: str) -> None:
     learner = model["services"]["learner"]
     gpu = learner.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
     assert bool(gpu) == (name == "gpu"), "the GPU reservation comes only with docker-compose.gpu.yml"
+    # CURVE on in every combination: each Flywheel service reads the keys the one-shot curve-keys made, read-only
+    writer = {v["source"]: v for v in model["services"]["curve-keys"]["volumes"]}["curve-keys"]
+    assert writer["target"] == CURVE_DIR and not writer.get("read_only")
+    for service in FLYWHEEL_SERVICES:
+        spec = model["services"][service]
+        assert spec["environment"][f"FLYWHEEL_{service.upper()}_CURVE_KEYS_DIR"] == CURVE_DIR, f"{name}: {service}"
+        assert not any("ALLOW_PLAINTEXT" in key for key in spec["environment"]), f"{name}: {service} plaintext"
+        mounts = {v["target"]: v for v in spec.get("volumes", [])}
+        assert mounts[CURVE_DIR]["source"] == "curve-keys" and mounts[CURVE_DIR]["read_only"], f"{name}: {service}"
+        assert spec["depends_on"]["curve-keys"]["condition"] == "service_completed_successfully", service
 
 
 def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
@@ -115,7 +134,7 @@ def compose_validator() -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
-@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_GPU, COMPOSE_CURVE], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_GPU], ids=lambda p: p.name)
 def test_compose_files_match_the_compose_spec_schema(path: Path, compose_validator: Any) -> None:
     errors = sorted(compose_validator.iter_errors(yaml.safe_load(path.read_text())), key=str)
     assert not errors, "\n".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)

@@ -29,7 +29,7 @@ def check_exposition(text: str) -> dict[str, str]:
     assert text.endswith("\n")
     types: dict[str, str] = {}
     current = None
-    for line in text.splitlines():
+    for line in text[:-1].split("\n"):  # lines end at \n only (a label value may hold \r or U+2028)
         if line.startswith("# HELP "):
             continue
         if line.startswith("# TYPE "):

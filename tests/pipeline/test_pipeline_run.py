@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,10 +37,13 @@ def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None
             return len(children) >= 5 and trained
         wait_until(running, 120, "flywheel run to train on batches from shared memory", [log])
         wait_until(lambda: "updates" in log.read_text(), 30, "a progress line", [log])
-        sockets = Path(tempfile.gettempdir()) / f"flywheel-run-{proc.pid}-0"
-        assert (sockets / "transitions").is_socket() and (sockets / "sample").is_socket()  # the local fast path
         url, weights = launcher_endpoints(log) or ("", "")
-        assert url.startswith("http://127.0.0.1:") and weights == f"ipc://{sockets}/weights"  # no TCP port guessed
+        assert url.startswith("http://127.0.0.1:") and weights.startswith("ipc://")  # no TCP port guessed
+        sockets = Path(weights.removeprefix("ipc://")).parent  # a new folder (mkdtemp), not a guessable path
+        assert sockets.name.startswith(f"flywheel-run-{proc.pid}-") and weights == f"ipc://{sockets}/weights"
+        assert (sockets / "transitions").is_socket() and (sockets / "sample").is_socket()  # the local fast path
+        info = sockets.stat()
+        assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()  # no other user gets in
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0, log.read_text()
     finally:

@@ -174,7 +174,7 @@ def test_supervisor_reports_to_a_curve_gateway_with_the_actors_keys(tmp_path: Pa
     plan.env["gateway"]["TELEMETRY_ENDPOINT"] = "tcp://127.0.0.1:0"  # TCP, where CURVE applies; the kernel's port
     http = _http_socket(plan)  # as flywheel run: the launcher listens, the gateway serves on the inherited socket
     assert http is not None and plan.socket_dir is not None
-    plan.socket_dir.mkdir(mode=0o700, parents=True)  # the Unix sockets' folder, as run() makes it
+    assert plan.socket_dir.is_dir()  # the Unix sockets' private folder, made with the plan
     children = [_start("gateway", "gateway-0", plan.env["gateway"], tmp_path)]
     bound = wait_until(lambda: (get_json(f"{plan.gateway_url}/status") or {}).get("gateway", {}).get("endpoints"),
                        60, "the gateway to report its endpoints", [tmp_path / "gateway-0.log"])

@@ -46,7 +46,7 @@ from flywheel.proto import (
     encode,
     peek_kind,
 )
-from flywheel.proto.messages import MESSAGE_TYPES
+from flywheel.proto.messages import MESSAGE_TYPES, SampleRefused
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -260,6 +260,7 @@ arg_value = st.one_of(st.integers(INT64_MIN, 2**64 - 1), finite, st.text(max_siz
 control = st.builds(Control, int64, text, text, st.dictionaries(text, arg_value, max_size=8))
 sample_request = st.builds(SampleRequest, int64, st.integers(1, 65536), st.floats(0.0, 1.0))
 lease_request = st.builds(LeaseRequest, text, st.booleans())
+sample_refused = st.builds(SampleRefused, int64, st.from_regex(r"[a-z][a-z_]{0,31}", fullmatch=True), text, int64)
 
 
 @st.composite
@@ -287,6 +288,7 @@ STRATEGIES: dict[str, st.SearchStrategy[Message]] = {
     "transitions": transition_batches(), "sample_request": sample_request, "sample_batch": sample_batches(),
     "priorities": priority_updates(), "weights": weights(), "telemetry": telemetry, "control": control,
     "lease_request": lease_request, "lease_reply": lease_replies(), "clip_chunk": clip_chunks(),
+    "sample_refused": sample_refused,
 }
 any_message = st.one_of(*STRATEGIES.values())
 

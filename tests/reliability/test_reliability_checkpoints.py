@@ -102,7 +102,7 @@ def test_replay_service_killed_mid_checkpoint_restores_the_previous_one(tmp_path
     ckpt = tmp_path / "replay-ckpt"
     cluster = Cluster(tmp_path, settings={"replay": {
         "CAPACITY": "3000", "MIN_SIZE_TO_SAMPLE": "1", "CHECKPOINT_DIR": str(ckpt), "CHECKPOINT_INTERVAL_S": "0.5",
-        "MAX_MESSAGE_MB": "64"}})
+        "MAX_MESSAGE_MB": "64", "ENV_ID": ""}})  # pixels of no env in particular: the shapes go unchecked
     cluster.add("replay")
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
@@ -139,9 +139,13 @@ def test_replay_service_killed_mid_checkpoint_restores_the_previous_one(tmp_path
         cluster.wait(lambda: not pid_alive(writer), 10, "the writer to die with its replay")
         state = replay_checkpoint.load(ckpt)  # CRCs verified
         assert state["storage.positions"].tolist() == [3000, 0]
+        assert busy.exists(), "the killed writer's temp folder, half a checkpoint in size"
         cluster.start("replay-0")
         cluster.wait(lambda: "restored 3000 transitions" in cluster.log_text("replay-0"), 60,
                      "the replay to restore the last completed checkpoint", alive=["replay-0"])
+        # the restarted replay swept it before restoring, in one line naming it
+        swept = [line for line in cluster.log_text("replay-0").splitlines() if "killed checkpoint writers" in line]
+        assert len(swept) == 1 and busy.name in swept[0] and not busy.exists()
     finally:
         push.close(0)
         ctx.term()

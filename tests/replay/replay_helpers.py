@@ -67,8 +67,12 @@ def running_server(core: ReplayCore, *, sample_bind: str = "tcp://127.0.0.1:*",
     publisher.bind("inproc://control-source")
     telemetry = TelemetryReporter(ctx, "inproc://telemetry-sink", "replay", "test", 3600.0)
     control = ControlSubscriber(ctx, "inproc://control-source", "replay", "test", faults)
-    server = ReplayServer(core, ctx, transitions_bind="tcp://127.0.0.1:*", sample_bind=sample_bind,
-                          telemetry=telemetry, control=control, faults=faults, **kwargs)  # type: ignore[arg-type]
+    try:
+        server = ReplayServer(core, ctx, transitions_bind="tcp://127.0.0.1:*", sample_bind=sample_bind,
+                              telemetry=telemetry, control=control, faults=faults, **kwargs)  # type: ignore[arg-type]
+    except BaseException:  # a context left with open sockets would hang whoever collects it
+        ctx.destroy(linger=0)
+        raise
     endpoints = (server.endpoints["transitions"][0], server.endpoints["sample"][0])  # the ports it bound
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import resource
 import shutil
+import signal
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +19,10 @@ from replay_helpers import ActorStreams, assert_stored_as_sent, make_core, trans
 
 from flywheel.services.replay import checkpoint
 from flywheel.services.replay.checkpoint import CheckpointError
+from flywheel.services.replay.settings import ReplaySettings
 from flywheel.services.replay.snapshot import Snapshotter
+from flywheel.services.replay.startup import build_core, check_state, restore, start_core
+from flywheel.testing.polling import wait_until
 
 
 def filled_state(count: int = 10) -> dict[str, np.ndarray]:
@@ -181,3 +190,165 @@ def test_failed_background_snapshot_keeps_the_previous_one(tmp_path: Path) -> No
     assert snap.start("test")
     assert snap.poll(block=True) is False and snap.failed == 1
     assert checkpoint.load(tmp_path)["storage.positions"][0] == 5
+
+
+# -- failed saves and what killed ones leave behind ----------------------------------------------------------------
+
+def _file_size_limit(state: dict[str, np.ndarray | list[np.ndarray]], limit: int,
+                     ) -> Callable[[], dict[str, np.ndarray | list[np.ndarray]]]:
+    """The state, fetched in the forked writer after capping its file size: writes past ``limit`` bytes fail with
+    a real OSError (EFBIG) from the kernel, as they would on a full disk."""
+    def capped() -> dict[str, np.ndarray | list[np.ndarray]]:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the default action kills; ignored, write() raises
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        return state
+    return capped
+
+
+def test_a_failed_background_save_removes_its_temp_folder(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                          ) -> None:
+    checkpoint.save(filled_state(5), tmp_path)
+    big = {"storage.positions": np.array([9, 0], np.int64), "rows": np.arange(1 << 20, dtype=np.int64)}  # 8 MiB
+    snap = Snapshotter(tmp_path, _file_size_limit(big, 1 << 20), lambda: 9)
+    assert snap.start("test")
+    assert snap.poll(block=True) is False and snap.failed == 1
+    assert "File too large" in capfd.readouterr().err  # the writer's own report: the kernel refused the write
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replay"], "the failed save's temp folder is removed"
+    assert checkpoint.load(tmp_path)["storage.positions"][0] == 5
+
+
+def test_a_failed_save_in_process_removes_its_temp_folder(tmp_path: Path) -> None:
+    checkpoint.save(filled_state(5), tmp_path)
+    # The second array's file cannot be created (a name longer than the file system allows): a real OSError
+    # after the temp folder and the first file exist.
+    with pytest.raises(OSError, match="too long"):
+        checkpoint.save({"storage.positions": np.array([9, 0], np.int64), "x" * 300: np.zeros(3)}, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replay"]
+    snap = Snapshotter(tmp_path, lambda: {"x" * 300: np.zeros(3)}, lambda: 0, background=False)
+    snap.write_now("exit")  # the shutdown path logs the failure and goes on
+    assert snap.failed == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["replay"]
+    assert checkpoint.load(tmp_path)["storage.positions"][0] == 5
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_starting_replay_sweeps_what_killed_writers_left(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                           ) -> None:
+    settings = ReplaySettings(capacity=16, min_size_to_sample=1, checkpoint_dir=tmp_path, seed=0)
+    checkpoint.save(filled_state(7), tmp_path)
+    dead = _dead_pid()
+    leftovers = [tmp_path / f".replay.tmp-{dead}", tmp_path / f".replay.tmp-{os.getpid()}",  # killed writers
+                 tmp_path / f".replay.old-{dead}"]  # a fallback with a complete checkpoint beside it: stale
+    for path in leftovers:
+        path.mkdir()
+        (path / "storage.obs.npy").write_bytes(b"\x93NUMPY half")
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        busy = tmp_path / f".replay.tmp-{live.pid}"  # a writer that still runs (another process): left alone
+        busy.mkdir()
+        with caplog.at_level(logging.INFO, logger="flywheel.replay"):
+            core = start_core(settings)
+    finally:
+        live.kill()
+        live.wait()
+    assert core is not None and core.size == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["replay", busy.name])
+    [line] = [r.getMessage() for r in caplog.records if "removed" in r.getMessage()]
+    assert all(path.name in line for path in leftovers) and busy.name not in line
+
+
+def test_the_sweep_counts_an_unreaped_writer_as_dead(tmp_path: Path) -> None:
+    """A writer killed with its replay is an orphan zombie until a reaper gets to it (1-2 s here): it writes no more."""
+    checkpoint.save(filled_state(3), tmp_path)
+    zombie = subprocess.Popen(["true"])  # exits at once and stays a zombie: this test does not reap it yet
+    try:
+        wait_until(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 10,
+                   "the child to exit")
+        leftover = tmp_path / f".replay.tmp-{zombie.pid}"
+        leftover.mkdir()
+        assert checkpoint.sweep(tmp_path) == [leftover] and not leftover.exists()
+    finally:
+        zombie.wait()
+
+def test_the_start_up_sweep_keeps_the_fallback_of_a_save_killed_between_renames(tmp_path: Path) -> None:
+    settings = ReplaySettings(capacity=16, min_size_to_sample=1, checkpoint_dir=tmp_path, seed=0)
+    checkpoint.save(filled_state(6), tmp_path)
+    dead = _dead_pid()
+    os.replace(tmp_path / "replay", tmp_path / f".replay.old-{dead}")  # the only complete checkpoint
+    (tmp_path / f".replay.tmp-{dead}").mkdir()  # the new one, complete or not, never took its place
+    core = start_core(settings)
+    assert core is not None and core.size == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".replay.old-{dead}"]
+
+# -- crafted checkpoints: valid CRCs, wrong-shaped or wrong-typed fields -------------------------------------------
+
+def _wrong_shape(value: np.ndarray) -> np.ndarray:
+    """A scalar stored as a shape-(3,) array, a vector as a scalar, an array with one axis more."""
+    if value.ndim == 0:
+        return np.full(3, value, dtype=value.dtype)
+    if value.ndim == 1 and value.size <= 8:
+        return np.asarray(value[0] if value.size else 0, dtype=value.dtype)
+    return value[..., None]
+
+
+# Every field the restore reads besides the per-slot arrays storage.py checks itself, and how to spoil it.
+CRAFTED = [(name, how) for name in ("limiter.counts", "config.capacity", "sampler.max_priority",
+                                    "storage.positions", "storage.obs_shape", "storage.obs_dtype",
+                                    "storage.frames.range") for how in ("shape", "string")] + [
+    ("sampler.leaves", "string"), ("storage.frames.frames", "float"), ("storage.frames.keys", "string"),
+]
+
+
+def _pixel_checkpoint(tmp_path: Path) -> tuple[ReplaySettings, dict[str, np.ndarray | list[np.ndarray]]]:
+    """Settings of a pixel replay (frames deduplicated, prioritized) and a state to save."""
+    settings = ReplaySettings(capacity=120, min_size_to_sample=1, checkpoint_dir=tmp_path / "ckpt", seed=0)
+    core = build_core(settings)
+    streams = ActorStreams(envs=2, depth=4, n_step=3, frame=(8, 8), seed=5)
+    for _ in range(3):
+        core.insert(streams.batch(20))
+    return settings, core.state_dict()
+
+
+def test_valid_checkpoints_pass_the_field_checks(tmp_path: Path) -> None:
+    settings, state = _pixel_checkpoint(tmp_path)
+    assert settings.checkpoint_dir is not None
+    checkpoint.save(state, settings.checkpoint_dir)
+    check_state(checkpoint.load(settings.checkpoint_dir))
+    restored = restore(build_core(settings), settings)
+    next_position, oldest = np.asarray(state["storage.positions"])
+    assert restored is not None and restored.size == next_position - oldest > 0
+    uniform = make_core(16, prioritized=False)  # no sampler.leaves, no frames: optional fields
+    uniform.insert(transitions(0, 5))
+    for core in (uniform, make_core(16)):  # the second empty: no observation schema yet
+        checkpoint.save(core.state_dict(), tmp_path / "other")
+        check_state(checkpoint.load(tmp_path / "other"))
+
+
+@pytest.mark.parametrize(("name", "how"), CRAFTED)
+def test_crafted_field_is_refused_naming_it(tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str,
+                                            how: str) -> None:
+    settings, state = _pixel_checkpoint(tmp_path)
+    directory = settings.checkpoint_dir
+    assert directory is not None
+    value = state[name]
+    value = np.concatenate(value) if isinstance(value, list) else np.asarray(value)
+    state[name] = (_wrong_shape(value) if how == "shape" else value.astype(np.float32) if how == "float"
+                   else value.astype(str))
+    checkpoint.save(state, directory)
+    loaded = checkpoint.load(directory)  # the CRCs are valid: only the field checks can tell
+    with pytest.raises(CheckpointError, match=re.escape(name)) as info:
+        check_state(loaded)
+    assert "\n" not in str(info.value)
+    # The service refuses to start, saying which field ...
+    assert restore(build_core(settings), settings) is None
+    assert name in caplog.text and "cannot restore replay checkpoint" in caplog.text
+    assert checkpoint.exists(directory)
+    # ... or, asked to, sets the checkpoint aside and starts empty.
+    empty = settings.model_copy(update={"start_empty_on_bad_checkpoint": True})
+    core = restore(build_core(empty), empty)
+    assert core is not None and core.size == 0
+    assert not checkpoint.exists(directory) and len(list(directory.glob("replay.refused-*"))) == 1

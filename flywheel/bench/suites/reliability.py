@@ -9,10 +9,14 @@ Three cases, each on the real services as separate processes (``_cluster.Cluster
   memory of every process over time, queue gauges, and where the back-pressure is. Plots in the results folder.
 - ``curve``: transition messages of 256 KiB (an actor's pixel batch) over TCP loopback with and without CURVE,
   interleaved, as MB/s: what encryption costs on the data path.
+- ``fuzz``: Hypothesis inputs to every bound ZeroMQ socket and every HTTP route of a live gateway, replay and
+  learner (``flywheel.testing.fuzz``): inputs tried, refusals counted against the codec's own verdict, 5xx
+  answers, crashes, peak memory growth, and real traffic afterwards.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -25,11 +29,14 @@ from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.services.learner.sampling import batches_per_request
 from flywheel.testing.cluster import ClusterError
 from flywheel.testing.faults import fault_cluster, run_faults
+from flywheel.testing.fuzz import run_fuzz
 from flywheel.testing.load import LoadRun, load_cluster, run_load, summarize
 
-DESCRIPTION = "kill -9 of each service and recovery times; 8 actors vs a slow learner (memory, queues); CURVE cost"
+DESCRIPTION = ("kill -9 of each service and recovery times; 8 actors vs a slow learner (memory, queues); CURVE cost; "
+               "a fuzz of every socket and route")
 OPTIONS = {
-    "cases": "comma-separated cases (default faults,load,curve)",
+    "cases": "comma-separated cases (default faults,load,curve,fuzz)",
+    "examples": "fuzz: inputs per socket and HTTP requests (default 2000; --quick 200)",
     "minutes": "length of the load run (default 5; --quick 1)",
     "actors": "actors in the load run (default 8)",
     "tight": "load run with small in-flight bounds (true/false, default false: the defaults)",
@@ -37,10 +44,10 @@ OPTIONS = {
 
 
 def run(ctx: BenchContext) -> SuiteResult:
-    cases = [c.strip() for c in ctx.option("cases", "faults,load,curve").split(",") if c.strip()]
-    unknown = set(cases) - {"faults", "load", "curve"}
+    cases = [c.strip() for c in ctx.option("cases", "faults,load,curve,fuzz").split(",") if c.strip()]
+    unknown = set(cases) - {"faults", "load", "curve", "fuzz"}
     if unknown:
-        raise BenchError(f"--opt cases: unknown {sorted(unknown)}; known: faults, load, curve")
+        raise BenchError(f"--opt cases: unknown {sorted(unknown)}; known: faults, load, curve, fuzz")
     result = SuiteResult(suite="reliability", title="Reliability: faults, load and CURVE on the real services",
                          method="one run of each case (kill -9 sequence, load run); CURVE: median of interleaved "
                                 "runs")
@@ -49,6 +56,8 @@ def run(ctx: BenchContext) -> SuiteResult:
             _faults(ctx, result, Path(tmp) / "faults")
         if "load" in cases:
             _load(ctx, result, Path(tmp) / "load")
+        if "fuzz" in cases:
+            _fuzz(ctx, result, Path(tmp) / "fuzz")
     if "curve" in cases:
         _curve(ctx, result)
     result.notes.append("Measured on a shared machine (other engineers' jobs running): times include Python and "
@@ -144,6 +153,39 @@ def _load(ctx: BenchContext, result: SuiteResult, workdir: Path) -> None:
         result.plots.append(_plot_load(ctx, load))
     except BenchError as exc:
         result.notes.append(f"load: no plot ({exc})")
+
+
+def _fuzz(ctx: BenchContext, result: SuiteResult, workdir: Path) -> None:
+    examples = ctx.option_int("examples", 200 if ctx.quick else 2000)
+    ctx.progress(f"fuzz: {examples} inputs to each socket and {examples} HTTP requests on live services")
+    try:
+        figures = run_fuzz(workdir, examples=examples, http_examples=examples, seed=ctx.seed,
+                           progress=lambda m: ctx.progress(f"fuzz: {m}"))
+    except ClusterError as exc:
+        raise BenchError(f"fuzz: a service died: {exc}") from None
+    result.extra["fuzz"] = figures.as_dict()
+    for name, tried in sorted(figures.inputs.items()):
+        expected = figures.expected_refused.get(name, 0)
+        counted = figures.counted_refused.get(name)
+        cut = figures.cut.get(name, 0)
+        result.rows.append(Row(case=f"fuzz: {name} socket", metric=f"inputs tried ({cut} cut by libzmq for a part "
+                               f"over the cap; of the rest {expected} refused by the codec"
+                               f"{'' if counted is None else f', {counted:.0f} counted by the service'})",
+                               unit="messages", flywheel=tried, goal="every codec refusal counted" if counted
+                               is not None else "", met=None if counted is None else counted >= expected))
+    result.rows.append(Row(case="fuzz: HTTP routes", metric=f"requests over {len(figures.http_requests)} "
+                           "method/route pairs", unit="requests", flywheel=sum(figures.http_requests.values())))
+    result.rows.append(Row(case="fuzz: HTTP routes", metric="5xx answers", unit="answers",
+                           flywheel=len(figures.http_5xx), higher_is_better=False, goal="0",
+                           met=not figures.http_5xx))
+    result.rows.append(Row(case="fuzz: every service", metric="crashes", unit="processes", flywheel=0.0,
+                           higher_is_better=False, goal="0", met=True))
+    for name, growth in sorted(figures.rss_peak_growth_mib.items()):
+        result.rows.append(Row(case=f"fuzz: {name}", metric="peak resident memory growth", unit="MiB",
+                               flywheel=growth, higher_is_better=False))
+    result.notes.append(f"fuzz: {figures.seconds:.0f} s; afterwards {figures.after['probe_rows_received']:.0f} "
+                        f"probe transitions arrived and the learner made {figures.after['learner_updates_after']:.0f} "
+                        "more updates; HTTP status counts " + json.dumps(dict(figures.http_status), sort_keys=True))
 
 
 def _plot_load(ctx: BenchContext, load: LoadRun) -> str:

@@ -1,0 +1,132 @@
+"""``flywheel run``'s plan: the replay checkpoints periodically under every preset, as the deployments do, and the
+Unix sockets live in a new private folder that no other local user can make first."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flywheel import run as run_module
+from flywheel.cli import build_parser
+from flywheel.registry import settings_class
+from flywheel.run import Plan, make_plan
+from flywheel.services.replay.settings import ReplaySettings
+from flywheel.settings import SettingsError, build_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _no_flywheel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("FLYWHEEL_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def plans() -> Iterator[list[Plan]]:
+    """Plans a test made; their sockets' folders are removed afterwards."""
+    made: list[Plan] = []
+    yield made
+    for plan in made:
+        plan.remove_socket_dir()
+
+
+def plan_for(plans: list[Plan], tmp_path: Path, *argv: str) -> Plan:
+    args = build_parser().parse_args(["run", "--checkpoint-dir", str(tmp_path / "ckpt"), "--base-port", "0",
+                                      "--http-port", "0", *argv])
+    plan = make_plan(args)
+    plans.append(plan)
+    return plan
+
+
+def replay_settings(plan: Plan) -> ReplaySettings:
+    """The replay's settings as the child will build them from the plan (presets, variables, --set resolved)."""
+    settings: object = build_settings(settings_class("replay"), {k.lower(): v for k, v in plan.env["replay"].items()},
+                                      "test")
+    assert isinstance(settings, ReplaySettings)
+    return settings
+
+
+def deployed_interval() -> float:
+    """FLYWHEEL_REPLAY_CHECKPOINT_INTERVAL_S in docker-compose.yml and k8s/configmap.yaml (they agree)."""
+    compose = re.search(r"FLYWHEEL_REPLAY_CHECKPOINT_INTERVAL_S: \$\{FLYWHEEL_REPLAY_CHECKPOINT_INTERVAL_S:-(\d+)\}",
+                        (ROOT / "docker-compose.yml").read_text())
+    k8s = re.search(r'FLYWHEEL_REPLAY_CHECKPOINT_INTERVAL_S: "(\d+)"', (ROOT / "k8s" / "configmap.yaml").read_text())
+    assert compose and k8s and compose.group(1) == k8s.group(1)
+    return float(compose.group(1))
+
+
+# -- replay durability ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", run_module.DEFAULT_ENV])  # the vector and the pixel preset
+def test_the_replay_checkpoints_periodically_under_every_preset(plans: list[Plan], tmp_path: Path,
+                                                                env_id: str) -> None:
+    settings = replay_settings(plan_for(plans, tmp_path, "--env", env_id))
+    assert settings.checkpoint_interval_s == deployed_interval() == 600
+    assert settings.checkpoint_dir == (tmp_path / "ckpt" / "replay").resolve()
+
+
+def test_every_preset_names_the_interval() -> None:
+    presets = {name: value for name, value in vars(run_module).items() if name.endswith("_PRESET")}
+    assert len(presets) >= 2
+    for name, preset in presets.items():
+        assert float(preset["replay"]["checkpoint_interval_s"]) == deployed_interval(), name
+
+
+def test_the_user_still_chooses_the_interval(plans: list[Plan], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    assert replay_settings(plan_for(plans, tmp_path, "--env", "CartPole-v1", "--set",
+                                    "replay.checkpoint_interval_s=0")).checkpoint_interval_s == 0
+    monkeypatch.setenv("FLYWHEEL_REPLAY_CHECKPOINT_INTERVAL_S", "30")
+    assert replay_settings(plan_for(plans, tmp_path, "--env", "CartPole-v1")).checkpoint_interval_s == 30
+
+
+# -- the Unix sockets' folder ---------------------------------------------------------------------------------------
+
+def _ipc_paths(plan: Plan) -> set[Path]:
+    return {Path(part.removeprefix("ipc://")).parent for values in plan.env.values() for value in values.values()
+            for part in value.split(",") if part.startswith("ipc://")}
+
+
+def test_the_sockets_folder_is_new_private_and_ours(plans: list[Plan], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    squatted = tmp_path / f"flywheel-run-{os.getpid()}-0"  # the old, predictable path, made first by someone else
+    squatted.mkdir()
+    squatted.chmod(0o777)
+    plan = plan_for(plans, tmp_path, "--env", "CartPole-v1")
+    folder = plan.socket_dir
+    assert folder is not None and folder != squatted and folder.parent in (tmp_path, Path("/tmp"))  # /tmp: too long
+    info = folder.lstat()
+    assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
+    assert _ipc_paths(plan) == {folder}  # every Unix socket of every service is in it
+    assert len(f"{folder}/transitions".encode()) < 108  # sun_path
+    other = plan_for(plans, tmp_path, "--env", "CartPole-v1")  # a second run of the same process: its own
+    assert other.socket_dir not in (None, folder)
+    plan.remove_socket_dir()
+    assert not folder.exists() and squatted.exists()  # ours removed at the end; the squatter's left alone
+
+
+def test_a_long_temp_dir_still_gives_short_socket_paths(plans: list[Plan], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    folder = plan_for(plans, tmp_path, "--env", "CartPole-v1").socket_dir
+    assert folder is not None and len(f"{folder}/transitions".encode()) < 108
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_a_refused_plan_leaves_no_folder(plans: list[Plan], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(SettingsError, match="capacity"):
+        plan_for(plans, tmp_path, "--env", "CartPole-v1", "--set", "replay.capacity=many")
+    assert not list(tmp_path.glob("flywheel-run-*"))
+    tcp_only = plan_for(plans, tmp_path, "--env", "CartPole-v1", "--base-port", "47811", "--local-transport", "tcp")
+    assert tcp_only.socket_dir is None and not list(tmp_path.glob("flywheel-run-*"))
