@@ -162,7 +162,10 @@ def _check_service(example: Example, workspace: Path) -> None:
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(clean_env(**dict(example.env)))
-    os.environ.setdefault("FLYWHEEL_GATEWAY_CONTROL_TOKEN", CONTROL_TOKEN)
+    if "--control-token-file" in example.argv:  # made by the README's line before it (openssl rand)
+        (workspace / example.argv[example.argv.index("--control-token-file") + 1]).write_text(CONTROL_TOKEN)
+    else:
+        os.environ.setdefault("FLYWHEEL_GATEWAY_CONTROL_TOKEN", CONTROL_TOKEN)
     cwd = os.getcwd()
     try:
         os.chdir(workspace)

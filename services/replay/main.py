@@ -33,12 +33,6 @@ def main(settings: ReplaySettings) -> int:
         except SchemaMismatch as exc:
             log.error("%s: %s (another env's checkpoint in %s?)", settings.env_id, exc, settings.checkpoint_dir)
             return 2
-    if env.num_actions:
-        log.info("stored transitions are checked against the env: actions 0..%d%s", env.num_actions - 1,
-                 f", observations {env.obs_dtype}{env.obs_shape}" if env.obs_shape is not None else "")
-    else:
-        log.warning("actions of stored transitions are unchecked: set FLYWHEEL_REPLAY_ENV_ID (or NUM_ACTIONS) so "
-                    "that rows with actions the learner's network lacks are refused, not sampled")
     ctx = zmq.Context()
     faults = FaultCounter("replay")
     telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, "replay", settings.instance,
@@ -57,6 +51,12 @@ def main(settings: ReplaySettings) -> int:
              settings.instance, settings.capacity, "prioritized" if settings.prioritized else "uniform",
              ",".join(server.endpoints["transitions"]), ",".join(server.endpoints["sample"]),
              ", shared memory on" if shm else "")
+    if env.num_actions:
+        log.info("stored transitions are checked against the env: actions 0..%d%s", env.num_actions - 1,
+                 f", observations {env.obs_dtype}{env.obs_shape}" if env.obs_shape is not None else "")
+    else:
+        log.warning("actions of stored transitions are unchecked: set FLYWHEEL_REPLAY_ENV_ID (or NUM_ACTIONS) so "
+                    "that rows with actions the learner's network lacks are refused, not sampled")
     try:
         server.run()
     finally:
