@@ -24,6 +24,9 @@ TAGS = {
     "replay_size": "replay/size",
 }
 COLUMNS = ("env_steps", "elapsed_s", *TAGS)
+# Left by ``flywheel run --resume``, which starts every service again: the next writer adds all the env steps it
+# sees to the last row (its counters started at zero) instead of guessing, and removes the mark.
+FRESH_MARK = ".curves-counters-restart"
 
 
 def summarize(status: dict[str, Any]) -> dict[str, float | None]:
@@ -104,6 +107,7 @@ def reset(directory: str | Path) -> None:
     """Remove the curves of an earlier run in ``directory`` (a new run's curves start over, as its checkpoints do)."""
     folder = Path(directory)
     (folder / CSV_FILE).unlink(missing_ok=True)
+    (folder / FRESH_MARK).unlink(missing_ok=True)
     for old in (folder / TB_DIR).glob("events.out.tfevents.*"):
         old.unlink()
 
@@ -114,7 +118,8 @@ class Curves:
     With ``resume`` an existing progress.csv is continued from its last row: when the first new point's env
     steps are at least that row's, only the writer restarted and the steps count as they are; when they are
     below it, the services started again and what they gain from the first new point on is added (what they
-    did before that point is not counted, and nothing is counted twice). Without it both files start over.
+    did before that point is not counted, and nothing is counted twice); after ``mark_counters_restart`` (what
+    ``flywheel run --resume`` leaves) every step the new services make is added. Without it both files start over.
     """
 
     def __init__(self, directory: str | Path, *, resume: bool = False, flush_secs: int = 10) -> None:
@@ -128,6 +133,9 @@ class Curves:
         self.step_offset = int(_number(last.get("env_steps"))) if last else 0
         self.time_offset = _number(last.get("elapsed_s")) if last else 0.0
         self.append = resume and last is not None
+        fresh = self.directory / FRESH_MARK  # (elapsed, env steps) the counters started from, when appending:
+        self._first: tuple[float, float] | None = (0.0, 0.0) if self.append and fresh.exists() else None  # or seen
+        fresh.unlink(missing_ok=True)
         if not self.append:  # a new run in this folder: its curves start over, as its checkpoints do
             reset(self.directory)
         self._csv = open(self.csv_path, "a" if self.append else "w", newline="")  # closed in close()
@@ -135,10 +143,15 @@ class Curves:
         if not self.append:
             self._rows.writeheader()
             self._csv.flush()
-        self._first: tuple[float, float] | None = None  # (elapsed, env steps) of the first point when appending
         self._last_steps = 0.0
         self.writer = EventFileWriter(str(self.directory / TB_DIR), flush_secs=flush_secs)
         self.points = 0
+
+    @staticmethod
+    def mark_counters_restart(directory: str | Path) -> None:
+        """Tell the next writer in ``directory`` that every service starts again, its counters from zero."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / FRESH_MARK).touch()
 
     def record(self, elapsed: float, env_steps: float, values: dict[str, float | None]) -> None:
         """One point: ``values`` by CSV column (None or NaN: left out of TensorBoard, empty in the CSV)."""

@@ -68,6 +68,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", choices=("text", "json"), default=None,
                         help="every service's log lines as text (default) or JSON, one object per line")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --checkpoint-dir")
+    parser.add_argument("--if-exists", choices=("new", "resume", "overwrite", "fail"), default=None,
+                        help="when --checkpoint-dir already holds a run: new (default) writes to the next free "
+                             "CHECKPOINT_DIR-2, -3, ...; resume continues it (as --resume); overwrite replaces it; "
+                             "fail exits 2. A folder a live run holds is always refused")
     parser.add_argument("--base-port", type=int, default=5555,
                         help="first of six ZeroMQ ports on 127.0.0.1 (0: no TCP ports, every service on Unix "
                              "sockets in a private directory)")
@@ -302,7 +306,6 @@ def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
-
 def progress_line(elapsed: float, s: dict[str, float | None]) -> str:
     def num(value: float | None, fmt: str = ",.0f") -> str:
         return "-" if value is None else format(value, fmt)
@@ -343,6 +346,13 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flywheel.runfolder import take
+
+    with take(args):  # --if-exists/--resume: the folder this run writes to, locked for the run's life
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from flywheel import curves, runconfig
 
     saved = runconfig.apply_saved(args)  # --resume: the env and settings of CHECKPOINT_DIR/run.json
@@ -351,6 +361,8 @@ def run(args: argparse.Namespace) -> int:
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     if not args.resume:  # the gateway writes tb/ and progress.csv; a new run's curves start over
         curves.reset(args.checkpoint_dir.resolve())
+    else:  # and a resumed run's add every env step its new services make to the last row
+        curves.Curves.mark_counters_restart(args.checkpoint_dir.resolve())
     http = _http_socket(plan)
     stop_reason: list[str] = []
 
@@ -418,5 +430,6 @@ def run(args: argparse.Namespace) -> int:
         from flywheel.play import film_run
 
         film_run(args.checkpoint_dir.resolve(), args.env)
-    print(f"flywheel: stopped; checkpoints in {args.checkpoint_dir.resolve()}", flush=True)
+    print(f"flywheel: stopped; checkpoints in {args.checkpoint_dir.resolve()} (flywheel play {args.checkpoint_dir}; "
+          f"flywheel run --resume --checkpoint-dir {args.checkpoint_dir})", flush=True)
     return code

@@ -82,6 +82,8 @@ class FlywheelRun:
         for item in sets:
             self.command += ["--set", item]
         self.command += list(args)
+        if "--resume" not in args and "--if-exists" not in args:  # a kept workdir is this harness's own run
+            self.command += ["--if-exists", "overwrite"]
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self._procs: dict[str, psutil.Process] = {}
