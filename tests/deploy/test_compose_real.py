@@ -306,11 +306,16 @@ def check_a_crashed_learner_resumes(engine: Engine, compose_file: Path, port: in
         seen = {k: learner.get(k) for k in ("instance", "restarts")} | {
             "counters": {k: v for k, v in learner.get("counters", {}).items() if "total" in k},
             "gauges": learner.get("gauges", {})}
-        versions = [a["gauges"].get("weight_version") for a in live_actors(status)]
+        actors = live_actors(status)
+        versions = [a["gauges"].get("weight_version") for a in actors]
+        behind = [{"instance": a.get("instance"), "gauges": a.get("gauges", {}),
+                   "counters": {k: v for k, v in a.get("counters", {}).items() if "total" in k}}
+                  for a in actors if a["gauges"].get("weight_version", 0) <= last_version]
         logs = engine.compose(compose_file, "logs", "--no-color", "--tail", "40", "learner", "replay",
                               timeout=120).stdout
         return (f"\nkilled at update {last_updates:.0f}, version {last_version:.0f}; learner now: {json.dumps(seen)}"
-                f"\nactor weight versions: {versions}\nlogs:\n{logs[-6000:]}")
+                f"\nactor weight versions: {versions}\nactors still at or below it: {json.dumps(behind)}"
+                f"\nlogs:\n{logs[-6000:]}")
 
     wait_for("the restarted learner to train on and the actors to take its weights", resumed, timeout=300,
              detail=where_it_stands)
