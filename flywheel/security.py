@@ -169,6 +169,23 @@ def configure(keys: CurveKeys | None, *, allow_plaintext: bool = False, service:
                     "anyone who reaches them, unencrypted (push transitions, read batches, send priorities)")
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` is reachable only from this machine (127.0.0.0/8, ::1, ::ffff:127.x, localhost)."""
+    host = host.strip().strip("[]").lower().partition("%")[0]
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a host name, an interface or a wildcard: assume reachable from elsewhere
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
 def loopback_only(endpoint: str) -> bool:
     """Whether other hosts cannot reach ``endpoint``: ipc and inproc, or tcp on a loopback address or ``lo``."""
     scheme, _, rest = endpoint.partition("://")
@@ -176,13 +193,8 @@ def loopback_only(endpoint: str) -> bool:
         return True
     if scheme != "tcp":
         return False  # pgm, epgm, udp, ws...: network transports
-    host = rest.rpartition(":")[0].split(";")[-1].strip("[]")
-    if host in ("localhost", "lo"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # "*", an interface name or a host name: may be reachable from elsewhere
+    host = rest.rpartition(":")[0].split(";")[-1]
+    return host == "lo" or is_loopback(host)  # "lo": the loopback interface, as ZeroMQ names one
 
 
 def check_bind(endpoint: str, what: str, setting: str) -> None:

@@ -4,32 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.security import is_loopback
+
 from .settings import GatewaySettings
 
 log = logging.getLogger("flywheel.gateway")
 MIN_TOKEN_CHARS = 16
-_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
 
 
 class StartupError(RuntimeError):
     """The gateway must not start with these settings; the message says what to set."""
-
-
-def is_loopback(host: str) -> bool:
-    """True when ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
-    host = host.strip().strip("[]").lower()
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name or a wildcard: assume reachable from elsewhere
 
 
 def fingerprint(token: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
 import mmap
@@ -16,6 +15,7 @@ import numpy as np
 import zmq
 
 from flywheel.checkpoints import process_running
+from flywheel.security import is_loopback
 
 log = logging.getLogger("flywheel.replay")
 SHM_DIR = Path("/dev/shm")
@@ -106,15 +106,9 @@ def peer_is_local(frame: object) -> bool:
     """Whether the peer that sent ``frame`` may be offered shared memory: an ipc peer, or TCP from a loopback address
     (127.0.0.0/8, ::1, ::ffff:127.x). Any other address, or none at all, is not (fail closed)."""
     address = peer_address(frame)
-    if address == "localhost" or address.startswith("localhost:"):  # AF_UNIX: libzmq names no IP
+    if address.startswith("localhost:"):  # AF_UNIX: libzmq names no IP but localhost:uid:gid:pid
         return True
-    try:
-        ip = ipaddress.ip_address(address.partition("%")[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
+    return bool(address) and is_loopback(address)
 
 
 def slot_bytes_for(batch_size: int, obs_shape: tuple[int, ...], dtype: np.dtype) -> int:
