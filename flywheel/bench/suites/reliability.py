@@ -29,7 +29,6 @@ from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.services.learner.sampling import batches_per_request
 from flywheel.testing.cluster import ClusterError
 from flywheel.testing.faults import fault_cluster, run_faults
-from flywheel.testing.fuzz import run_fuzz
 from flywheel.testing.load import LoadRun, load_cluster, run_load, summarize
 
 DESCRIPTION = ("kill -9 of each service and recovery times; 8 actors vs a slow learner (memory, queues); CURVE cost; "
@@ -156,6 +155,8 @@ def _load(ctx: BenchContext, result: SuiteResult, workdir: Path) -> None:
 
 
 def _fuzz(ctx: BenchContext, result: SuiteResult, workdir: Path) -> None:
+    from flywheel.testing.fuzz import run_fuzz  # Hypothesis comes with the dev extra, as the bench installs it
+
     examples = ctx.option_int("examples", 200 if ctx.quick else 2000)
     ctx.progress(f"fuzz: {examples} inputs to each socket and {examples} HTTP requests on live services")
     try:
