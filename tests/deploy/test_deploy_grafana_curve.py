@@ -254,3 +254,15 @@ def test_transitions_flow_over_curve_with_the_deployments_high_water_marks() -> 
                                 "ZapHandler.answer: reply with an empty user id)")
     finally:
         ctx.destroy(linger=0)
+
+
+def test_keys_if_missing_refuses_an_incomplete_set_and_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = tmp_path / "keys"
+    assert flywheel(["keys", "generate", str(keys)]) == 0
+    (keys / "client.key_secret").unlink()  # half a key set: a copy that went wrong
+    before = {p: p.read_bytes() for p in keys.rglob("*") if p.is_file()}
+    assert flywheel(["keys", "generate", str(keys), "--if-missing"]) == 2
+    err = capsys.readouterr().err
+    assert "incomplete" in err and "client.key_secret" in err and len(err.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in keys.rglob("*") if p.is_file()} == before
