@@ -136,6 +136,7 @@ class Curves:
         fresh = self.directory / FRESH_MARK  # (elapsed, env steps) the counters started from, when appending:
         self._first: tuple[float, float] | None = (0.0, 0.0) if self.append and fresh.exists() else None  # or seen
         fresh.unlink(missing_ok=True)
+        self.counters_from_zero = self._first is not None  # a partial first total cannot be misread then
         if not self.append:  # a new run in this folder: its curves start over, as its checkpoints do
             reset(self.directory)
         self._csv = open(self.csv_path, "a" if self.append else "w", newline="")  # closed in close()
@@ -164,6 +165,8 @@ class Curves:
             self._last_steps = env_steps
             step = self.step_offset + int(env_steps - self._first[1])
             seconds = self.time_offset + elapsed - self._first[0]
+            if step <= self.step_offset:  # nothing new since the earlier rows' last step: no second point there
+                return
         else:
             step = int(env_steps)
             seconds = elapsed

@@ -79,13 +79,13 @@ def test_a_resumed_run_continues_the_curves(tmp_path: Path) -> None:
         curves.record(10.0, 2000, {"loss": 1.0})
     with Curves(tmp_path, resume=True) as curves:  # a restarted gateway, or a resumed run
         assert (curves.step_offset, curves.time_offset) == (2000, 10.0)
-        curves.record(5.0, 300, {"loss": 0.5})  # its first point continues the last row
-        curves.record(9.0, 700, {"loss": 0.4})  # then counts what it sees grow
+        curves.record(5.0, 300, {"loss": 0.5})  # its first point marks the seam; nothing new there, so no row
+        curves.record(9.0, 700, {"loss": 0.4})  # then it counts what it sees grow
         curves.record(12.0, 100, {"loss": 0.3})  # counters that start again (services restarted) keep counting on
     assert [(r["env_steps"], r["elapsed_s"], r["loss"]) for r in _rows(tmp_path)] == [
-        ("2000", "10.0", "1"), ("2000", "10.0", "0.5"), ("2400", "14.0", "0.4"), ("2500", "17.0", "0.3")]
+        ("2000", "10.0", "1"), ("2400", "14.0", "0.4"), ("2500", "17.0", "0.3")]
     assert [(e.step, e.value) for e in _events(tmp_path).Scalars("learner/loss")] == [
-        (2000, 1.0), (2000, 0.5), (2400, pytest.approx(0.4)), (2500, pytest.approx(0.3))]
+        (2000, 1.0), (2400, pytest.approx(0.4)), (2500, pytest.approx(0.3))]
     with Curves(tmp_path) as curves:  # a new run in the same folder starts over
         curves.record(1.0, 10, {"loss": 2.0})
     assert [r["env_steps"] for r in _rows(tmp_path)] == ["10"]

@@ -44,9 +44,11 @@ class _PointWriter:
 
     def __init__(self, gw: GatewayService, curves: Curves, started: float) -> None:
         self.gw, self.curves, self.started = gw, curves, started
-        # continuing earlier rows: wait until every live instance has reported, so the first point's totals are
-        # whole (a partial first total would be taken for services that started again)
-        self.grace_until = gw.started + (gw.settings.stale_after_s if curves.append else 0.0)
+        # continuing earlier rows whose services may have gone on: wait until every live instance has reported,
+        # so the first point's totals are whole (a partial first total would be taken for services that started
+        # again); after `flywheel run --resume` every counter starts from zero and any first point is right
+        guess = curves.append and not curves.counters_from_zero
+        self.grace_until = gw.started + (gw.settings.stale_after_s if guess else 0.0)
         self.failing = False
 
     def point(self) -> None:
