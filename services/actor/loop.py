@@ -113,8 +113,10 @@ class ActorLoop:
         return self.running
 
     def _idle(self) -> None:
-        """While a send blocks: keep the lease and the telemetry going."""
-        self._tick_lease(time.monotonic())
+        """While a send blocks: keep the lease, the weights and the telemetry going."""
+        now = time.monotonic()
+        self._tick_lease(now)
+        self.weights.poll(now)
         self.report()
 
     def report(self) -> None:

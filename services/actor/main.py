@@ -33,7 +33,8 @@ def main(settings: ActorSettings) -> int:
     loop = ActorLoop(
         core, weights=weights, clips=clips, faults=faults, max_env_steps=settings.max_env_steps,
         sender=TransitionSender(ctx, settings.transitions_endpoint, settings.instance, hwm=settings.send_hwm,
-                                on_full=settings.on_full, batch_rows=rows, sndbuf=settings.send_buffer_kb << 10),
+                                on_full=settings.on_full, batch_rows=rows, sndbuf=settings.send_buffer_kb << 10,
+                                stall_s=settings.send_stall_s, learner_versions=lambda: weights.newest_seen),
         lease=LeaseClient(ctx, settings.lease_endpoint, settings.instance, faults),
         control=ControlSubscriber(ctx, settings.control_endpoint, "actor", settings.instance, faults),
         telemetry=TelemetryReporter(ctx, settings.telemetry_endpoint, "actor", settings.instance,

@@ -65,7 +65,8 @@ def actor_report(core: ActorCore, sender: TransitionSender, weights: WeightsRece
         "transitions_dropped_total": sender.dropped, "weights_received_total": weights.received,
         "weights_rejected_total": weights.rejected, "weights_stale_total": weights.stale,
         "messages_rejected_total": weights.faults.total, "send_seconds_total": sender.send_s,
-        "send_blocked_seconds_total": sender.blocked_s, "weights_load_seconds_total": weights.load_s,
+        "send_blocked_seconds_total": sender.blocked_s, "send_reconnects_total": sender.reconnects,
+        "weights_load_seconds_total": weights.load_s,
         **core.times.as_counters(),
     }
     return counters, gauges

@@ -44,6 +44,8 @@ class ActorSettings(CommonSettings):
                             description="transitions per message (0: whole vector steps up to 256 rows or 256 KiB)")
     on_full: Literal["block", "drop"] = Field("block", description="at the replay high-water mark: block or drop")
     send_hwm: int = Field(16, ge=1, description="send high-water mark, in messages")
+    send_stall_s: float = Field(30.0, ge=0, le=3600, description="reconnect to replay after a blocked send of this "
+                                "long while the learner publishes new weights meanwhile (0: never)")
     send_buffer_kb: int = Field(0, ge=0, le=1 << 20, description="kernel send buffer of the transitions socket, "
                                 "KiB (0: the OS default; TCP then holds a few MiB in flight beyond send_hwm)")
     transitions_endpoint: str = Field("tcp://127.0.0.1:5555", description="replay PULL endpoint")

@@ -39,12 +39,23 @@ def auto_batch_rows(num_envs: int, row_bytes: int, *, min_rows: int = 256, max_b
 
 
 class TransitionSender:
-    """Batches emitted rows into TransitionBatch messages and PUSHes them to replay."""
+    """Batches emitted rows into TransitionBatch messages and PUSHes them to replay.
+
+    In block mode a send waits while replay pushes back (its samples-per-insert limit holds every actor while no
+    learner samples). A wait of ``stall_s`` during which the learner went on publishing (``learner_versions``, the
+    newest weight version seen, grew by 2 or more) is not that: the replay takes other actors' batches but not
+    this connection's (seen once in ~6 compose runs, an actor at send high-water mark 1 stuck for good). The
+    sender then reconnects, which gives it a new connection and pipe: what was queued in the old one is lost and
+    counted as ``reconnects``; the batch being sent is kept.
+    """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, actor: str, *, hwm: int, on_full: str,
-                 batch_rows: int, clock: Callable[[], float] = time.perf_counter, sndbuf: int = 0) -> None:
+                 batch_rows: int, clock: Callable[[], float] = time.perf_counter, sndbuf: int = 0,
+                 stall_s: float = 0.0, learner_versions: Callable[[], int] = lambda: 0) -> None:
         self.sock = make_socket(ctx, zmq.PUSH, sndhwm=hwm, sndbuf=sndbuf)
         connect(self.sock, endpoint)
+        self.endpoint, self.stall_s, self.learner_versions = endpoint, stall_s, learner_versions
+        self.reconnects = 0
         self.actor, self.on_full, self.batch_rows = actor, on_full, batch_rows
         self.buffer: list[Emitted] = []
         self.buffer_version = 0
@@ -99,7 +110,8 @@ class TransitionSender:
             self.send_s += self.clock() - began
             return
         self.send_s += self.clock() - began
-        start = time.monotonic()
+        start = waiting_since = time.monotonic()
+        versions_then = self.learner_versions()
         while True:  # block, but wake up to notice a stop request; always try once (the final flush on exit)
             if self.sock.poll(200, zmq.POLLOUT):
                 self.sock.send_multipart(frames, copy=False)
@@ -111,8 +123,20 @@ class TransitionSender:
             now = time.monotonic()  # counted as it goes, so reports show an actor that is blocked right now
             self.blocked_s += now - start
             start = now
-            idle()  # telemetry and control keep flowing while replay pushes back
+            idle()  # telemetry, control and weights keep flowing while replay pushes back
+            if self.stall_s > 0 and now - waiting_since >= self.stall_s:
+                if self.learner_versions() - versions_then >= 2:
+                    self._reconnect(now - waiting_since, self.learner_versions() - versions_then)
+                waiting_since, versions_then = now, self.learner_versions()
         self.blocked_s += time.monotonic() - start
+
+    def _reconnect(self, waited_s: float, versions: int) -> None:
+        self.reconnects += 1
+        log.warning("no room at %s for %.0f s while the learner published %d weight versions (the replay takes "
+                    "other actors' batches, not this connection's): reconnecting (reconnect %d; what the old "
+                    "connection held is lost)", self.endpoint, waited_s, versions, self.reconnects)
+        self.sock.disconnect(self.endpoint)
+        connect(self.sock, self.endpoint)
 
     def close(self) -> None:
         self.sock.close(0)

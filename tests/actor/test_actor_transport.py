@@ -286,3 +286,38 @@ def test_auto_batch_rows_whole_steps_up_to_rows_or_bytes() -> None:
     assert auto_batch_rows(8, 2 * 4 * 84 * 84) == 8  # Pong stacks: one step passes 256 KiB
     assert auto_batch_rows(2, 2 * 4 * 84 * 84) == 6
     assert auto_batch_rows(3, 1 << 21) == 3
+
+
+def test_a_send_stuck_while_the_learner_goes_on_reconnects(ctx: zmq.Context) -> None:
+    """A PULL that never reads: a long wait with no new weights is backpressure (kept); with new weights it is a
+    stuck connection, and the sender reconnects once per stall and sends the batch it held."""
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 1)
+    pull.setsockopt(zmq.RCVBUF, 4096)
+    pull.bind("tcp://127.0.0.1:*")
+    accepted = pull.get_monitor_socket(zmq.EVENT_ACCEPTED)
+    learner = {"version": 10}
+    sender = TransitionSender(ctx, pull.getsockopt_string(zmq.LAST_ENDPOINT), "a0", hwm=1, on_full="block",
+                              batch_rows=2000, sndbuf=4096, stall_s=0.5, learner_versions=lambda: learner["version"])
+    assert accepted.poll(int(DEADLINE_S * 1000))
+    accepted.recv_multipart()
+
+    for i in range(100):  # fill the connection until a batch blocks; give up on that one after 2 s
+        sent, until = sender.sent, time.monotonic() + 2.0
+        sender.add([rows(2000 * i, 2000)], 1, lambda until=until: time.monotonic() < until)
+        if sender.dropped:
+            break
+    assert sender.dropped == 2000 and sender.sent == sent  # the last batch blocked and was given up at the stop
+    assert sender.reconnects == 0 and not accepted.poll(0)  # no new weights while it waited: backpressure, kept
+
+    def learner_goes_on() -> None:
+        learner["version"] += 1
+
+    began, blocked = time.monotonic(), sender.blocked_s
+    sender.add([rows(0, 2000)], 1, lambda: time.monotonic() - began < DEADLINE_S, learner_goes_on)
+    assert sender.reconnects == 1 and sender.sent == sent + 2000 and sender.dropped == 2000  # held, then sent
+    assert sender.blocked_s - blocked >= 0.5
+    assert accepted.poll(int(DEADLINE_S * 1000))  # the new connection
+    sender.close()
+    accepted.close()
+    pull.close()
