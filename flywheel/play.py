@@ -218,13 +218,14 @@ def _mario_progress(episode: Episode, info: dict[str, Any]) -> None:
         episode.flag = bool(episode.flag) or bool(info.get("flag_get", False))
 
 
-def load_policy(directory: str | Path, env_id: str | None) -> Any:
-    """The checkpoint's Policy for ``env_id`` (default: the checkpoint's or run.json's), fitting that env."""
+def load_policy(directory: str | Path, env_id: str | None, which: str = "auto") -> Any:
+    """The checkpoint's Policy for ``env_id`` (default: the checkpoint's or run.json's), fitting that env;
+    ``which``: best, latest or auto (best when the learner kept one, else latest)."""
     from flywheel.envs import env_spec
     from flywheel.policy import Policy
 
     try:
-        policy = Policy.load(directory, env_id=env_id, device="cpu")
+        policy = Policy.load(directory, env_id=env_id, device="cpu", which=which)
         spec = env_spec(policy.env_id)
     except Exception as exc:  # the policy's own one-line errors: missing, damaged or foreign checkpoints
         text = str(exc).strip()
@@ -239,11 +240,13 @@ def load_policy(directory: str | Path, env_id: str | None) -> Any:
 
 def play(directory: str | Path, *, env_id: str | None = None, episodes: int = 3, epsilon: float = 0.0,
          seed: int | None = None, video_path: str | Path | None = None, max_steps: int | None = None,
-         report: Any = None) -> list[Episode]:
+         report: Any = None, which: str = "auto", announce: Any = None) -> list[Episode]:
     """Load the checkpoint in ``directory`` and play; the library form of ``flywheel play``."""
     if video_path is not None:
         VideoWriter(video_path, 1.0)  # a bad suffix or folder fails before any loading
-    policy = load_policy(directory, env_id)
+    policy = load_policy(directory, env_id, which)
+    if announce is not None:  # which file: best or latest
+        announce(f"playing {policy.path} (weight version {policy.weight_version}, update {policy.updates})")
     env, fps = make_play_env(policy.env_id, video_path is not None)
     try:
         if video_path is None:
@@ -282,6 +285,9 @@ def add_play_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint_dir", type=Path, metavar="CHECKPOINT_DIR",
                         help="a flywheel run --checkpoint-dir (or its learner/ folder)")
     parser.add_argument("--episodes", type=int, default=3, help="episodes to play (default 3)")
+    parser.add_argument("--which", choices=("auto", "best", "latest"), default="auto",
+                        help="best: the weights that did best in the learner's greedy evaluations; latest: the "
+                             "newest; auto (default): best when the run kept one, else latest")
     parser.add_argument("--epsilon", type=float, default=0.0, help="random-action probability (default 0: greedy)")
     parser.add_argument("--seed", type=int, default=None, help="seeds the first reset and the random actions")
     parser.add_argument("--env", default=None, help="environment id (default: the one in CHECKPOINT_DIR/run.json)")
@@ -305,7 +311,8 @@ def run_play(args: argparse.Namespace) -> int:
     try:
         results = play(args.checkpoint_dir, env_id=args.env, episodes=args.episodes, epsilon=args.epsilon,
                        seed=args.seed, video_path=args.video, max_steps=args.max_steps,
-                       report=lambda e: print(e.line(), flush=True))
+                       which=args.which, report=lambda e: print(e.line(), flush=True),
+                       announce=lambda line: print(line, flush=True))
     except (PlayError, UnknownEnvironmentError) as exc:
         print(f"error: flywheel play: {exc}", file=sys.stderr)
         return 2

@@ -21,14 +21,32 @@ class PolicyError(CheckpointError):
     """A checkpoint folder that cannot be loaded as a policy; the message is one line."""
 
 
-def find_checkpoint(directory: str | Path) -> Path:
-    """DIR/learner.safetensors, or DIR/learner/learner.safetensors for a ``flywheel run --checkpoint-dir``."""
+WHICH = ("auto", "best", "latest")
+BEST_FILE = "best.safetensors"  # written by the learner's evaluations (services/learner/best.py)
+
+
+def find_checkpoint(directory: str | Path, which: str = "auto") -> Path:
+    """The policy file of a checkpoint folder (or the file itself when ``directory`` is a .safetensors file).
+
+    In DIR, or DIR/learner for a ``flywheel run --checkpoint-dir``: ``latest`` is learner.safetensors (the newest
+    weights), ``best`` is best.safetensors (the weights that did best in the learner's greedy evaluations),
+    ``auto`` is best when there is one, else latest.
+    """
+    if which not in WHICH:
+        raise PolicyError(f"which must be one of {', '.join(WHICH)}, got {which!r}")
     path = Path(directory)
+    if path.is_file() and path.suffix == ".safetensors":
+        return path
     if not path.is_dir():
         raise PolicyError(f"checkpoint folder {str(path)!r} does not exist")
-    for candidate in (path / CHECKPOINT_FILE, path / "learner" / CHECKPOINT_FILE):
-        if candidate.is_file():
-            return candidate
+    names = {"auto": (BEST_FILE, CHECKPOINT_FILE), "best": (BEST_FILE,), "latest": (CHECKPOINT_FILE,)}[which]
+    for name in names:
+        for candidate in (path / name, path / "learner" / name):
+            if candidate.is_file():
+                return candidate
+    if which == "best":
+        raise PolicyError(f"no best policy in {str(path)!r} (expected {BEST_FILE} or learner/{BEST_FILE}: the "
+                          "learner writes it after its first greedy evaluation); --which latest takes the newest")
     raise PolicyError(f"no learner checkpoint in {str(path)!r} (expected {CHECKPOINT_FILE} or "
                       f"learner/{CHECKPOINT_FILE})")
 
@@ -78,8 +96,9 @@ class Policy:
         self.updates, self.weight_version, self.path = int(updates), int(weight_version), path
 
     @classmethod
-    def load(cls, checkpoint_dir: str | Path, *, env_id: str | None = None, device: str = "cpu") -> Policy:
-        """Read DIR/learner.safetensors (or DIR/learner/learner.safetensors) and build its online network.
+    def load(cls, checkpoint_dir: str | Path, *, env_id: str | None = None, device: str = "cpu",
+             which: str = "auto") -> Policy:
+        """Read the policy file ``find_checkpoint(checkpoint_dir, which)`` and build its online network.
 
         The env id comes from ``env_id``, else the checkpoint's metadata, else a run.json beside it (or one folder
         up); the network from the metadata's spec, else (older checkpoints) from the env and the network's name.
@@ -87,7 +106,7 @@ class Policy:
         """
         if torch.get_num_threads() != 1:
             torch.set_num_threads(1)  # one policy, one core: evaluation workers run side by side
-        path = find_checkpoint(checkpoint_dir)
+        path = find_checkpoint(checkpoint_dir, which)
         try:
             with safe_open(str(path), framework="pt", device="cpu") as fh:
                 meta = json.loads((fh.metadata() or {}).get("flywheel", "null"))

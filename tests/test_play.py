@@ -58,7 +58,8 @@ def test_cartpole_mp4_has_the_reset_frame_and_one_frame_per_step(cartpole: Path,
     out = tmp_path / "out.mp4"
     result = flywheel_play(cartpole, "--env", "CartPole-v1", "--episodes", "1", "--seed", "0", "--video", out)
     match = _episode(result)
-    assert result.stderr == "" and len(result.stdout.splitlines()) == 2  # no pygame banner or SDL complaint
+    assert result.stderr == "" and len(result.stdout.splitlines()) == 3  # no pygame banner or SDL complaint
+    assert result.stdout.startswith(f"playing {cartpole / 'learner' / 'learner.safetensors'} (weight version ")
     length = int(match["length"])
     assert float(match["ret"]) == length  # CartPole: +1 per step
     meta, frames = read_mp4(out)
@@ -95,8 +96,9 @@ def test_play_reads_the_env_from_run_json_and_prints_every_episode(cartpole: Pat
         (cartpole / "run.json").unlink()
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
-    assert [line.split(":")[0] for line in lines[:2]] == ["episode 1", "episode 2"]
-    assert lines[2].startswith("mean return ") and "over 2 episodes" in lines[2]
+    assert lines[0].startswith("playing ") and lines[0].endswith(", update 0)")  # the file: best or latest
+    assert [line.split(":")[0] for line in lines[1:3]] == ["episode 1", "episode 2"]
+    assert lines[3].startswith("mean return ") and "over 2 episodes" in lines[3]
 
 
 def _one_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -60,6 +60,12 @@ class LearnerSettings(CommonSettings):
                               "binds (one other hosts reach needs CURVE keys or allow_plaintext)")
     checkpoint_dir: str | None = Field(None, description="directory for learner checkpoints (unset = none)")
     checkpoint_interval_s: float = Field(600.0, gt=0, le=86400, description="seconds between periodic checkpoints")
+    best_eval_interval_s: float = Field(
+        300.0, ge=0, le=86400, description="evaluate the newest weights greedily this often in a low-priority child "
+        "process and keep the best as best.safetensors beside the checkpoint (needs checkpoint_dir; 0: never)")
+    best_eval_episodes: int = Field(5, ge=1, le=1000, description="greedy episodes per evaluation, on fixed seeds")
+    best_eval_seed: int = Field(1_000_000, ge=0, le=2**31 - 1, description="the evaluations' first seed")
+    best_eval_max_steps: int = Field(0, ge=0, description="agent steps an evaluation episode is cut at (0: none)")
     resume: bool | Literal["auto"] = Field(
         False, description="start from the checkpoint in checkpoint_dir: true (it must exist), false (start fresh) "
                            "or auto (resume when one exists, else start fresh)")

@@ -15,6 +15,7 @@ import zmq
 from flywheel import proto
 from flywheel.transport import FaultCounter, TelemetryReporter, bind, make_socket
 
+from .best import BestKeeper
 from .checkpoint import reserve_versions, save_checkpoint
 from .core import LearnerCore, beta_at
 from .datapath import SERVICE, open_data_path
@@ -74,6 +75,10 @@ class LearnerService:
         self.gpu = GpuProbe(core.device)
         self._flops_per_update = flops_per_update(core, settings.batch_size) if self.gpu.enabled else 0
         self.last_gauges: dict[str, float] = {}
+        self.best = BestKeeper(settings.checkpoint_dir, settings.env_id, interval_s=settings.best_eval_interval_s,
+                               episodes=settings.best_eval_episodes, seed=settings.best_eval_seed,
+                               max_steps=settings.best_eval_max_steps or None) if (
+            settings.checkpoint_dir and settings.best_eval_interval_s > 0) else None
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     @property
@@ -130,6 +135,8 @@ class LearnerService:
         self.send_telemetry()
         if self.settings.checkpoint_dir:
             self.checkpoint("stop")
+        if self.best is not None:
+            self.best.close()
 
     def step(self, timeout_ms: int) -> None:
         """One turn: take a ready batch or command (waiting up to ``timeout_ms`` for one), train, timers."""
@@ -225,6 +232,8 @@ class LearnerService:
             self._send_weights()  # same version again, for subscribers that joined late
         if self.settings.checkpoint_dir and now >= self._next_checkpoint:
             self.checkpoint("periodic")
+        if self.best is not None and not self.paused:
+            self.best.tick(now, self.core, self.version)
 
     def send_telemetry(self) -> None:
         self._read_metrics()
@@ -233,7 +242,8 @@ class LearnerService:
         self.counters["skipped_updates_total"] = float(self._skipped_total)
         self.counters["messages_rejected_total"] = float(self.faults.total)
         self.counters["control_rejected_total"] = float(self.control.rejected)  # refused by the subscriber
-        counters = {**self.counters, **self.sampler.metrics(), **self.faults.as_counters()}
+        counters = {**self.counters, **self.sampler.metrics(), **self.faults.as_counters(),
+                    **(self.best.counters() if self.best is not None else {})}
         gauges = {
             **self.window.gauges(now, self.paused),
             "weight_version": float(self.version), "beta": self.beta, "lr": self.core.lr,
@@ -242,7 +252,7 @@ class LearnerService:
             "update_step": float(self.core.steps), "replay_size": self.replay_size,
             "publish_interval_updates": float(self.snapshots.every_updates),
             "publish_interval_seconds": float(self.snapshots.every_seconds),
-            **self.gpu.gauges(),
+            **self.gpu.gauges(), **(self.best.gauges() if self.best is not None else {}),
         }
         if self.gpu.enabled:  # what the GPU computes: convolutions and matmuls of the updates, in TFLOPS
             gauges["achieved_tflops"] = gauges["updates_per_second"] * self._flops_per_update / 1e12

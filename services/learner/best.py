@@ -1,0 +1,185 @@
+"""The best policy so far (SB3's EvalCallback best_model): the learner's weights evaluated greedily on a schedule.
+
+Every ``interval_s`` the learner writes its online network to a candidate file and a child process (spawned once,
+at a lower CPU priority than the actors, one torch thread) plays ``episodes`` greedy episodes of it on fixed seeds
+with flywheel/evaluation.py, the code ``flywheel evaluate`` uses. A candidate whose mean return beats the best so
+far (strictly, as SB3's) replaces DIR/best.safetensors, and DIR/best.json says which version it is and how it
+did. The learner never waits for an evaluation: it checks for a result each turn. ``flywheel play``,
+``Policy.load`` and ``flywheel export`` take best.safetensors by default (``--which latest``: the newest weights).
+Every version is evaluated on the same seeds, so the comparison is fair between versions; the seeds are chosen
+on, so report a policy's return on other seeds (``flywheel evaluate --seed``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import time
+from multiprocessing.pool import AsyncResult, Pool
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save as st_save
+
+from flywheel.policy import BEST_FILE
+
+from .checkpoint import FORMAT, FORMAT_VERSION
+from .core import LearnerCore
+
+BEST_JSON = "best.json"
+CANDIDATE_FILE = ".best-candidate.safetensors"
+EVAL_TIMEOUT_S = 1800.0  # an evaluation with no result after this long (or 3 intervals) is given up
+log = logging.getLogger("flywheel.learner")
+
+
+def write_policy(path: Path, core: LearnerCore, weight_version: int, env_id: str) -> None:
+    """The online network alone, in the checkpoint format ``Policy.load`` reads; tmp + fsync + os.replace."""
+    state, core_meta = core.state_dict()
+    tensors = {k: v for k, v in state.items() if k.startswith("online.")}
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **core_meta, "weight_version": int(weight_version),
+            "saved_at": time.time(), "env_id": env_id, "policy_only": True}
+    blob = st_save(tensors, metadata={"flywheel": json.dumps(meta)})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(blob)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _evaluator_start() -> None:
+    """The child process: below the actors in CPU priority, one torch thread."""
+    os.nice(10)
+    torch.set_num_threads(1)
+
+
+def _evaluate(env_id: str, candidate: str, seeds: list[int], max_steps: int | None) -> list[dict[str, Any]]:
+    from flywheel.evaluation import evaluate
+
+    return evaluate(env_id, seeds, checkpoint=candidate, epsilon=0.0, workers=1, max_steps=max_steps)
+
+
+class BestKeeper:
+    """Schedules greedy evaluations of the learner's weights and keeps the best (see the module docstring)."""
+
+    def __init__(self, directory: str | Path, env_id: str, *, interval_s: float, episodes: int, seed: int,
+                 max_steps: int | None = None) -> None:
+        self.directory = Path(directory)
+        self.env_id, self.interval_s, self.episodes, self.max_steps = env_id, interval_s, episodes, max_steps
+        self.seeds = list(range(seed, seed + episodes))
+        self.candidate = self.directory / CANDIDATE_FILE
+        self.pool: Pool | None = None
+        self.pending: tuple[AsyncResult[list[dict[str, Any]]], int, float] | None = None
+        self.next_at = time.monotonic() + interval_s
+        self.evaluated_version = -1
+        self.evaluations = 0
+        self.failures = 0
+        self.last: dict[str, Any] | None = None
+        self.best = self._read_best()
+
+    def _read_best(self) -> dict[str, Any] | None:
+        """The best so far from an earlier learner on this folder (a resumed run goes on comparing with it)."""
+        path = self.directory / BEST_JSON
+        if not (self.directory / BEST_FILE).is_file() or not path.is_file():
+            return None
+        try:
+            best = json.loads(path.read_text())
+            float(best["mean_return"])
+            int(best["weight_version"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("learner: %s is unreadable (%s); the next evaluation sets the best anew", path, exc)
+            return None
+        log.info("learner: best policy so far: weight version %d, mean greedy return %.2f over %d episodes",
+                 best["weight_version"], best["mean_return"], best.get("episodes", 0))
+        return dict(best)
+
+    def tick(self, now: float, core: LearnerCore, version: int) -> None:
+        """Take a finished evaluation; start the next one when due and the weights are new since the last."""
+        if self.pending is not None and self.pending[0].ready():
+            self._finish(*self.pending)
+            self.pending = None
+        elif self.pending is not None and now - self.pending[2] > max(EVAL_TIMEOUT_S, 3 * self.interval_s):
+            self.failures += 1  # a child killed mid-task (e.g. out of memory) never answers
+            log.error("learner: greedy evaluation of weight version %d gave no result in %.0f s; restarting its "
+                      "process", self.pending[1], now - self.pending[2])
+            self.pending = None
+            self._stop_pool()
+        if self.pending is not None or now < self.next_at or version <= self.evaluated_version or version <= 0:
+            return
+        self.next_at = now + self.interval_s
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            write_policy(self.candidate, core, version, self.env_id)
+        except OSError as exc:
+            self.failures += 1
+            log.error("learner: cannot write the evaluation candidate %s: %s", self.candidate, exc)
+            return
+        if self.pool is None:
+            self.pool = multiprocessing.get_context("spawn").Pool(1, initializer=_evaluator_start)
+        result = self.pool.apply_async(_evaluate, (self.env_id, str(self.candidate), self.seeds, self.max_steps))
+        self.pending = (result, version, now)
+        self.evaluated_version = version
+
+    def _finish(self, result: AsyncResult[list[dict[str, Any]]], version: int, started: float) -> None:
+        try:
+            records = result.get(0)
+        except Exception as exc:  # the env or the policy failed in the child: counted, the run goes on
+            self.failures += 1
+            log.error("learner: greedy evaluation of weight version %d failed: %s", version,
+                      str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            return
+        self.evaluations += 1
+        returns = [float(r["return"]) for r in records]
+        mean = sum(returns) / len(returns)
+        self.last = {"weight_version": version, "mean_return": mean, "min_return": min(returns),
+                     "max_return": max(returns), "episodes": len(returns), "seeds": self.seeds, "epsilon": 0.0,
+                     "seconds": time.monotonic() - started, "evaluated_at": time.time(),
+                     "ends": [r["end"] for r in records]}
+        better = self.best is None or mean > float(self.best["mean_return"])
+        if better:
+            try:
+                os.replace(self.candidate, self.directory / BEST_FILE)
+                tmp = self.directory / f".{BEST_JSON}.{os.getpid()}.tmp"
+                tmp.write_text(json.dumps(self.last, indent=1) + "\n")
+                os.replace(tmp, self.directory / BEST_JSON)
+            except OSError as exc:
+                self.failures += 1
+                log.error("learner: cannot keep weight version %d as the best policy: %s", version, exc)
+                return
+            self.best = self.last
+        log.info("learner: greedy evaluation of weight version %d: mean return %.2f over %d episodes (%.0f s)%s",
+                 version, mean, len(returns), self.last["seconds"],
+                 "; the best so far, kept as " + str(self.directory / BEST_FILE) if better else
+                 f"; the best stays version {self.best['weight_version']} ({self.best['mean_return']:.2f})"
+                 if self.best else "")
+
+    def gauges(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.last is not None:
+            out.update(eval_greedy_return=float(self.last["mean_return"]),
+                       eval_greedy_version=float(self.last["weight_version"]))
+        if self.best is not None:
+            out.update(best_greedy_return=float(self.best["mean_return"]),
+                       best_weight_version=float(self.best["weight_version"]))
+        return out
+
+    def counters(self) -> dict[str, float]:
+        return {"greedy_evaluations_total": float(self.evaluations),
+                "greedy_evaluation_failures_total": float(self.failures)}
+
+    def _stop_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def close(self) -> None:
+        """Stop the child (an evaluation in progress is dropped) and remove the candidate."""
+        self._stop_pool()
+        self.candidate.unlink(missing_ok=True)

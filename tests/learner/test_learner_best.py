@@ -1,0 +1,99 @@
+"""The learner's best policy: greedy evaluations in a real child process keep best.safetensors; a collapse after
+the best leaves it in place, `latest` is the collapsed one, and a new learner on the folder compares with it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flywheel.policy import Policy, PolicyError
+from flywheel.services.learner.best import BEST_JSON, CANDIDATE_FILE, BestKeeper
+from flywheel.services.learner.checkpoint import save_checkpoint
+from flywheel.services.learner.core import CoreConfig, LearnerCore
+
+BALANCE = (0.0, 0.0, 3.0, 1.0)  # push right when 3*angle + angular velocity > 0: 500 steps on CartPole-v1
+DEADLINE_S = 120.0
+
+
+def cartpole_core() -> LearnerCore:
+    core = LearnerCore((4,), 2, CoreConfig(hidden=8, dueling=False))
+    core.env_id = "CartPole-v1"  # type: ignore[attr-defined]  # what services/learner/main.py sets
+    return core
+
+
+def set_policy(core: LearnerCore, *, right_when_leaning_right: bool) -> None:
+    """Online weights that act as the linear rule BALANCE (or its reverse, which drops the pole at once)."""
+    net = core.online
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()
+        net.torso[1].weight[0] = torch.tensor(BALANCE)  # h0 = relu(s), h1 = relu(-s)
+        net.torso[1].weight[1] = -torch.tensor(BALANCE)
+        net.fc[0].weight[0, 0] = net.fc[0].weight[1, 1] = 1.0
+        right, left = (0, 1) if right_when_leaning_right else (1, 0)
+        net.advantage.weight[1, right] = 1.0  # Q(right) grows with h0 (or h1)
+        net.advantage.weight[0, left] = 1.0
+
+
+def evaluate_now(keeper: BestKeeper, core: LearnerCore, version: int) -> None:
+    """Start an evaluation of ``version`` and turn the keeper until its result is taken."""
+    keeper.next_at = 0.0
+    keeper.tick(time.monotonic(), core, version)
+    assert keeper.pending is not None and keeper.pending[1] == version
+    deadline = time.monotonic() + DEADLINE_S
+    while keeper.pending is not None:
+        assert time.monotonic() < deadline, "no evaluation result"
+        time.sleep(0.1)
+        keeper.tick(time.monotonic(), core, version)
+
+
+def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path) -> None:
+    core = cartpole_core()
+    set_policy(core, right_when_leaning_right=True)
+    with pytest.raises(PolicyError, match="no best policy"):
+        Policy.load(tmp_path, which="best")
+    keeper = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=3, seed=11)
+    try:
+        evaluate_now(keeper, core, 5)
+        best = json.loads((tmp_path / BEST_JSON).read_text())
+        assert (best["weight_version"], best["mean_return"], best["episodes"], best["seeds"]) == (5, 500.0, 3,
+                                                                                                  [11, 12, 13])
+        assert keeper.gauges() == {"eval_greedy_return": 500.0, "eval_greedy_version": 5.0,
+                                   "best_greedy_return": 500.0, "best_weight_version": 5.0}
+
+        set_policy(core, right_when_leaning_right=False)  # a collapse: the newest weights drop the pole
+        save_checkpoint(tmp_path, core, weight_version=9)
+        keeper.tick(time.monotonic(), core, 5)
+        assert keeper.pending is None  # no new weights since the last evaluation: nothing to do
+        evaluate_now(keeper, core, 9)
+        assert keeper.last is not None and keeper.last["mean_return"] < 20  # the collapse, seen
+        assert keeper.gauges()["best_weight_version"] == 5.0 and keeper.counters() == {
+            "greedy_evaluations_total": 2.0, "greedy_evaluation_failures_total": 0.0}
+    finally:
+        keeper.close()
+    assert not (tmp_path / CANDIDATE_FILE).exists()
+
+    best, latest = Policy.load(tmp_path), Policy.load(tmp_path, which="latest")
+    assert (best.weight_version, latest.weight_version) == (5, 9)  # play, export: best unless asked
+    obs = np.array([[0.0, 0.0, 0.05, 0.1]], np.float32)  # leaning right: best pushes right, latest left
+    assert best.predict(obs)[0] == 1 and latest.predict(obs)[0] == 0
+
+    again = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=3, seed=11)  # a resumed learner
+    assert again.best is not None and again.best["weight_version"] == 5 and again.best["mean_return"] == 500.0
+    again.close()
+
+
+def test_a_failed_evaluation_is_counted_and_the_learner_goes_on(tmp_path: Path) -> None:
+    core = cartpole_core()
+    keeper = BestKeeper(tmp_path, "NoSuchEnv-v0", interval_s=3600, episodes=1, seed=0)
+    try:
+        evaluate_now(keeper, core, 3)
+    finally:
+        keeper.close()
+    assert keeper.counters() == {"greedy_evaluations_total": 0.0, "greedy_evaluation_failures_total": 1.0}
+    assert keeper.best is None and not (tmp_path / "best.safetensors").exists()
