@@ -5,19 +5,29 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+# where torch comes from, e.g. https://download.pytorch.org/whl/cu128 for a CUDA 12.8 build or .../whl/cpu for the
+# CPU one (empty: the package index pip is configured with)
+TORCH_INDEX ?=
 ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: setup system-deps run test lint bench bench-setup clean
+.PHONY: setup dev-setup system-deps run test lint bench bench-setup clean
 
+# what running needs: torch, then flywheel and its dependencies (the dev set is installed by `make test` only)
 $(BIN)/flywheel: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
+	$(BIN)/pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.dev-installed: $(BIN)/flywheel
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $@
 
 setup: $(BIN)/flywheel
+
+dev-setup: $(VENV)/.dev-installed
 
 run: setup
 	$(BIN)/flywheel run $(ARGS)
@@ -25,13 +35,13 @@ run: setup
 system-deps:
 	.ci/install-debian-packages
 
-bench-setup: setup
+bench-setup: dev-setup
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 
 bench: bench-setup
 	$(BIN)/flywheel bench $(SUITE) $(ARGS)
 
-lint: setup
+lint: dev-setup
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/typecheck.py
 
