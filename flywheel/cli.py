@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     from flywheel.play import add_play_flags
 
     add_play_flags(sub.add_parser("play", help="watch a checkpoint play episodes, optionally as an mp4 or gif"))
+    from flywheel.export import add_export_flags
+
+    add_export_flags(sub.add_parser("export", help="a checkpoint's policy as ONNX or TorchScript, optionally with a "
+                                    "model card folder"))
     keys = sub.add_parser("keys", help="ZeroMQ CURVE keys for encrypted, authenticated traffic between hosts")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     generate = keys_sub.add_parser("generate", help="write server and client key pairs into a new folder")
@@ -169,6 +173,12 @@ def _play(args: argparse.Namespace, argv: list[str] | None) -> int:
     return run_play(args)
 
 
+def _export(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from flywheel.export import run_export
+
+    return run_export(args)
+
+
 def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
     from flywheel.bench.cli import run_bench
 
@@ -183,7 +193,8 @@ def _demos(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 # the commands that are not a service; each takes the parsed arguments and the raw argv
 COMMANDS: dict[str, Callable[[argparse.Namespace, list[str] | None], int]] = {
-    "run": _run, "play": _play, "bench": _bench, "demos": _demos, "keys": lambda args, _argv: run_keys(args),
+    "run": _run, "play": _play, "export": _export, "bench": _bench, "demos": _demos,
+    "keys": lambda args, _argv: run_keys(args),
 }
 
 
