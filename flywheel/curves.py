@@ -24,6 +24,7 @@ TAGS = {
     "replay_size": "replay/size",
 }
 COLUMNS = ("env_steps", "elapsed_s", *TAGS)
+Point = tuple[int, dict[str, float]]  # what Curves.record wrote: the step (env steps) and the values by tag
 # Left by ``flywheel run --resume``, which starts every service again: the next writer adds all the env steps it
 # sees to the last row (its counters started at zero) instead of guessing, and removes the mark.
 FRESH_MARK = ".curves-counters-restart"
@@ -55,6 +56,8 @@ def summarize(status: dict[str, Any]) -> dict[str, float | None]:
         "epsilon_min": min(eps_low) if eps_low else None, "epsilon_max": max(eps_high) if eps_high else None,
         "replay_size": sum(r.get("gauges", {}).get("size_transitions", 0.0) for r in replays),
         "weight_version": learner.get("weight_version", 0.0),
+        "best_return": learner.get("best_greedy_return"),  # the learner's kept best (services/learner/best.py)
+        "best_version": learner.get("best_weight_version"),
         "actors_up": float(len(actors)),
     }
 
@@ -154,8 +157,11 @@ class Curves:
         Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / FRESH_MARK).touch()
 
-    def record(self, elapsed: float, env_steps: float, values: dict[str, float | None]) -> None:
-        """One point: ``values`` by CSV column (None or NaN: left out of TensorBoard, empty in the CSV)."""
+    def record(self, elapsed: float, env_steps: float, values: dict[str, float | None]) -> Point | None:
+        """One point: ``values`` by CSV column (None or NaN: left out of TensorBoard, empty in the CSV).
+
+        Returns the point as written (its step, and its values by TensorBoard tag) for other sinks such as
+        flywheel/tracking.py; None when no point was written (nothing new since the earlier rows' last step)."""
         if self.append:
             if self._first is None:  # counters that went on (only the writer restarted) count as they are;
                 # counters below the last row started again: from here on what they gain is counted
@@ -166,7 +172,7 @@ class Curves:
             step = self.step_offset + int(env_steps - self._first[1])
             seconds = self.time_offset + elapsed - self._first[0]
             if step <= self.step_offset:  # nothing new since the earlier rows' last step: no second point there
-                return
+                return None
         else:
             step = int(env_steps)
             seconds = elapsed
@@ -175,6 +181,7 @@ class Curves:
 
         row: dict[str, Any] = {"env_steps": step, "elapsed_s": f"{seconds:.1f}"}
         summary_values: list[Any] = []
+        tagged: dict[str, float] = {}
         for column, tag in TAGS.items():
             value = values.get(column)
             if value is None or not math.isfinite(value):
@@ -182,16 +189,18 @@ class Curves:
                 continue
             row[column] = f"{value:.6g}"
             summary_values.append(Summary.Value(tag=tag, simple_value=value))
+            tagged[tag] = float(value)
         if summary_values:
             self.writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=summary_values)))
         self._rows.writerow(row)
         self._csv.flush()
         self.points += 1
+        return step, tagged
 
-    def record_status(self, elapsed: float, status: dict[str, Any]) -> None:
-        """One point from a gateway /status."""
+    def record_status(self, elapsed: float, status: dict[str, Any]) -> Point | None:
+        """One point from a gateway /status (what ``record`` returns)."""
         summary = summarize(status)
-        self.record(elapsed, summary.get("env_steps") or 0.0, scalars(summary, status))
+        return self.record(elapsed, summary.get("env_steps") or 0.0, scalars(summary, status))
 
     def close(self) -> None:
         """Flush and close both; safe to call twice."""

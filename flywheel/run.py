@@ -21,6 +21,7 @@ from typing import Any
 from flywheel.processes import launch
 from flywheel.settings import SettingsError
 from flywheel.supervisor import Supervisor, add_supervisor_flags
+from flywheel.tracking import add_track_flags, track_env, track_line
 
 STOP_ORDER = ("actor", "learner", "replay", "gateway")
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
@@ -36,7 +37,8 @@ VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` 
                "checkpoint_interval_s": "600"},  # as compose and k8s: a killed replay restarts with its data
     "learner": {"batch_size": "128", "lr": "0.002", "tau": "0.02", "adam_eps": "0.0001", "hidden": "128",
                 "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
-                "batches_per_request": "4", "torch_threads": "1"},
+                "batches_per_request": "4", "torch_threads": "1", "best_eval_interval_s": "20",
+                "best_eval_episodes": "5"},  # a few seconds of greedy CartPole: the best policy kept often
 }
 # The default job: Mario 1-1 over 42x42 frames, which learned faster per hour on 2 CPU cores than 84x84
 # (docs/benchmarks/mario.md); any other size, e.g. the Nature DQN's 84, is one option away.
@@ -49,6 +51,19 @@ PIXEL_PRESET = {  # Mario on 2 cores: docs/benchmarks/mario.md (gamma 0.9 as the
     "learner": {"batch_size": "32", "lr": "0.0001", "target_update_interval": "1000",
                 "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1",
                 "compile": "on"},  # inductor + channels-last: 1.2x the eager update on a CPU (docs/LEARNER.md)
+}
+# Atari ids (flywheel.envs.atari.is_atari_id): Rainbow's recipe (Hessel et al. 2018; Dopamine's rainbow.gin) in this
+# repo's terms: 2000 target-update updates = Rainbow's 32K frames at one update per 4 agent steps; 8 samples per
+# insert = a batch of 32 every 4 agent steps; min_size 20000 = Rainbow's 80K frames (about a minute of acting on
+# 2 cores before the first update). The env's own defaults are the training settings (episodic life, clipped
+# rewards); evaluation plays whole games with unclipped scores (flywheel.envs.evaluation_env_id). docs/ENVIRONMENTS.md
+ATARI_PRESET = {
+    "actor": {"num_envs": "8", "n_step": "3", "gamma": "0.99", "send_hwm": "16"},
+    "replay": {"capacity": "100000", "min_size_to_sample": "20000", "samples_per_insert": "8",
+               "error_buffer": "2000", "block_inserts": "true", "checkpoint_interval_s": "600"},
+    "learner": {"batch_size": "32", "lr": "0.0000625", "adam_eps": "0.00015", "target_update_interval": "2000",
+                "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1",
+                "compile": "on"},
 }
 
 
@@ -90,6 +105,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-video", action="store_true",
                         help="skip the end-of-run clip of one greedy episode (CHECKPOINT_DIR/video.mp4)")
     add_supervisor_flags(parser)  # --max-restarts, --restart-window
+    add_track_flags(parser)  # --track, --wandb-project, --wandb-entity, --wandb-group, --wandb-tags
 
 
 @dataclass
@@ -141,6 +157,15 @@ def default_actors(obs_dtype: str, cores: int | None = None) -> int:
     return max(1, cores - 1) if obs_dtype == "uint8" else cores
 
 
+def preset_for(env_id: str, obs_dtype: str) -> dict[str, dict[str, str]]:
+    """The preset of an env id: ATARI_PRESET for ale-py ids, else PIXEL_PRESET for images, VECTOR_PRESET otherwise."""
+    from flywheel.envs import env_family
+
+    if env_family(env_id) == "atari":
+        return ATARI_PRESET
+    return PIXEL_PRESET if obs_dtype == "uint8" else VECTOR_PRESET
+
+
 def _private_socket_dir() -> Path:
     """A new folder for the run's Unix sockets: mode 0700 under a name no one can guess (``mkdtemp``), so another
     local user cannot make it first and take the sockets; under /tmp when TMPDIR is too long for socket paths."""
@@ -171,9 +196,11 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
         raise SettingsError(f"flywheel run: --actors must be at least 1, got {args.actors}")
     if args.envs_per_actor is not None and args.envs_per_actor < 1:
         raise SettingsError(f"flywheel run: --envs-per-actor must be at least 1, got {args.envs_per_actor}")
+    from flywheel.extras import MissingExtra
+
     try:
         spec = env_spec(args.env)
-    except UnknownEnvironmentError as exc:
+    except (UnknownEnvironmentError, MissingExtra) as exc:
         raise SettingsError(f"flywheel run: {exc}") from None
     if args.actors is None:
         args.actors = default_actors(spec.obs_dtype)
@@ -201,7 +228,7 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
         transitions_bind = f"{transitions_connect},{transitions_bind}"
         sample_bind = f"{sample_connect},{sample_bind}"
     ckpt = args.checkpoint_dir.resolve()
-    preset = PIXEL_PRESET if spec.obs_dtype == "uint8" else VECTOR_PRESET
+    preset = preset_for(args.env, spec.obs_dtype)
     env: dict[str, dict[str, str]] = {
         "gateway": {"TELEMETRY_ENDPOINT": local("telemetry"), "CONTROL_ENDPOINT": local("control"),
                     "LEASE_ENDPOINT": local("lease"), "HTTP_HOST": "127.0.0.1",
@@ -226,6 +253,7 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
             values["LOG_FORMAT"] = args.log_format
     if args.envs_per_actor is not None:
         env["actor"]["NUM_ENVS"] = str(args.envs_per_actor)
+    env["gateway"].update(track_env(args))  # --track: W&B settings of the gateway, which logs the curves' points
     wired = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}
     chosen: set[tuple[str, str]] = set()  # (service, KEY) the user set: variables or --set
     for service, values in env.items():  # the user's own FLYWHEEL_* variables win over presets
@@ -249,7 +277,7 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
     greedy_env = ("actor", "EVAL_ENVS") not in chosen  # --set actor.eval_envs=0 turns the greedy env off
     # actor-0 also films a greedy episode now and then for the live page (--set actor.clip_interval_s=0: never)
     # (every 5 min for pixels: filming and encoding Mario costs ~2 ms of CPU per frame, 4 frames an agent step)
-    clip = {"CLIP_INTERVAL_S": env["actor"].pop("CLIP_INTERVAL_S", "300" if preset is PIXEL_PRESET else "120")}
+    clip = {"CLIP_INTERVAL_S": env["actor"].pop("CLIP_INTERVAL_S", "120" if preset is VECTOR_PRESET else "300")}
     extra = [{"EVAL_ENVS": "1", **clip} if i == 0 and greedy_env else {} for i in range(args.actors)]
     return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,
                 socket_dir)
@@ -311,9 +339,10 @@ def progress_line(elapsed: float, s: dict[str, float | None]) -> str:
         return "-" if value is None else format(value, fmt)
 
     eps = "-" if s["epsilon_min"] is None else f"{s['epsilon_min']:.4f}-{s['epsilon_max']:.2f}"
+    best = "" if s.get("best_return") is None else f" best {s['best_return']:.1f} (v{num(s.get('best_version'))})"
     line = (f"[{elapsed:7.0f}s] env steps {num(s['env_steps'])} ({num(s['env_steps_per_second'])}/s) | "
             f"updates {num(s['updates'])} ({num(s['updates_per_second'], ',.1f')}/s) | "
-            f"return {num(s['return'], '.1f')} greedy {num(s['greedy_return'], '.1f')} | eps {eps} | "
+            f"return {num(s['return'], '.1f')} greedy {num(s['greedy_return'], '.1f')}{best} | eps {eps} | "
             f"replay {num(s['replay_size'])} | weights v{num(s['weight_version'])} | actors {num(s['actors_up'])}")
     if s.get("distance") is not None:
         line += f" | distance {s['distance']:.0f}"
@@ -384,6 +413,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"flywheel: training {args.env} with {args.actors} actors; gateway {plan.gateway_url} "
               f"(/status, /metrics); weights {plan.env['learner']['WEIGHTS_BIND']}; logs in {plan.log_dir}; "
               "Ctrl-C stops and checkpoints", flush=True)
+        if (tracking := track_line(plan.env["gateway"])) is not None:  # where W&B tracking goes
+            print(tracking, flush=True)
         next_progress = time.monotonic() + min(args.progress_interval, 3.0)
         while not stop_reason:
             time.sleep(0.2)

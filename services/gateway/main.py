@@ -20,16 +20,20 @@ def _refuse(exc: Exception) -> int:
 def main(settings: GatewaySettings) -> int:
     import uvicorn
 
+    from flywheel.tracking import TrackingUnavailable, require_wandb
+
     from .app import GatewayService, create_app
     from .auth import StartupError
     from .server import inherited_socket, listen_socket, server_class
 
     try:
+        if settings.track:
+            require_wandb()  # TrackingUnavailable: one line naming the extra to install
         service = GatewayService(settings)
         app = create_app(settings, service)  # refuses settings it must not start with (StartupError)
         http = (inherited_socket(settings.http_fd) if settings.http_fd >= 0
                 else listen_socket(settings.http_host, settings.http_port))
-    except (StartupError, EndpointInUse) as exc:
+    except (StartupError, EndpointInUse, TrackingUnavailable) as exc:
         return _refuse(exc)
     try:
         service.bind()

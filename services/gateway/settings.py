@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from flywheel.settings import CommonSettings
+from flywheel.tracking import INSTALL_HINT, Mode, default_mode, parse_tags
 
 from .clips import CLIP_BUFFER_BYTES, CLIP_MAX_BYTES
 
@@ -48,6 +49,21 @@ class GatewaySettings(CommonSettings):
         None, description="folder for training curves that outlive the run: TensorBoard events in tb/ and "
                           "progress.csv, continued after a restart (flywheel run: the checkpoint folder)")
     curves_interval_s: float = Field(10.0, gt=0, le=3600, description="seconds between points of the curves")
+    # Weights & Biases tracking of the same points (flywheel/tracking.py, docs/TRACKING.md); needs curves_dir
+    track_project: str = Field("flywheel", min_length=1, max_length=128, pattern=r"^[^/\\#?%:]+$",
+                               description="W&B project of the tracked run")
+    track_entity: str = Field("", max_length=128, pattern=r"^[^/\\#?%:]*$",
+                              description="W&B entity, a user or team (empty: the API key's default)")
+    track_group: str = Field("", max_length=128, description="W&B group of the run (empty: none)")
+    track_tags: str = Field("", max_length=4096, description="W&B tags, comma-separated (each at most 64 chars)")
+    track_mode: Mode = Field(
+        default_factory=lambda: default_mode(),
+        description="online, or offline: files in track_dir for `wandb sync` later (default: offline when "
+                    "WANDB_MODE is offline, else online)")
+    track_dir: Path | None = Field(None, description="where W&B writes its run files (TRACK_DIR/wandb; default: "
+                                                     "curves_dir)")
+    track: bool = Field(False, description="track the curves' points in Weights & Biases (needs curves_dir and "
+                                           f"the wandb package: {INSTALL_HINT})")
     max_instances: int = Field(10_000, ge=1, description="most service instances (and leases) tracked at once")
     telemetry_hwm: int = Field(10_000, ge=1, description="receive high-water mark of the telemetry socket")
     clip_buffer_bytes: int = Field(
@@ -55,3 +71,15 @@ class GatewaySettings(CommonSettings):
         description="most bytes all filmed clips in flight hold together (at least one whole 16 MiB clip); a "
                     "piece that would pass it pushes out the oldest other clips in flight")
 
+    @field_validator("track_tags")
+    @classmethod
+    def _tags(cls, value: str) -> str:
+        parse_tags(value)  # ValueError names the tag
+        return value
+
+    @field_validator("track")
+    @classmethod
+    def _track_needs_curves(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("curves_dir") is None:
+            raise ValueError("tracking logs the curves' points: set curves_dir (FLYWHEEL_GATEWAY_CURVES_DIR) too")
+        return value

@@ -50,6 +50,7 @@ class GatewayService:
         self.tasks: list[asyncio.Task[None]] = []
         self.published = 0
         self.lease_requests = 0
+        self.tracking_failures = 0  # W&B calls that failed (curves_writer.py; each one retried)
         self.http_rejected: dict[tuple[str, int], int] = {}
         self._logged_invalid: set[tuple[str, str]] = set()
         self.telemetry_sock: zmq.asyncio.Socket | None = None

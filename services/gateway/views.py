@@ -81,6 +81,8 @@ def metrics_text(gw: GatewayService) -> str:
           "clip_buffer_bytes)", g, gw.clips.held)
     w.add("flywheel_gateway_curve_points", "gauge", "points in the live page's learning curve", g,
           len(gw.curve.points))
+    w.add("flywheel_gateway_tracking_failures_total", "counter", "W&B tracking calls that failed (each retried)", g,
+          gw.tracking_failures)
     if security.active() is not None:
         for reason, count in sorted(security.refused_counts().items()):
             w.add("flywheel_gateway_curve_handshakes_refused_total", "counter",
