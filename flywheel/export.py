@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flywheel.extras import MissingExtra
+
 if TYPE_CHECKING:
     import torch
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
 INPUT, OUTPUTS = "obs", ("q_values", "actions")
-INSTALL = "pip install 'flywheel-rl[export]'"
 PARITY_ATOL = 1e-4  # |Q(exported) - Q(Policy)| the CLI's own check accepts (float32 op order only)
 VIDEOS = ("replay.mp4", "video.mp4")  # copied into a card as replay.mp4, the first one found
 
@@ -98,7 +99,7 @@ def model_metadata(policy: Any, dtype: np.dtype[Any]) -> dict[str, str]:
 def _require(*modules: str) -> None:
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if missing:
-        raise ExportError(f"ONNX export needs {', '.join(missing)}, which is not installed: {INSTALL}")
+        raise ExportError(str(MissingExtra("export", "ONNX export", ImportError(f"missing: {', '.join(missing)}"))))
 
 
 @contextlib.contextmanager
@@ -156,7 +157,8 @@ def run_exported(path: str | Path, fmt: str, obs: np.ndarray) -> tuple[np.ndarra
     """(q_values, actions) of an exported file for a batch: onnxruntime for ONNX, torch.jit for TorchScript."""
     if fmt == "onnx":
         if importlib.util.find_spec("onnxruntime") is None:
-            raise ExportError(f"running an ONNX policy needs onnxruntime, which is not installed: {INSTALL}")
+            raise ExportError(str(MissingExtra("export", "running an ONNX policy",
+                                               ImportError("missing: onnxruntime"))))
         import onnxruntime
 
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -69,6 +69,13 @@ class VideoWriter:
         self._gif: list[Any] = []
         if not self.path.parent.is_dir():
             raise PlayError(f"cannot write video {str(self.path)!r}: folder {str(self.path.parent)!r} does not exist")
+        try:
+            import imageio_ffmpeg  # noqa: F401
+            import PIL  # noqa: F401
+        except ImportError as exc:
+            from flywheel.extras import MissingExtra
+
+            raise PlayError(str(MissingExtra("video", "writing a video", exc))) from None
 
     def append(self, frame: np.ndarray) -> None:
         """Add one (H, W, 3) uint8 RGB frame; every frame must have the first one's size."""
@@ -132,23 +139,30 @@ class VideoWriter:
 
 def make_play_env(env_id: str, video: bool) -> tuple[Any, float]:
     """The env to watch (Atari: whole games scored unclipped) and the frame rate of the frames it shows."""
-    from flywheel.envs import env_family, make_env, split_env_id
+    from flywheel.envs import env_family, evaluation_env_id, make_env, split_env_id
 
-    base, options = split_env_id(env_id)
+    base = split_env_id(env_id)[0]
     family = env_family(base)
     if family == "mettagrid":
         raise PlayError(f"{base} is multi-agent; flywheel play watches single-agent envs")
-    if family == "atari":  # a whole game with its real score, whatever the training id said
-        options.update(terminal_on_life_loss=False, clip_rewards=False)
+    options = split_env_id(evaluation_env_id(env_id))[1]  # Atari: a whole game with its real score
     if video and family in ("mario", "gymnasium"):
         options["render_mode"] = "rgb_array"
     if video and family == "gymnasium":  # pygame draws off-screen: no display, no banner, no XDG_RUNTIME_DIR error
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    from flywheel.extras import MissingExtra
+
     try:
+        if video and family == "gymnasium":
+            import pygame  # noqa: F401  # Gymnasium's classic-control renderer
         env = make_env(base, **options)
     except (TypeError, ValueError) as exc:
         raise PlayError(f"cannot build {env_id!r}: {exc}") from None
+    except MissingExtra as exc:
+        raise PlayError(str(exc)) from None
+    except ImportError as exc:
+        raise PlayError(str(MissingExtra("video", f"rendering {base}", exc))) from None
     unwrapped = env.unwrapped
     if family == "atari":
         fps = ATARI_FPS / unwrapped.config.frame_skip

@@ -61,9 +61,9 @@ def _import() -> Any:
     try:
         import mettagrid
     except ImportError as exc:
-        raise ImportError(
-            "MettaGrid ids need the mettagrid package: pip install 'flywheel-rl[mettagrid]' (or pip install mettagrid)"
-        ) from exc
+        from flywheel.extras import MissingExtra
+
+        raise MissingExtra("metta", "MettaGrid", exc) from exc
     return mettagrid
 
 

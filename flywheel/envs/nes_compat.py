@@ -179,12 +179,7 @@ def apply() -> None:
     with _LOCK:
         if _APPLIED:
             return
-        missing = [d for d, v in installed_versions().items() if v is None]
-        if missing:
-            raise ImportError(
-                f"Super Mario Bros envs need {', '.join(missing)}; install with: "
-                "pip install nes-py==8.2.1 gym-super-mario-bros==7.4.0 gym==0.26.2"
-            )
+        require_installed()
         # gym 0.26.2 prints a "Gym has been unmaintained" notice to stderr on import;
         # we only use gym for nes-py's base class and the spaces it builds at import time.
         with contextlib.redirect_stderr(io.StringIO()):
@@ -195,6 +190,22 @@ def apply() -> None:
         _patch_properties(nes_py._rom.ROM, _ROM_PATCHES)
         _patch_properties(gym_super_mario_bros.SuperMarioBrosEnv, _SMB_PATCHES)
         _APPLIED = True
+
+
+_INSTALLED = False  # require_installed passed once
+
+
+def require_installed() -> None:
+    """Raise MissingExtra naming the mario extra when nes-py, gym-super-mario-bros or gym is not installed."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    missing = [d for d, v in installed_versions().items() if v is None]
+    _INSTALLED = not missing
+    if missing:
+        from flywheel.extras import MissingExtra
+
+        raise MissingExtra("mario", "Super Mario Bros", ImportError(f"missing: {', '.join(missing)}"))
 
 
 def is_applied() -> bool:

@@ -132,8 +132,7 @@ def test_scripts_the_images_run_are_executable() -> None:
 
 def test_constraints_pin_every_runtime_dependency() -> None:
     pins = constraints()
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for requirement in project["dependencies"]:
+    for requirement in load_module(DOCKER / "requirements.py").requirement_lines(ROOT):
         name = norm(re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0])
         assert name in pins, f"docker/constraints.txt does not pin {name} (a dependency in pyproject.toml)"
     assert "setuptools" in pins, "the build backend is installed from the wheelhouse too"
@@ -143,7 +142,11 @@ def test_constraints_pin_every_runtime_dependency() -> None:
 def test_requirements_are_pyprojects_dependencies() -> None:
     module = load_module(DOCKER / "requirements.py")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert module.requirement_lines(ROOT) == [*project["dependencies"], "setuptools"]
+    lines = module.requirement_lines(ROOT)
+    extras = [line for extra in module.IMAGE_EXTRAS for line in project["optional-dependencies"][extra]]
+    assert lines[:len(project["dependencies"])] == project["dependencies"] and lines[-1] == "setuptools"
+    assert set(lines[len(project["dependencies"]):-1]) == set(extras) and len(set(lines)) == len(lines)
+    assert any(line.startswith("nes-py") for line in lines) and any(line.startswith("ale-py") for line in lines)
 
 
 def test_actor_excludes_are_pinned_packages_actors_do_not_import() -> None:

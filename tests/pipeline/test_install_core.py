@@ -1,0 +1,66 @@
+"""`pip install flywheel-rl` with no extras, for real, in a fresh virtual environment: it trains CartPole with
+`flywheel run` (gateway and curves included), and each feature of a missing extra fails in one line naming it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flywheel.testing.run import clean_env
+
+ROOT = Path(__file__).resolve().parents[2]
+NOT_IN_THE_CORE = ("nes-py", "gym-super-mario-bros", "gym", "ale-py", "imageio-ffmpeg", "pygame",
+                   "opencv-python-headless", "mettagrid", "wandb", "onnx", "onnxruntime", "pytest")
+CHEAP = ["--actors", "1", "--envs-per-actor", "2", "--base-port", "0", "--http-port", "0", "--progress-interval", "1",
+         "--set", "replay.min_size_to_sample=200"]
+
+
+def run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = clean_env()
+    env.pop("PYTHONPATH", None)  # nothing of the test's own environment leaks in
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str], extra: str) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert f"pip install 'flywheel-rl[{extra}]'" in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.timeout(900)  # a venv, torch from the local wheel cache, the core's dependencies, a short run
+def test_the_core_install_trains_cartpole_and_names_missing_extras(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    torch_pin = f"torch=={__import__('torch').__version__.split('+')[0]}"  # the build this machine installs
+    for what in ([torch_pin], [str(ROOT)]):
+        installed = run([*pip, *what], tmp_path, timeout=600)
+        assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    listed = run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "freeze"], tmp_path, timeout=120)
+    names = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
+    assert "flywheel-rl" in names and not names & set(NOT_IN_THE_CORE), sorted(names & set(NOT_IN_THE_CORE))
+
+    flywheel = str(venv / "bin" / "flywheel")
+    trained = run([flywheel, "run", "--env", "CartPole-v1", *CHEAP, "--steps", "3000", "--checkpoint-dir", "ckpt"],
+                  tmp_path, timeout=300)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert any(line.startswith("[") and "env steps" in line for line in trained.stdout.splitlines()), trained.stdout
+    assert (tmp_path / "ckpt" / "learner" / "learner.safetensors").is_file()
+    assert (tmp_path / "ckpt" / "progress.csv").is_file()  # the gateway's curves: TensorBoard is in the core
+    # the end-of-run clip needs the video extra: a warning, and the run itself succeeded
+    assert "pip install 'flywheel-rl[video]'" in trained.stderr, trained.stderr[-3000:]
+    played = run([flywheel, "play", "ckpt", "--episodes", "1"], tmp_path, timeout=120)
+    assert played.returncode == 0 and "mean return" in played.stdout, played.stdout + played.stderr
+
+    one_error_line(run([flywheel, "play", "ckpt", "--video", "out.mp4"], tmp_path, timeout=120), "video")
+    one_error_line(run([flywheel, "run", "--env", "SuperMarioBros-1-1-v0", *CHEAP], tmp_path, timeout=120), "mario")
+    one_error_line(run([flywheel, "run", "--env", "ALE/Breakout-v5", *CHEAP], tmp_path, timeout=120), "atari")
+    one_error_line(run([flywheel, "export", "ckpt"], tmp_path, timeout=120), "export")
+    assert not os.path.exists(tmp_path / "ckpt-2" / "learner")  # refused before anything started
