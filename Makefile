@@ -13,12 +13,13 @@ BIN := $(VENV)/bin
 
 .PHONY: setup dev-setup system-deps run test lint bench bench-setup clean
 
-# what running needs: torch, then flywheel and its dependencies (the dev set is installed by `make test` only)
+# what running needs: torch, then flywheel with every env family and feature (the `all` extra); the dev tools
+# (pytest, linters, deploy validators) are installed by `make test` only
 $(BIN)/flywheel: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
 	$(BIN)/pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e '.[all]'
 	@touch $@
 
 $(VENV)/.dev-installed: $(BIN)/flywheel
