@@ -21,7 +21,8 @@ RUN_CONFIG = "run.json"
 FORMAT = "flywheel-run"
 FORMAT_VERSION = 1
 # Flags --resume takes from run.json unless given again (stop conditions and ports are per invocation).
-RESTORED_FLAGS = ("env", "actors", "envs_per_actor", "local_transport", "curve_keys_dir")
+RESTORED_FLAGS = ("env", "actors", "envs_per_actor", "local_transport", "curve_keys_dir", "track", "wandb_project",
+                  "wandb_entity", "wandb_group", "wandb_tags")
 _WIRED = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}  # make_plan's, never the user's
 
 
@@ -185,7 +186,8 @@ def build_run_config(args: argparse.Namespace, plan: Plan, saved: dict[str, Any]
         "flags": {"env": args.env, "actors": args.actors, "envs_per_actor": args.envs_per_actor,
                   "local_transport": getattr(args, "local_transport", "tcp"),
                   "curve_keys_dir": None if args.curve_keys_dir is None else str(args.curve_keys_dir),
-                  "steps": args.steps, "time_limit": args.time_limit, "target_return": args.target_return},
+                  "steps": args.steps, "time_limit": args.time_limit, "target_return": args.target_return,
+                  **{d: getattr(args, d, None) for d in RESTORED_FLAGS[5:]}},  # --track and its W&B names
         "overrides": user_overrides(args, list(plan.env)),
         "services": services,
         "actor_instances": plan.actor_extra,

@@ -268,7 +268,8 @@ def test_flywheel_run_track_offline_holds_the_curves_points(tmp_path: Path) -> N
     assert last["replay/size"] == pytest.approx(float(rows[-1]["replay_size"]), rel=1e-5)
     assert "tracking: W&B run" in (ckpt / "logs" / "gateway-0.log").read_text()
 
-    again = flywheel_run(tmp_path, "--resume", "--checkpoint-dir", "ckpt", "--steps", "4500", *track, env=env)
+    again = flywheel_run(tmp_path, "--resume", "--checkpoint-dir", "ckpt", "--steps", "4500", env=env)  # run.json
+    # brings --track and its W&B names back
     assert again.returncode == 0, again.stdout + again.stderr
     first, second = offline_runs(ckpt)
     assert first["id"] == second["id"] == run_id
