@@ -1,8 +1,32 @@
-"""Helpers shared by the services' checkpoint writers: whether the process that left a temp file still runs."""
+"""The learner checkpoint's format (file name, format tag, readable versions), which services/learner/checkpoint.py
+writes and flywheel.policy reads, and what the services' checkpoint writers share."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
+
+CHECKPOINT_FILE = "learner.safetensors"
+FORMAT = "flywheel-learner-checkpoint"
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 had no RNG, step or gradient-scaler entries
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or made for another network; the message is one line."""
+
+
+def check_format(meta: object, path: Path, error: type[CheckpointError] = CheckpointError) -> dict[str, Any]:
+    """The checkpoint's metadata if it is a learner checkpoint of a readable format version, else ``error``."""
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise error(f"{path} is not a flywheel learner checkpoint (no {FORMAT!r} metadata)")
+    if meta.get("format_version") not in READABLE_VERSIONS:
+        raise error(f"{path} has checkpoint format {meta.get('format_version')!r}, "
+                    f"this build reads {', '.join(map(str, READABLE_VERSIONS))}")
+    return meta
+
+
 
 
 def process_running(pid: int) -> bool:

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
+from flywheel.checkpoints import CHECKPOINT_FILE, CheckpointError, check_format
 from flywheel.nets import QNetwork, build_q_network
-from flywheel.services.learner.checkpoint import CHECKPOINT_FILE, CheckpointError, check_format
 
 RUN_JSON = "run.json"
 

@@ -292,13 +292,11 @@ def track_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def track_line(gateway_env: Mapping[str, str]) -> str | None:
-    """The start line saying where tracking goes, from the gateway's planned variables; None when it is off."""
-    from flywheel.services.gateway.settings import GatewaySettings
-    from flywheel.settings import build_settings
-
-    settings = build_settings(GatewaySettings, {k.lower(): v for k, v in gateway_env.items()}, "run (gateway)")
-    if not settings.track:
+    """The start line saying where tracking goes, from the gateway's planned variables (FLYWHEEL_GATEWAY_ less
+    the prefix, as ``track_env`` made them and the gateway's settings read them); None when it is off."""
+    if gateway_env.get("TRACK", "").lower() not in ("1", "true", "yes", "on"):
         return None
-    track_dir = settings.track_dir or settings.curves_dir or Path.cwd()
-    return describe(settings.track_mode, track_dir, settings.track_project, settings.track_entity,
-                    settings.track_group)
+    mode = gateway_env.get("TRACK_MODE") or default_mode()
+    track_dir = Path(gateway_env.get("TRACK_DIR") or gateway_env.get("CURVES_DIR") or Path.cwd())
+    return describe(mode, track_dir, gateway_env.get("TRACK_PROJECT") or "flywheel",
+                    gateway_env.get("TRACK_ENTITY", ""), gateway_env.get("TRACK_GROUP", ""))

@@ -18,6 +18,7 @@ import os
 import signal
 import tempfile
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -58,11 +59,12 @@ def _views(buf: mmap.mmap, layout: dict[str, tuple[int, str, tuple]]) -> dict[st
 
 
 def _worker_main(index: int, env_id: str, options_json: str, path: str, layout_json: str,
-                 ranges: list[list[int]], seed: int | None, conn: Connection) -> None:
-    """Build this worker's sub-vectors (one per group), then serve step commands until told to quit."""
+                 ranges: list[list[int]], seed: int | None, conn: Connection,
+                 make_vector_env: Callable[..., VectorEnv]) -> None:
+    """Build this worker's sub-vectors (one per group) with ``make_vector_env`` (the registry's, passed by
+    reference: this module does not import the registry, which imports it), then serve step commands."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
-    from flywheel.envs import make_vector_env
 
     vectors: list[VectorEnv | None] = []
     try:
@@ -126,14 +128,17 @@ class SubprocessVector(VectorEnv):
 
     ``groups`` is 2 for double buffering (default) or 1. ``atom`` is the smallest unit of slots a
     worker may own (the agents of one MettaGrid simulation). ``step_timeout_s`` bounds how long a
-    step may take before the worker is declared stuck.
+    step may take before the worker is declared stuck. ``make_vector_env`` builds each worker's in-process
+    sub-vectors: ``flywheel.envs.make_vector_env``, given by the registry (a module-level function, so the spawned
+    workers import it by name).
     """
 
     reuses_buffers = True  # views of the shared memory, rewritten by the group's next step
 
     def __init__(self, env_id: str, num_envs: int, *, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str,
                  n_actions: int, seed: int | None = None, workers: int = 2, groups: int = 2, atom: int = 1,
-                 step_timeout_s: float = 120.0, options: dict[str, Any] | None = None) -> None:
+                 step_timeout_s: float = 120.0, options: dict[str, Any] | None = None,
+                 make_vector_env: Callable[..., VectorEnv]) -> None:
         """Start the workers and wait until each has built its envs."""
         if num_envs < 1 or num_envs % atom:
             raise ValueError(f"num_envs {num_envs} must be a positive multiple of {atom}")
@@ -172,7 +177,8 @@ class SubprocessVector(VectorEnv):
             for w in range(workers):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_worker_main, name=f"flywheel-env-{w}", daemon=True,
-                                   args=(w, env_id, options_json, path, layout_json, self._ranges[w], seed, child))
+                                   args=(w, env_id, options_json, path, layout_json, self._ranges[w], seed, child,
+                                         make_vector_env))
                 proc.start()
                 child.close()
                 self._procs.append(proc)

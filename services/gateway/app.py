@@ -6,6 +6,7 @@ command; every 4xx answer is JSON ``{"error": "<reason>"}``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -24,6 +25,7 @@ from flywheel import __version__
 from . import views
 from .auth import StartupError, startup_problem
 from .control import COMMANDS, TARGET_PATTERN, CommandError, CommandSpec, TooManyRetained, UnknownCommand
+from .curves_writer import write_curves
 from .page import LIVE_PAGE
 from .settings import GatewaySettings
 from .transport import GatewayService
@@ -99,6 +101,9 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await gw.start()
+        if settings.curves_dir is not None:  # stopped with the gateway's other tasks (the last point at the stop)
+            gw.tasks.append(asyncio.create_task(
+                write_curves(gw, settings.curves_dir, settings.curves_interval_s), name="gateway-curves"))
         try:
             yield
         finally:

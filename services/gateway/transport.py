@@ -91,11 +91,6 @@ class GatewayService:
             asyncio.create_task(self._repeat_loop(), name="gateway-repeat"),
             asyncio.create_task(self._sweep_loop(), name="gateway-sweep"),
         ]
-        if self.settings.curves_dir is not None:
-            from .curves_writer import write_curves  # imports views, which imports this module
-
-            self.tasks.append(asyncio.create_task(
-                write_curves(self, self.settings.curves_dir, self.settings.curves_interval_s), name="gateway-curves"))
         log.info("gateway up: %s; control %s", ", ".join(f"{k} {v}" for k, v in self.endpoints.items()),
                  "on (bearer token)" if self.auth.active else
                  "off (no token set)" if self.auth.enabled else "off (FLYWHEEL_GATEWAY_CONTROL_ENABLED=false)")

@@ -16,21 +16,20 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from flywheel.checkpoints import process_running
+from flywheel.checkpoints import (  # the format, which flywheel.policy reads too
+    CHECKPOINT_FILE,
+    FORMAT,
+    FORMAT_VERSION,
+    CheckpointError,
+    check_format,
+    process_running,
+)
 
 from .core import LearnerCore
 from .state import StateError
 
-CHECKPOINT_FILE = "learner.safetensors"
-FORMAT = "flywheel-learner-checkpoint"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 had no RNG, step or gradient-scaler entries
 _RNG_KEY = re.compile(r"rng\.(cpu|cuda\.\d{1,3})")
 log = logging.getLogger("flywheel.learner")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, unreadable or made for another network; the message is one line."""
 
 
 @dataclass
@@ -43,16 +42,6 @@ class CheckpointInfo:
     weight_version: int
     saved_at: float
 
-
-
-def check_format(meta: object, path: Path, error: type[CheckpointError] = CheckpointError) -> dict[str, Any]:
-    """The checkpoint's metadata if it is a learner checkpoint of a readable format version, else ``error``."""
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise error(f"{path} is not a flywheel learner checkpoint (no {FORMAT!r} metadata)")
-    if meta.get("format_version") not in READABLE_VERSIONS:
-        raise error(f"{path} has checkpoint format {meta.get('format_version')!r}, "
-                    f"this build reads {', '.join(map(str, READABLE_VERSIONS))}")
-    return meta
 
 
 def checkpoint_path(directory: str | os.PathLike[str]) -> Path:

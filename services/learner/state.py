@@ -7,12 +7,36 @@ checked before anything is changed, so a refused state leaves the core as it was
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from .core import LearnerCore
+
+class LearnerCore(Protocol):
+    """What these functions read and set of services/learner/core.py's LearnerCore (no import of it: core imports
+    this module)."""
+
+    steps: int
+
+    @property
+    def online(self) -> torch.nn.Module: ...
+    @property
+    def target(self) -> torch.nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None: ...
+    @property
+    def config(self) -> Any: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def updates(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+
 
 OPTIM_STATE = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 

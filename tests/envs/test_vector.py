@@ -98,7 +98,7 @@ def test_exception_in_worker_is_reported_with_its_message() -> None:
 def test_bad_env_in_worker_fails_at_start() -> None:
     with pytest.raises(EnvWorkerError, match="TypeError: unknown Snake option"):
         SubprocessVector("Snake-v0", 2, obs_shape=(3, 10, 10), obs_dtype="uint8", n_actions=4, workers=1,
-                         options={"colour": 1})
+                         options={"colour": 1}, make_vector_env=make_vector_env)
 
 
 def test_id_options_and_errors() -> None:

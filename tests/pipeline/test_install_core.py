@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,11 @@ def test_the_core_install_trains_cartpole_and_names_missing_extras(tmp_path: Pat
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     torch_pin = f"torch=={__import__('torch').__version__.split('+')[0]}"  # the build this machine installs
-    for what in ([torch_pin], [str(ROOT)]):
+    source = tmp_path / "src"  # pip builds in the source folder (build/, *.egg-info): a copy, not the checkout
+    skip = shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "__pycache__", ".pytest_cache",
+                                  ".ruff_cache", ".hypothesis", "tests")
+    shutil.copytree(ROOT, source, ignore=skip)
+    for what in ([torch_pin], [str(source)]):
         installed = run([*pip, *what], tmp_path, timeout=600)
         assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     listed = run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "freeze"], tmp_path, timeout=120)
