@@ -10,6 +10,10 @@ agent steps without a new maximum ``x_pos``. A Mario stuck at a pipe or a wall o
 distance reached. The rule is the same for every policy, the random one included; ``end`` records why each
 episode ended: "flag", "death", "clock" (the level's timer ran out), "stall", "time_limit" (the env's
 max_episode_steps), "max_steps" (this module's cap) or, for envs without Mario's info, "terminated" / "truncated".
+
+Atari is evaluated as the standard says, whatever the training id's options: whole games (no episodic life) with
+the game's own score (no reward clipping), after the env's seeded no-op start and FIRE
+(``flywheel.envs.evaluation_env_id``); an episode's return is the game's score, ``info["episode"]["return"]``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def _setup(env_id: str, checkpoint: str | None, epsilon: float, stall_steps: int
     """Build this process's env and policy once (a Pool initializer, or the caller itself for workers=1)."""
     import torch
 
-    from flywheel.envs import make_env
+    from flywheel.envs import evaluation_env_id, make_env
 
     torch.set_num_threads(1)
     policy = None
@@ -40,7 +44,7 @@ def _setup(env_id: str, checkpoint: str | None, epsilon: float, stall_steps: int
         from flywheel.policy import Policy
 
         policy = Policy.load(checkpoint, env_id=env_id)
-    env = make_env(env_id)
+    env = make_env(evaluation_env_id(env_id))  # Atari: whole games, unclipped scores
     _worker.clear()
     _worker.update(env=env, policy=policy, n_actions=int(env.action_space.n), epsilon=float(epsilon),
                    stall_steps=int(stall_steps), max_steps=max_steps)
@@ -83,6 +87,8 @@ def _episode(seed: int) -> dict[str, Any]:
                 x_max, since_best = x, 0
             else:
                 since_best += 1
+        if (terminated or truncated) and isinstance(info.get("episode"), dict) and "return" in info["episode"]:
+            ret = float(info["episode"]["return"])  # an env that keeps its own score (Atari: the game's points)
         if terminated:
             end = ("flag" if flag else "clock" if info.get("time") == 0 else "death") if mario else "terminated"
         elif truncated:

@@ -20,11 +20,14 @@ from typing import Any, Literal
 import gymnasium
 import numpy as np
 
-from flywheel.envs.atari import AtariConfig, is_atari_id, register_ale
+from flywheel.envs import nes_compat
+from flywheel.envs.atari import EVALUATION_OPTIONS as ATARI_EVALUATION_OPTIONS
+from flywheel.envs.atari import AtariConfig, atari_env_ids, is_atari_id, register_ale
 from flywheel.envs.mario import MarioConfig, MarioEnv, mario_env_ids, parse_mario_id
 from flywheel.envs.metta import METTAGRID_IDS, is_mettagrid_id
 from flywheel.envs.snake import SNAKE_IDS, SnakeConfig, SnakeEnv, SnakeVector, register_snake
 from flywheel.envs.vector import EpisodeEnd, InProcessVector, VectorEnv, VectorStep
+from flywheel.extras import MissingExtra
 
 __all__ = [
     "EnvModuleError",
@@ -35,6 +38,7 @@ __all__ = [
     "VectorStep",
     "env_family",
     "env_spec",
+    "evaluation_env_id",
     "known_env_ids",
     "make_env",
     "make_vector_env",
@@ -113,8 +117,9 @@ class EnvSpec:
 
 
 def known_env_ids() -> list[str]:
-    """Every accepted id (without options): Mario, Snake, MettaGrid, then the Gymnasium registry with ale-py's."""
-    register_ale()
+    """Every accepted id (without options): Mario, Snake, MettaGrid, then the Gymnasium registry with ale-py's
+    (when the atari extra is installed)."""
+    atari_env_ids()  # registers ale-py's ids, if it is there
     ours = mario_env_ids() + list(SNAKE_IDS) + list(METTAGRID_IDS)
     return ours + sorted(set(gymnasium.registry) - set(ours))
 
@@ -149,16 +154,37 @@ def env_family(env_id: str) -> Family:
     base = _import_env_module(full)
     module = split_env_module(full)[0]
     if parse_mario_id(base) is not None:
+        nes_compat.require_installed()  # the mario extra (a metadata lookup, no import)
         return "mario"
     if base in SNAKE_IDS:
         return "snake"
     if is_mettagrid_id(base):
         return "mettagrid"
     if base not in gymnasium.registry:
-        register_ale()
+        try:
+            register_ale()
+        except MissingExtra:
+            if base.startswith("ALE/") or "NoFrameskip" in base:  # an Atari id: the atari extra is missing
+                raise
+            raise UnknownEnvironmentError(base, module) from None
     if base in gymnasium.registry:
         return "atari" if is_atari_id(base) else "gymnasium"
     raise UnknownEnvironmentError(base, module)
+
+
+def evaluation_env_id(env_id: str) -> str:
+    """The id evaluation plays for a training id: Atari as whole games with the game's own score.
+
+    For an Atari id the options after ``?`` get ``terminal_on_life_loss=false,clip_rewards=false`` (whatever the
+    id said: the same observations and actions, scored as a game); every other id is returned unchanged.
+    flywheel.evaluation (the bench suites, the learner's best-policy evaluations), actor-0's greedy env and
+    ``flywheel play`` use it, so training and evaluation differ only there.
+    """
+    full, options = split_env_id(env_id)
+    if env_family(full) != "atari":
+        return env_id
+    options.update(ATARI_EVALUATION_OPTIONS)
+    return full + "?" + ",".join(f"{name}={json.dumps(value)}" for name, value in options.items())
 
 
 def _resolve(env_id: str, options: dict[str, Any]) -> tuple[str, Family, dict[str, Any]]:
@@ -219,7 +245,7 @@ def make_vector_env(env_id: str, num_envs: int, seed: int | None = None, *,
             os.cpu_count() or 1)
         return SubprocessVector(base, num_envs, obs_shape=spec.obs_shape, obs_dtype=spec.obs_dtype,
                                 n_actions=spec.n_actions, seed=seed, workers=count, groups=groups,
-                                atom=spec.agents, options=options)
+                                atom=spec.agents, options=options, make_vector_env=make_vector_env)
     if mode != "inprocess":
         raise ValueError(f"vector mode must be 'inprocess' or 'subprocess', got {mode!r}")
     if family == "snake":

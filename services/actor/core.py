@@ -191,10 +191,11 @@ def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int, gamma
     vec = make_vector_env(env_id, num_envs, seed, mode=vector_mode, workers=workers)
     eval_vec = None
     try:
-        if eval_envs:
-            from flywheel.envs import env_spec
+        if eval_envs:  # evaluation settings (Atari: whole games, unclipped scores), same observations and actions
+            from flywheel.envs import env_spec, evaluation_env_id
 
-            eval_vec = make_vector_env(env_id, env_spec(env_id).agents, None if seed is None else seed + 10_000)
+            eval_id = evaluation_env_id(env_id)
+            eval_vec = make_vector_env(eval_id, env_spec(eval_id).agents, None if seed is None else seed + 10_000)
         return ActorCore(vec, policy, n_step=n_step, gamma=gamma, eval_vec=eval_vec, seed=seed)
     except BaseException:
         vec.close()
