@@ -45,6 +45,7 @@ bench: bench-setup
 lint: dev-setup
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/typecheck.py
+	$(BIN)/python scripts/import_cycles.py
 
 test: system-deps lint
 	$(BIN)/python -m pytest -q

@@ -13,15 +13,17 @@ import sys
 import tempfile
 import time
 import urllib.request
-import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flywheel.processes import launch
+from flywheel.runplan import DEFAULT_ENV as DEFAULT_ENV  # the names other modules import from here
+from flywheel.runplan import Child as Child
+from flywheel.runplan import Plan as Plan
+from flywheel.runplan import add_run_flags as add_run_flags
 from flywheel.settings import SettingsError
-from flywheel.supervisor import Supervisor, add_supervisor_flags
-from flywheel.tracking import add_track_flags, track_env, track_line
+from flywheel.supervisor import Supervisor
+from flywheel.tracking import track_env, track_line
 
 STOP_ORDER = ("actor", "learner", "replay", "gateway")
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
@@ -40,9 +42,6 @@ VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` 
                 "batches_per_request": "4", "torch_threads": "1", "best_eval_interval_s": "20",
                 "best_eval_episodes": "5"},  # a few seconds of greedy CartPole: the best policy kept often
 }
-# The default job: Mario 1-1 over 42x42 frames, which learned faster per hour on 2 CPU cores than 84x84
-# (docs/benchmarks/mario.md); any other size, e.g. the Nature DQN's 84, is one option away.
-DEFAULT_ENV = "SuperMarioBros-1-1-v0?size=42"
 NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES")  # the learner's values go to the actors too
 PIXEL_PRESET = {  # Mario on 2 cores: docs/benchmarks/mario.md (gamma 0.9 as the Mario recipes that reach the flag)
     "actor": {"num_envs": "8", "n_step": "3", "gamma": "0.9", "send_hwm": "16"},
@@ -65,79 +64,6 @@ ATARI_PRESET = {
                 "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1",
                 "compile": "on"},
 }
-
-
-def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", default=DEFAULT_ENV,
-                        help=f"environment id (default: Mario 1-1 at 42x42, {DEFAULT_ENV})")
-    parser.add_argument("--actors", type=int, default=None,
-                        help="actor processes (default: one per core; for pixels one per core but one, which the "
-                             "learner needs)")
-    parser.add_argument("--envs-per-actor", type=int, default=None, help="environments per actor")
-    parser.add_argument("--steps", type=int, default=0, help="stop after this many env steps in total (0: never)")
-    parser.add_argument("--target-return", type=float, default=None,
-                        help="stop once the greedy evaluation return reaches this")
-    parser.add_argument("--time-limit", type=float, default=0, help="stop after this many seconds (0: never)")
-    parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"), help="where checkpoints go")
-    parser.add_argument("--log-dir", type=Path, default=None, help="service logs (default: CHECKPOINT_DIR/logs)")
-    parser.add_argument("--log-format", choices=("text", "json"), default=None,
-                        help="every service's log lines as text (default) or JSON, one object per line")
-    parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --checkpoint-dir")
-    parser.add_argument("--if-exists", choices=("new", "resume", "overwrite", "fail"), default=None,
-                        help="when --checkpoint-dir already holds a run: new (default) writes to the next free "
-                             "CHECKPOINT_DIR-2, -3, ...; resume continues it (as --resume); overwrite replaces it; "
-                             "fail exits 2. A folder a live run holds is always refused")
-    parser.add_argument("--base-port", type=int, default=5555,
-                        help="first of six ZeroMQ ports on 127.0.0.1 (0: no TCP ports, every service on Unix "
-                             "sockets in a private directory)")
-    parser.add_argument("--http-port", type=int, default=8080,
-                        help="gateway HTTP port on 127.0.0.1 (0: one the kernel picks, printed at start and kept "
-                             "across gateway restarts)")
-    parser.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
-    parser.add_argument("--local-transport", choices=("ipc", "tcp"), default="ipc",
-                        help="how the local actors and learner reach the replay: Unix sockets (default; the "
-                             "replay also listens on TCP for actors from other hosts) or TCP loopback only")
-    parser.add_argument("--curve-keys-dir", type=Path, default=None,
-                        help="ZeroMQ CURVE keys (flywheel keys generate DIR) for every service: its TCP "
-                             "connections encrypted and authenticated (Unix sockets stay plain)")
-    parser.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE",
-                        help="override one service setting, e.g. --set learner.lr=0.0005 (repeatable)")
-    parser.add_argument("--no-video", action="store_true",
-                        help="skip the end-of-run clip of one greedy episode (CHECKPOINT_DIR/video.mp4)")
-    add_supervisor_flags(parser)  # --max-restarts, --restart-window
-    add_track_flags(parser)  # --track, --wandb-project, --wandb-entity, --wandb-group, --wandb-tags
-
-
-@dataclass
-class Child:
-    """One service process started by ``flywheel run``."""
-
-    service: str
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-
-@dataclass
-class Plan:
-    """What will be started: per-service environment variables, validated before anything starts."""
-
-    env: dict[str, dict[str, str]]
-    ports: dict[str, int]
-    gateway_url: str
-    log_dir: Path
-    actor_extra: list[dict[str, str]] = field(default_factory=list)
-    socket_dir: Path | None = None  # holds the Unix sockets of the local fast path; removed at the end
-    _remove: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.socket_dir is not None:  # also when a plan is dropped unused (and at exit)
-            self._remove = weakref.finalize(self, shutil.rmtree, str(self.socket_dir), True)
-
-    def remove_socket_dir(self) -> None:
-        """Remove the sockets' folder (the end of the run); idempotent."""
-        if self._remove is not None:
-            self._remove()
 
 
 def _check_port(port: int, what: str, flag: str) -> None:

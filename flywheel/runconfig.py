@@ -12,27 +12,20 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flywheel.runfolder import FORMAT, FORMAT_VERSION, RUN_CONFIG, RunConfigError, load_run_config
 from flywheel.settings import SettingsError
 
 if TYPE_CHECKING:
-    from flywheel.run import Plan
+    from flywheel.runplan import Plan
 
-RUN_CONFIG = "run.json"
-FORMAT = "flywheel-run"
-FORMAT_VERSION = 1
-# Flags --resume takes from run.json unless given again (stop conditions and ports are per invocation).
 RESTORED_FLAGS = ("env", "actors", "envs_per_actor", "local_transport", "curve_keys_dir", "track", "wandb_project",
                   "wandb_entity", "wandb_group", "wandb_tags")
 _WIRED = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}  # make_plan's, never the user's
 
 
-class RunConfigError(ValueError):
-    """A run.json that cannot be read; the message is one line."""
-
-
 def given_flags(argv: list[str]) -> set[str]:
     """The ``flywheel run`` flags (argparse dests) named on the command line ``argv`` (from the subcommand on)."""
-    from flywheel.run import add_run_flags
+    from flywheel.runplan import add_run_flags
 
     parser = argparse.ArgumentParser(add_help=False)
     add_run_flags(parser)
@@ -42,28 +35,12 @@ def given_flags(argv: list[str]) -> set[str]:
     return set(vars(parser.parse_known_args(rest)[0]))
 
 
-def load_run_config(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """DIRECTORY/run.json as a dict, None if there is none; RunConfigError if it is unreadable or foreign."""
-    path = Path(directory) / RUN_CONFIG
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise RunConfigError(f"{path} is unreadable ({exc}); fix or delete it") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("env_id"), str):
-        raise RunConfigError(f"{path} is not a flywheel run config (format {FORMAT!r} with an env_id)")
-    if not isinstance(data.get("overrides", []), list) or not isinstance(data.get("services", {}), dict):
-        raise RunConfigError(f"{path}: 'overrides' must be a list and 'services' an object")
-    return data
-
-
 def _given(args: argparse.Namespace) -> set[str]:
     given = getattr(args, "given_flags", None)
     if given is not None:
         return set(given)
     defaults = argparse.ArgumentParser(add_help=False)  # called without the command line: non-defaults count
-    from flywheel.run import add_run_flags
+    from flywheel.runplan import add_run_flags
 
     add_run_flags(defaults)
     return {d for d in RESTORED_FLAGS if getattr(args, d, None) != defaults.get_default(d)}

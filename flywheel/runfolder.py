@@ -5,17 +5,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from flywheel.settings import SettingsError
 
+RUN_CONFIG = "run.json"
+FORMAT = "flywheel-run"
+FORMAT_VERSION = 1
+# Flags --resume takes from run.json unless given again (stop conditions and ports are per invocation).
 IF_EXISTS = ("new", "resume", "overwrite", "fail")
 LOCK_FILE = ".flywheel-run.lock"
 MAX_SIBLINGS = 10_000  # checkpoints-2 .. checkpoints-10000
+
+
+class RunConfigError(ValueError):
+    """A run.json that cannot be read; the message is one line."""
 
 
 class FolderLocked(SettingsError):
@@ -36,9 +45,24 @@ def _has_files(folder: Path) -> bool:
         return False
 
 
+def load_run_config(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """DIRECTORY/run.json as a dict, None if there is none; RunConfigError if it is unreadable or foreign."""
+    path = Path(directory) / RUN_CONFIG
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise RunConfigError(f"{path} is unreadable ({exc}); fix or delete it") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("env_id"), str):
+        raise RunConfigError(f"{path} is not a flywheel run config (format {FORMAT!r} with an env_id)")
+    if not isinstance(data.get("overrides", []), list) or not isinstance(data.get("services", {}), dict):
+        raise RunConfigError(f"{path}: 'overrides' must be a list and 'services' an object")
+    return data
+
+
 def describe(folder: Path) -> str:
     """"a CartPole-v1 run from 2026-11-25 18:20 UTC": the env of run.json and when it last started."""
-    from flywheel.runconfig import RunConfigError, load_run_config
 
     try:
         saved = load_run_config(folder)

@@ -10,43 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flywheel.runplan import BACKOFF_MAX_S, BACKOFF_S, MAX_RESTARTS, RESTART_WINDOW_S
+
 if TYPE_CHECKING:
-    from flywheel.run import Child, Plan
+    from flywheel.runplan import Child, Plan
 
-MAX_RESTARTS = 5  # restarts of one child allowed within RESTART_WINDOW_S; its next exit stops the run
-RESTART_WINDOW_S = 120.0
-BACKOFF_S = 1.0  # wait before the first restart, doubled for each further one within the window
-BACKOFF_MAX_S = 30.0
 TELEMETRY_SERVICE, TELEMETRY_INSTANCE = "supervisor", "run"  # how the run process shows on the gateway
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
-
-
-def add_supervisor_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-restarts", type=_count, default=MAX_RESTARTS,
-                        help=f"restarts of one child (backoff {BACKOFF_S:g} s doubling to {BACKOFF_MAX_S:g} s) "
-                             f"allowed within --restart-window; its next exit stops the run (default "
-                             f"{MAX_RESTARTS}; 0: any exit stops it)")
-    parser.add_argument("--restart-window", type=_seconds, default=RESTART_WINDOW_S,
-                        help=f"seconds over which --max-restarts counts (default {RESTART_WINDOW_S:g})")
 
 
 class RestartPolicy:

@@ -84,7 +84,7 @@ def describe(mode: str, track_dir: str | Path, project: str, entity: str = "", g
 
 def run_config(folder: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
     """The W&B run's config: FOLDER/run.json (what ``flywheel run`` started) when there is one, plus ``settings``."""
-    from flywheel.runconfig import RunConfigError, load_run_config
+    from flywheel.runfolder import RunConfigError, load_run_config
 
     try:
         saved = load_run_config(folder) or {}

@@ -1,0 +1,128 @@
+"""What ``flywheel run`` is asked and what it starts: its command-line flags, the plan of the services' settings and
+the child processes, as plain records (flywheel/run.py makes the plan and runs it; flywheel/supervisor.py keeps
+the children alive; flywheel/runconfig.py saves and restores the flags)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flywheel.runfolder import IF_EXISTS
+from flywheel.tracking import add_track_flags
+
+# The default job: Mario 1-1 over 42x42 frames, which learned faster per hour on 2 CPU cores than 84x84
+# (docs/benchmarks/mario.md); any other size, e.g. the Nature DQN's 84, is one option away.
+DEFAULT_ENV = "SuperMarioBros-1-1-v0?size=42"
+
+MAX_RESTARTS = 5  # restarts of one child allowed within RESTART_WINDOW_S; its next exit stops the run
+RESTART_WINDOW_S = 120.0
+BACKOFF_S = 1.0  # wait before the first restart, doubled for each further one within the window
+BACKOFF_MAX_S = 30.0
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def add_supervisor_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-restarts", type=_count, default=MAX_RESTARTS,
+                        help=f"restarts of one child (backoff {BACKOFF_S:g} s doubling to {BACKOFF_MAX_S:g} s) "
+                             f"allowed within --restart-window; its next exit stops the run (default "
+                             f"{MAX_RESTARTS}; 0: any exit stops it)")
+    parser.add_argument("--restart-window", type=_seconds, default=RESTART_WINDOW_S,
+                        help=f"seconds over which --max-restarts counts (default {RESTART_WINDOW_S:g})")
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", default=DEFAULT_ENV,
+                        help=f"environment id (default: Mario 1-1 at 42x42, {DEFAULT_ENV})")
+    parser.add_argument("--actors", type=int, default=None,
+                        help="actor processes (default: one per core; for pixels one per core but one, which the "
+                             "learner needs)")
+    parser.add_argument("--envs-per-actor", type=int, default=None, help="environments per actor")
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many env steps in total (0: never)")
+    parser.add_argument("--target-return", type=float, default=None,
+                        help="stop once the greedy evaluation return reaches this")
+    parser.add_argument("--time-limit", type=float, default=0, help="stop after this many seconds (0: never)")
+    parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"), help="where checkpoints go")
+    parser.add_argument("--log-dir", type=Path, default=None, help="service logs (default: CHECKPOINT_DIR/logs)")
+    parser.add_argument("--log-format", choices=("text", "json"), default=None,
+                        help="every service's log lines as text (default) or JSON, one object per line")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --checkpoint-dir")
+    parser.add_argument("--if-exists", choices=IF_EXISTS, default=None,
+                        help="when --checkpoint-dir already holds a run: new (default) writes to the next free "
+                             "CHECKPOINT_DIR-2, -3, ...; resume continues it (as --resume); overwrite replaces it; "
+                             "fail exits 2. A folder a live run holds is always refused")
+    parser.add_argument("--base-port", type=int, default=5555,
+                        help="first of six ZeroMQ ports on 127.0.0.1 (0: no TCP ports, every service on Unix "
+                             "sockets in a private directory)")
+    parser.add_argument("--http-port", type=int, default=8080,
+                        help="gateway HTTP port on 127.0.0.1 (0: one the kernel picks, printed at start and kept "
+                             "across gateway restarts)")
+    parser.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    parser.add_argument("--local-transport", choices=("ipc", "tcp"), default="ipc",
+                        help="how the local actors and learner reach the replay: Unix sockets (default; the "
+                             "replay also listens on TCP for actors from other hosts) or TCP loopback only")
+    parser.add_argument("--curve-keys-dir", type=Path, default=None,
+                        help="ZeroMQ CURVE keys (flywheel keys generate DIR) for every service: its TCP "
+                             "connections encrypted and authenticated (Unix sockets stay plain)")
+    parser.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE",
+                        help="override one service setting, e.g. --set learner.lr=0.0005 (repeatable)")
+    parser.add_argument("--no-video", action="store_true",
+                        help="skip the end-of-run clip of one greedy episode (CHECKPOINT_DIR/video.mp4)")
+    add_supervisor_flags(parser)  # --max-restarts, --restart-window
+    add_track_flags(parser)  # --track, --wandb-project, --wandb-entity, --wandb-group, --wandb-tags
+
+
+@dataclass
+class Child:
+    """One service process started by ``flywheel run``."""
+
+    service: str
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class Plan:
+    """What will be started: per-service environment variables, validated before anything starts."""
+
+    env: dict[str, dict[str, str]]
+    ports: dict[str, int]
+    gateway_url: str
+    log_dir: Path
+    actor_extra: list[dict[str, str]] = field(default_factory=list)
+    socket_dir: Path | None = None  # holds the Unix sockets of the local fast path; removed at the end
+    _remove: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.socket_dir is not None:  # also when a plan is dropped unused (and at exit)
+            self._remove = weakref.finalize(self, shutil.rmtree, str(self.socket_dir), True)
+
+    def remove_socket_dir(self) -> None:
+        """Remove the sockets' folder (the end of the run); idempotent."""
+        if self._remove is not None:
+            self._remove()
+
+
