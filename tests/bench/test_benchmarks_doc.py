@@ -78,7 +78,7 @@ def test_a_label_must_start_its_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("## Sampling\n\nSee `results/gone.json`.\n", "section 'Sampling': cites results/gone.json, but there is no"),
-    ("## Sampling\n\n200 batches/s.\n", "section 'Sampling': cites no results/ file and has no label line"),
+    ("## Sampling\n\nFast.\n", "section 'Sampling': cites no results/ file and has no label line"),
 ])
 def test_the_script_refuses_to_write_and_says_why_in_one_line(tmp_path: Path, text: str, message: str) -> None:
     sections = _suite(tmp_path, text)
@@ -99,3 +99,107 @@ def test_the_script_writes_and_checks_a_good_folder(tmp_path: Path) -> None:
     assert assemble.main(["--dir", str(sections), "--check"]) == 0
     out.write_text(out.read_text() + "edited by hand\n")
     assert assemble.main(["--dir", str(sections), "--check"]) == 1
+
+
+# --- figures in README.md and every doc -------------------------------------------------------------------------
+
+ROOT = DOCS.parent
+
+
+def _docs(tmp_path: Path, text: str, results: dict[str, str] | None = None) -> Path:
+    """A tree like the repository's: README.md holding text, and docs/benchmarks/results holding results."""
+    folder = tmp_path / "docs" / "benchmarks" / "results"
+    folder.mkdir(parents=True)
+    for name, body in (results or {}).items():
+        (folder / name).write_text(body)
+    (tmp_path / "README.md").write_text(text)
+    return tmp_path
+
+
+def test_the_real_readme_and_docs_cite_or_label_every_figure() -> None:
+    """README.md, docs/*.md and docs/benchmarks/*.md: each measured figure is in a cited results file, or labelled."""
+    files = assemble.doc_files(ROOT)
+    assert ROOT / "README.md" in files and DOCS / "RELIABILITY.md" in files and DOCS / "BENCHMARKS.md" not in files
+    assert assemble.check_docs(ROOT) == []
+
+
+def test_a_made_up_figure_fails_naming_the_file_line_and_figure(tmp_path: Path) -> None:
+    root = _docs(tmp_path, "# Flywheel\n\nIntro.\n\nIt trains at 4,321 updates/s on a laptop.\n")
+    assert assemble.check_docs(root) == [
+        "README.md:5: figure '4,321 updates/s' cites no results file and carries no label"]
+
+
+def test_a_cited_figure_that_the_results_file_holds_passes(tmp_path: Path) -> None:
+    root = _docs(tmp_path, "A median 9.9 s (95% CI 9.0-11.9 s), 2.26x faster, 1.64x fewer CPU-s, 7.5 GiB and\n"
+                           "37% idle, 17.9 ms a step ([raw](docs/benchmarks/results/run.json)).\n",
+                 {"run.json": '{"s": 9.90957, "ci": "8.96-11.92", "ratio": 2.2566, "cpu": 0.6098, '
+                              '"rss": 8041017344, "idle": 0.371, "step_s": 0.01791}\n'})
+    assert assemble.check_docs(root) == []
+
+
+@pytest.mark.parametrize("figure", ["9.8 s", "2.4x", "7.6 GiB", "1,029 updates/s"])
+def test_a_cited_file_that_lacks_the_figure_fails(tmp_path: Path, figure: str) -> None:
+    root = _docs(tmp_path, f"Measured: {figure} (`docs/benchmarks/results/run.json`).\n",
+                 {"run.json": '{"s": 9.90957, "ratio": 2.2566, "rss": 8041017344, "rate": 1028.16}\n'})
+    assert assemble.check_docs(root) == [
+        f"README.md:1: figure '{figure}' is not in results/run.json (the results file cited) and carries no label"]
+
+
+def test_a_cited_file_that_does_not_exist_fails(tmp_path: Path) -> None:
+    root = _docs(tmp_path, "Measured: 9.9 s (docs/benchmarks/results/gone.json).\n")
+    assert assemble.check_docs(root) == [
+        "README.md:1: figure '9.9 s' cites results/gone.json, which does not exist, and carries no label"]
+
+
+@pytest.mark.parametrize("text", [
+    "The image is 1150 MB (a hand measurement, `docker image inspect`).\n",
+    "Hand measurement, one core: encoding costs 2 ms a frame. Later sentences of the paragraph: 3 ms.\n",
+    "At 4 actors it would reach 500 steps/s, a projection from the scale model.\n",
+    "A 512-batch would be ~5 MB instead of ~25 MB (an estimate).\n",
+    "Public agents needed 1.6x more steps (quoted from the PPO paper).\n",
+    "## Section\n\nRaw result not kept (an earlier run).\n\nIt ran at 120 batches/s.\n",
+    "The load run (raw result not kept):\n\n| | measured |\n|---|---|\n| rate | 7,897 |\n",
+    "| | measured |\n|---|---|\n| rate, a hand measurement | 6,573 |\n",
+])
+def test_a_labelled_figure_passes(tmp_path: Path, text: str) -> None:
+    assert assemble.check_docs(_docs(tmp_path, text)) == []
+
+
+def test_a_label_speaks_for_its_sentence_not_the_next_one(tmp_path: Path) -> None:
+    root = _docs(tmp_path, "It is small. It compiles in about 30 s (hand measurement). It trains at 9.5 s a run.\n")
+    assert assemble.check_docs(root) == [
+        "README.md:1: figure '9.5 s' cites no results file and carries no label"]
+
+
+@pytest.mark.parametrize("text", [
+    "Checkpoints every 10 minutes, after 1 s, within 5 s, up to 30 s, `timeout` (60 s), default 300 s.\n",
+    "Messages are capped at 64 KiB; a 4 GiB frame is refused; the test pauses it for 20 s.\n",
+    "1.1M frames x 7,056 B = 7.2 GiB; 84x84 frames; a 95% CI; `--time-limit 120 s` and `3.5 s` in code.\n",
+    "```\n[ 204s] env steps 704,128 (14,300/s) | updates 37,263 (255.8/s)\n```\n",
+    "| option | default |\n|---|---|\n| `num_envs` | 8 |\n| `interval` | 2.5 s |\n",
+    "## Took 9.9 s\n\nA heading is a title, not a claim.\n",
+])
+def test_settings_limits_and_code_are_not_figures(tmp_path: Path, text: str) -> None:
+    assert assemble.check_docs(_docs(tmp_path, text)) == []
+
+
+def test_a_measured_tables_cells_are_figures(tmp_path: Path) -> None:
+    root = _docs(tmp_path, "In one hour:\n\n| after | agent steps | mean x_pos | 95% CI |\n|---|---:|---:|---|\n"
+                           "| 15 min | 0.10M | 1,028 | 951-1,108 |\n")
+    assert [p.split(": ", 1)[1] for p in assemble.check_docs(root)] == [
+        f"figure '{f}' cites no results file and carries no label" for f in ("0.10M", "1,028", "951-1,108")]
+    (root / "README.md").write_text((root / "README.md").read_text().replace(
+        "In one hour:", "In one hour ([raw](docs/benchmarks/results/mario.json)):"))
+    (root / "docs" / "benchmarks" / "results" / "mario.json").write_text(
+        '{"env_steps": 101552.0, "mean": 1028.16, "ci": [951.0, 1108.08]}\n')
+    assert assemble.check_docs(root) == []
+
+
+def test_the_script_refuses_a_made_up_figure_in_a_section(tmp_path: Path) -> None:
+    sections = _suite(tmp_path, "## Inserts\n\nRaw result: [results/kept.json](results/kept.json). It took 12.5 s.\n")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(sections)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert done.stderr == ("assemble.py: benchmarks/replay.md:3: figure '12.5 s' is not in results/kept.json "
+                           "(the results file cited) and carries no label\n")
+    assert not (tmp_path / "BENCHMARKS.md").exists()
