@@ -7,8 +7,8 @@ The package's three source folders map to module names as pyproject.toml's packa
 ``from ... import`` anywhere in a module (module level, in functions, under TYPE_CHECKING: a cycle a type
 checker sees is still a cycle of the design) counts as an edge to the package module it names; an import of a
 package, or of a name from it that is not a submodule, is an edge to its ``__init__``; ``from pkg import sub`` is
-an edge to ``pkg.sub`` alone (as import-linter counts it), although Python runs ``pkg/__init__`` first. Cycles are the strongly connected components of more
-than one module, and a module importing itself.
+an edge to ``pkg.sub`` alone (as import-linter counts it), although Python runs ``pkg/__init__`` first. Cycles
+are the strongly connected components of more than one module.
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
 ``flywheel run`` examples run for real, in README order in one scratch folder (so ``--resume`` continues the
 run an earlier example made), with free ports, ``--no-video`` and a safety ``--time-limit`` appended; each is
 stopped with Ctrl-C (SIGINT) once its learner and actors report and the actors have stepped. ``flywheel
-play`` runs there too, its episodes cut at PLAY_MAX_STEPS, and ``flywheel keys`` runs as written. Long-lived
-services (``flywheel replay|learner|actor|gateway``) are not started: their flags are parsed and their settings,
-env ids and CURVE key folders validated as the service would at start. Anything else is parsed by ``flywheel``'s
+play`` runs there too, its episodes cut at PLAY_MAX_STEPS, and ``flywheel keys`` runs as written. The block
+that starts each service alone (``flywheel replay|learner|actor|gateway`` with CURVE keys and a token file) runs
+as four real processes that must train together (``test_standalone_services_really_run`` says what it changes:
+ports and host names). Every service example, those with ``...`` placeholders included, also has its settings,
+env id and CURVE key folder validated as the service would at start. Anything else is parsed by ``flywheel``'s
 own argument parser.
 """
 
@@ -20,6 +22,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +32,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pipeline"))
 from pipeline_helpers import clean_env, get_json, wait_until
 
-from flywheel.testing.run import launcher_endpoints
+from flywheel.processes import launch
+from flywheel.testing.ports import free_port_block
+from flywheel.testing.run import launcher_endpoints, tail
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SERVICES = ("replay", "learner", "actor", "gateway")
@@ -96,28 +102,32 @@ def logical_lines(start: int, lines: list[str]) -> list[tuple[int, str]]:
 
 def parse_examples(text: str) -> list[Example]:
     """Every ``flywheel`` command in the bash blocks, comments and ``...`` placeholders dropped."""
+    return [example for start, lines in bash_blocks(text) for example in block_examples(start, lines)]
+
+
+def block_examples(start: int, lines: list[str]) -> list[Example]:
+    """Every ``flywheel`` command of one bash block (``start``: the number of its first line)."""
     examples: list[Example] = []
-    for start, lines in bash_blocks(text):
-        for number, line in logical_lines(start, lines):
-            try:
-                tokens = shlex.split(line, comments=True)
-            except ValueError:  # unbalanced quotes: not a command this test can run
+    for number, line in logical_lines(start, lines):
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError:  # unbalanced quotes: not a command this test can run
+            continue
+        commands: list[list[str]] = [[]]
+        for token in tokens:
+            if token in _SEPARATORS:
+                commands.append([])
+            else:
+                commands[-1].append(token)
+        for words in commands:
+            env: list[tuple[str, str]] = []
+            while words and _ASSIGNMENT.match(words[0]):
+                name, _, value = words.pop(0).partition("=")
+                env.append((name, value))
+            if not words or words[0] != "flywheel":
                 continue
-            commands: list[list[str]] = [[]]
-            for token in tokens:
-                if token in _SEPARATORS:
-                    commands.append([])
-                else:
-                    commands[-1].append(token)
-            for words in commands:
-                env: list[tuple[str, str]] = []
-                while words and _ASSIGNMENT.match(words[0]):
-                    name, _, value = words.pop(0).partition("=")
-                    env.append((name, value))
-                if not words or words[0] != "flywheel":
-                    continue
-                argv = [w for w in words[1:] if w not in ("...", "…")]
-                examples.append(Example(number, tuple(argv), tuple(env)))
+            argv = [w for w in words[1:] if w not in ("...", "…")]
+            examples.append(Example(number, tuple(argv), tuple(env)))
     return examples
 
 
@@ -269,3 +279,181 @@ def test_service_examples_validate(tmp_path: Path) -> None:
     for example in checked:
         _check_service(example, tmp_path)
     assert {e.command for e in checked} >= {"replay", "learner", "actor", "gateway"}, [str(e) for e in checked]
+
+
+# ---- the standalone services, for real ---------------------------------------------------------------------------
+PIPELINE_TIMEOUT_S = 100  # keys made to the actor acting with a learner's second weight version (~25 s here)
+CONTROL_TIMEOUT_S = 30  # a command reaching every service (the learner reads control between updates of ~3 s)
+STOP_TIMEOUT_S = 30  # each service, after SIGINT, before SIGKILL
+_TCP = re.compile(r"tcp://([^:/\s]+):(\d+)")
+_WILDCARDS = ("*", "0.0.0.0")
+
+
+def service_block(text: str) -> tuple[int, list[str]]:
+    """The bash block that starts all four services with no ``...`` placeholder: (first line number, lines)."""
+    for start, lines in bash_blocks(text):
+        commands = {e.command for e in block_examples(start, lines)}
+        if commands >= set(SERVICES) and not any("..." in line or "…" in line for line in lines):
+            return start, lines
+    raise AssertionError("README.md has no bash block that starts replay, learner, actor and gateway")
+
+
+def _http_port(example: Example) -> int:
+    """The gateway's HTTP port: its ``--http-port``, else the settings default (8080)."""
+    from flywheel.registry import settings_class
+
+    argv = example.argv
+    return int(argv[argv.index("--http-port") + 1]) if "--http-port" in argv else int(
+        settings_class("gateway").model_fields["http_port"].default)
+
+
+def _localised(example: Example, ports: dict[int, int]) -> list[str]:
+    """The example's argv with every README port replaced by its free port and every host (``replay``,
+    ``learner``, ``gateway``: other machines) by 127.0.0.1; wildcard binds stay; the gateway gets ``--http-port``."""
+    def endpoint(match: re.Match[str]) -> str:
+        host = match[1] if match[1] in _WILDCARDS else "127.0.0.1"
+        return f"tcp://{host}:{ports[int(match[2])]}"
+
+    argv = [_TCP.sub(endpoint, word) for word in example.argv]
+    if example.command == "gateway":
+        if "--http-port" in argv:
+            argv[argv.index("--http-port") + 1] = str(ports[_http_port(example)])
+        else:
+            argv += ["--http-port", str(ports[_http_port(example)])]
+    return argv
+
+
+def _post(url: str, token: str | None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    request = urllib.request.Request(url, data=b"{}", method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _instances(status: dict, service: str) -> list[dict]:
+    return status.get("services", {}).get(service, {}).get("instances", [])
+
+
+def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """SIGINT (Ctrl-C) to each service, actors first as ``flywheel run`` stops them; SIGKILL after a timeout."""
+    for name in ("actor", "learner", "replay", "gateway"):
+        proc = procs.get(name)
+        if proc is None or proc.poll() is not None:
+            continue
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.timeout(240)
+def test_standalone_services_really_run(tmp_path: Path) -> None:
+    """The README block that starts each service alone runs as written, as four real processes.
+
+    Its lines run in order in one scratch folder: those before the services through bash as written (``flywheel
+    keys generate``, ``openssl rand ... > token.txt``), then replay, learner, actor and gateway as processes of
+    their own with the README's flags: CURVE keys, ``tcp://*`` binds, Mario, the 1M replay, batch 512, the token
+    file. What a test must change, and only that: every port the block names (5555-5560) and the
+    gateway's HTTP port (8080, its default) become free ports, rewritten the same way in all four commands; the
+    hosts that stand for other machines (``replay``, ``learner``, ``gateway``) become 127.0.0.1; the run is bounded
+    by this test, which stops every service with SIGINT (SIGKILL after STOP_TIMEOUT_S) however it ends.
+
+    Checked on the gateway's /status: the replay receives transitions and is sampled, the learner updates, the
+    actor acts with weight version >= 2 (taken over CURVE after an update) and replay, learner and actor report
+    CURVE on; control answers 401 without the token and with a wrong one, and with the token from token.txt a
+    pause then a resume reach every service. Every service exits 0 after SIGINT.
+    """
+    started = time.monotonic()
+    start, lines = service_block(README.read_text())
+    examples = {e.command: e for e in block_examples(start, lines) if e.command in SERVICES}
+    assert len(examples) == len(SERVICES), [str(e) for e in block_examples(start, lines)]
+    readme_ports = sorted({int(m[2]) for e in examples.values() for w in e.argv for m in _TCP.finditer(w)}
+                          | {_http_port(examples["gateway"])})
+    base = free_port_block(len(readme_ports), "0.0.0.0")  # the binds are tcp://*: free on every interface
+    ports = {port: base + i for i, port in enumerate(readme_ports)}
+
+    shim = tmp_path / "bin" / "flywheel"  # ``flywheel`` on PATH: this interpreter's, as every other example runs
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m flywheel "$@"\n')
+    shim.chmod(0o755)
+    shell_env = clean_env(PATH=f"{shim.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    service_lines = {e.line for e in examples.values()}
+    for number, line in logical_lines(start, lines):  # what comes before the services, through bash as written
+        if number in service_lines or not shlex.split(line, comments=True):
+            continue
+        result = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                                env=shell_env, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, f"README.md:{number}: {line}\nexit {result.returncode}\n{result.stderr}"
+    assert (tmp_path / "keys" / "server.key_secret").is_file(), sorted(p.name for p in tmp_path.iterdir())
+    token = (tmp_path / "token.txt").read_text().strip()
+    assert len(token) >= 16, f"token.txt holds {token!r}"
+
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = {name: tmp_path / f"{name}.log" for name in examples}
+    url = f"http://127.0.0.1:{ports[_http_port(examples['gateway'])]}"
+    try:
+        for name, example in examples.items():  # README order
+            procs[name] = launch(_localised(example, ports), clean_env(**dict(example.env)), logs[name],
+                                 cwd=tmp_path)
+
+        def alive() -> None:
+            dead = {name: p.returncode for name, p in procs.items() if p.poll() is not None}
+            assert not dead, f"exited early: {dead}\n" + _tails(logs)
+
+        def working() -> dict | None:
+            alive()
+            status = get_json(f"{url}/status")
+            if status is None:
+                return None
+            totals = {s: status["services"].get(s, {}).get("totals", {}) for s in ("replay", "learner")}
+            actors = _instances(status, "actor")
+            ok = (totals["replay"].get("transitions_received_total", 0) > 0
+                  and totals["replay"].get("samples_total", 0) > 0
+                  and totals["learner"].get("updates_total", 0) > 0
+                  and len(actors) == 1 and actors[0]["gauges"].get("weight_version", 0) >= 2)
+            return status if ok else None
+
+        status = wait_until(working, PIPELINE_TIMEOUT_S, "replay, learner and actor to work (weights v2)",
+                            list(logs.values()))
+        for service in ("replay", "learner", "actor"):
+            curve = {i["instance"]: i.get("info", {}).get("curve") for i in _instances(status, service)}
+            assert len(curve) == 1 and set(curve.values()) == {"on"}, f"{service}: telemetry info curve {curve}"
+        endpoints = json.dumps(status["gateway"]["endpoints"])  # the README's tcp://* binds, on every interface
+        binds = {int(m[2]) for w in examples["gateway"].argv for m in _TCP.finditer(w) if m[1] in _WILDCARDS}
+        assert binds and all(f"0.0.0.0:{ports[p]}" in endpoints for p in binds), endpoints
+        assert "CURVE on" in logs["gateway"].read_text(), "the gateway binds with CURVE\n" + _tails(logs)
+        print(f"pipeline working after {time.monotonic() - started:.0f} s: actor weights "
+              f"v{_instances(status, 'actor')[0]['gauges']['weight_version']:.0f}, learner updates "
+              f"{status['services']['learner']['totals']['updates_total']:.0f}")
+
+        assert _post(f"{url}/control/pause", None) == 401
+        assert _post(f"{url}/control/pause", "not-the-token-" + token[:8]) == 401
+        for command, paused in (("pause", 1.0), ("resume", 0.0)):
+            assert _post(f"{url}/control/{command}", token) == 202, command
+
+            def reached(paused: float = paused) -> bool:
+                alive()
+                status = get_json(f"{url}/status") or {}
+                return all(any(i["gauges"].get("paused") == paused for i in _instances(status, s))
+                           for s in ("replay", "learner", "actor"))
+
+            wait_until(reached, CONTROL_TIMEOUT_S, f"{command} to reach replay, learner and actor", list(logs.values()))
+        recent = (get_json(f"{url}/control") or {}).get("recent", [])
+        assert [c["command"] for c in recent][-2:] == ["pause", "resume"], recent
+    except BaseException:
+        print(_tails(logs))
+        raise
+    finally:
+        _stop(procs)
+    codes = {name: p.returncode for name, p in procs.items()}
+    assert all(code == 0 for code in codes.values()), f"exit codes after SIGINT {codes}\n" + _tails(logs)
+    print(f"standalone services: {time.monotonic() - started:.0f} s")
+
+
+def _tails(logs: dict[str, Path]) -> str:
+    return "\n".join(f"--- {path.name}\n{tail(path, 25)}" for path in logs.values() if path.exists())

@@ -182,10 +182,10 @@ class WeightsReceiver:
         for msg in queued_messages(self.sock, proto.Weights, lambda exc: self._refuse("weights", exc)):
             floor = max(self.version, self.pending.version if self.pending is not None else 0)
             if msg.version <= floor:
-                if msg.version <= self.version:
+                if msg.version < self.version:  # the acting version again is the learner's republish: ignored
                     self.stale += 1
                     self._refuse("weights", StaleWeights(
-                        f"weights version {msg.version} is not newer than the acting version {self.version} "
+                        f"weights version {msg.version} is older than the acting version {self.version} "
                         "(a learner restarted without --resume?)"))
                 continue  # older than one already waiting: the waiting one wins
             self.pending = msg

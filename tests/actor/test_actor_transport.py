@@ -165,7 +165,7 @@ def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context, backend:
         time.sleep(0.02)
     settle()
     assert receiver.version == 1 and same(params(actor_net), params(learner[1]))
-    stale, rejected = receiver.stale, receiver.rejected  # late copies of version 1 count as stale
+    stale, rejected = receiver.stale, receiver.rejected  # late copies of version 1: the acting one, ignored
 
     # Newest wins even when an older one comes after it in the same burst (the older is superseded, not refused).
     publish(weights_message(learner[3], 3, actor_net.name))
@@ -176,11 +176,12 @@ def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context, backend:
     assert receiver.stale - stale in (0, 1) and receiver.rejected - rejected == 1 + receiver.stale - stale
     stale, rejected = receiver.stale, receiver.rejected - 1
 
-    # Versions not newer than the acting one are refused and counted; the network stays as it was.
+    # Older versions are refused and counted; the acting version again (the learner republishes its newest every
+    # weights_republish_s) is ignored, neither counted nor loaded; the network stays as it was.
     publish(weights_message(learner[2], 2, actor_net.name))
     publish(weights_message(learner[1], 3, actor_net.name))
     settle()
-    assert receiver.stale == stale + 2 and receiver.rejected == rejected + 4
+    assert receiver.stale == stale + 1 and receiver.rejected == rejected + 3
     assert faults.counts["weights:stale_version"] == receiver.stale
     assert receiver.version == 3 and same(params(actor_net), params(learner[3]))
 
@@ -194,7 +195,7 @@ def test_weights_receiver_newest_version_and_refusals(ctx: zmq.Context, backend:
     next(iter(nan.tensors.values()))[...] = np.nan
     publish(nan)
     settle()
-    assert faults.counts["weights:mismatch"] == 3 and receiver.rejected == rejected + 4 + 6
+    assert faults.counts["weights:mismatch"] == 3 and receiver.rejected == rejected + 3 + 6
     assert receiver.version == 3 and same(params(actor_net), before)
     assert receiver.newest_seen == 12 and receiver.lag == 9
 
