@@ -148,8 +148,9 @@ class WeightsReceiver:
     Every ``poll`` drains the socket (so the queue never holds stale versions) and remembers only
     the newest decodable message; loading it into the acting network happens when the interval has
     passed, so a fast learner never stalls acting. Weights that do not fit the network, and versions
-    not newer than the one acting (e.g. a learner restarted without --resume), are refused, counted
-    and logged once per kind; acting goes on with the weights it has.
+    older than the one acting (e.g. a learner restarted without --resume), are refused, counted
+    and logged once per kind; the acting version again (the learner republishes its newest for late
+    subscribers) is ignored. Acting goes on with the weights it has.
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, policy: Policy, faults: FaultCounter, *,
