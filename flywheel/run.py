@@ -62,7 +62,7 @@ ATARI_PRESET = {
                "error_buffer": "2000", "block_inserts": "true", "checkpoint_interval_s": "600"},
     "learner": {"batch_size": "32", "lr": "0.0000625", "adam_eps": "0.00015", "target_update_interval": "2000",
                 "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1",
-                "compile": "on"},
+                "compile": "on", "best_eval_episodes": "3", "best_eval_max_steps": "4500"},  # 18K-frame games
 }
 
 

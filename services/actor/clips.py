@@ -87,6 +87,9 @@ class ClipFilmer:
                 except Exception as exc:  # a clip is a bonus: acting goes on whatever filming does
                     self.failed += 1
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    if "extra" in first and "pip install" in first:  # missing the video extra: it stays missing
+                        log.warning("clips: no clips for the live page: %s", first)
+                        return
                     log.warning("clips: filming weights v%d failed: %s", msg.version, first)
                 self.seconds += time.monotonic() - began
         finally:

@@ -43,7 +43,7 @@ class TransitionSender:
 
     In block mode a send waits while replay pushes back (its samples-per-insert limit holds every actor while no
     learner samples). A wait of ``stall_s`` during which the learner went on publishing (``learner_versions``, the
-    newest weight version seen, grew by 2 or more) is not that: the replay takes other actors' batches but not
+    newest weight version seen, grew by 3 or more) is not that: the replay takes other actors' batches but not
     this connection's (seen once in ~6 compose runs, an actor at send high-water mark 1 stuck for good). The
     sender then reconnects, which gives it a new connection and pipe: what was queued in the old one is lost and
     counted as ``reconnects``; the batch being sent is kept.
@@ -125,7 +125,7 @@ class TransitionSender:
             start = now
             idle()  # telemetry, control and weights keep flowing while replay pushes back
             if self.stall_s > 0 and now - waiting_since >= self.stall_s:
-                if self.learner_versions() - versions_then >= 2:
+                if self.learner_versions() - versions_then >= 3:
                     self._reconnect(now - waiting_since, self.learner_versions() - versions_then)
                 waiting_since, versions_then = now, self.learner_versions()
         self.blocked_s += time.monotonic() - start

@@ -16,6 +16,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import time
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
@@ -25,9 +26,11 @@ import torch
 from safetensors.torch import save as st_save
 
 from flywheel.policy import BEST_FILE
+from flywheel.processes import die_with_parent
 
 from .checkpoint import FORMAT, FORMAT_VERSION
 from .core import LearnerCore
+from .state import network_spec
 
 BEST_JSON = "best.json"
 CANDIDATE_FILE = ".best-candidate.safetensors"
@@ -36,10 +39,14 @@ log = logging.getLogger("flywheel.learner")
 
 
 def write_policy(path: Path, core: LearnerCore, weight_version: int, env_id: str) -> None:
-    """The online network alone, in the checkpoint format ``Policy.load`` reads; tmp + fsync + os.replace."""
-    state, core_meta = core.state_dict()
-    tensors = {k: v for k, v in state.items() if k.startswith("online.")}
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **core_meta, "weight_version": int(weight_version),
+    """The online network alone, in the checkpoint format ``Policy.load`` reads; tmp + fsync + os.replace.
+
+    ``weight_version`` is the version published last; the network may be a few updates past it (``updates``
+    says exactly where)."""
+    tensors = {f"online.{k}": v.detach().to("cpu", copy=True).contiguous()
+               for k, v in core.online.state_dict().items()}
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "network": core.name, "updates": int(core.updates),
+            "network_spec": network_spec(core.online), "weight_version": int(weight_version),
             "saved_at": time.time(), "env_id": env_id, "policy_only": True}
     blob = st_save(tensors, metadata={"flywheel": json.dumps(meta)})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -54,9 +61,22 @@ def write_policy(path: Path, core: LearnerCore, weight_version: int, env_id: str
 
 
 def _evaluator_start() -> None:
-    """The child process: below the actors in CPU priority, one torch thread."""
+    """The child process: below the actors in CPU priority, one torch thread, gone with the learner, and deaf to
+    the terminal's Ctrl-C (the learner stops it)."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(10)
     torch.set_num_threads(1)
+
+
+def evaluable(env_id: str) -> bool:
+    """Whether flywheel/evaluation.py can play ``env_id``: single-agent envs (not MettaGrid's)."""
+    from flywheel.envs import env_family
+
+    try:
+        return env_family(env_id) != "mettagrid"
+    except (ValueError, ImportError):
+        return False
 
 
 def _evaluate(env_id: str, candidate: str, seeds: list[int], max_steps: int | None) -> list[dict[str, Any]]:
@@ -69,7 +89,7 @@ class BestKeeper:
     """Schedules greedy evaluations of the learner's weights and keeps the best (see the module docstring)."""
 
     def __init__(self, directory: str | Path, env_id: str, *, interval_s: float, episodes: int, seed: int,
-                 max_steps: int | None = None) -> None:
+                 max_steps: int | None = None, resumed: bool = True) -> None:
         self.directory = Path(directory)
         self.env_id, self.interval_s, self.episodes, self.max_steps = env_id, interval_s, episodes, max_steps
         self.seeds = list(range(seed, seed + episodes))
@@ -81,7 +101,16 @@ class BestKeeper:
         self.evaluations = 0
         self.failures = 0
         self.last: dict[str, Any] | None = None
+        if not resumed:  # a new run in this folder: its best starts over, as its checkpoints do
+            self._forget_best()
         self.best = self._read_best()
+
+    def _forget_best(self) -> None:
+        old = [self.directory / name for name in (BEST_FILE, BEST_JSON) if (self.directory / name).exists()]
+        for path in old:
+            path.unlink(missing_ok=True)
+        if old:
+            log.info("learner: a fresh start: removed the earlier run's best policy from %s", self.directory)
 
     def _read_best(self) -> dict[str, Any] | None:
         """The best so far from an earlier learner on this folder (a resumed run goes on comparing with it)."""
@@ -143,12 +172,13 @@ class BestKeeper:
                      "ends": [r["end"] for r in records]}
         better = self.best is None or mean > float(self.best["mean_return"])
         if better:
-            try:
-                os.replace(self.candidate, self.directory / BEST_FILE)
-                tmp = self.directory / f".{BEST_JSON}.{os.getpid()}.tmp"
+            tmp = self.directory / f".{BEST_JSON}.{os.getpid()}.tmp"
+            try:  # both written before either is replaced: the pair changes together (but for a crash between)
                 tmp.write_text(json.dumps(self.last, indent=1) + "\n")
+                os.replace(self.candidate, self.directory / BEST_FILE)
                 os.replace(tmp, self.directory / BEST_JSON)
             except OSError as exc:
+                tmp.unlink(missing_ok=True)
                 self.failures += 1
                 log.error("learner: cannot keep weight version %d as the best policy: %s", version, exc)
                 return

@@ -27,10 +27,10 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
     started = start_core(settings, spec)
     if started is None:
         return 2
-    core, start_version, pretrained = started
+    core, start_version, pretrained, resumed = started
     ctx = zmq.Context()
     try:
-        service = LearnerService(settings, core, ctx, start_version=start_version)
+        service = LearnerService(settings, core, ctx, start_version=start_version, resumed=resumed)
     except EndpointInUse as exc:
         log.error("learner: %s", exc)
         ctx.term()

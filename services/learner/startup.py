@@ -96,9 +96,9 @@ def _start_version(settings: LearnerSettings, core: LearnerCore, resume: bool) -
     return start_version
 
 
-def start_core(settings: LearnerSettings, spec: Any = None) -> tuple[LearnerCore, int, int] | None:
-    """The core, resumed or fresh (and pretrained when asked), with the weight version to publish from and the
-    pretraining updates run; None after one logged line when something is wrong."""
+def start_core(settings: LearnerSettings, spec: Any = None) -> tuple[LearnerCore, int, int, bool] | None:
+    """The core, resumed or fresh (and pretrained when asked), with the weight version to publish from, the
+    pretraining updates run and whether it resumed; None after one logged line when something is wrong."""
     try:
         obs_shape, n_actions = _spec_shape(settings, spec)
         device = pick_device(settings.device)
@@ -124,7 +124,7 @@ def start_core(settings: LearnerSettings, spec: Any = None) -> tuple[LearnerCore
         except (DemoFileError, ValueError) as exc:
             log.error("learner: cannot pretrain on %s: %s", settings.demos_path, str(exc).splitlines()[0])
             return None
-    return core, start_version, pretrained
+    return core, start_version, pretrained, resume
 
 
 def log_start(settings: LearnerSettings, core: LearnerCore, weights_endpoint: str) -> None:

@@ -15,7 +15,7 @@ import zmq
 from flywheel import proto
 from flywheel.transport import FaultCounter, TelemetryReporter, bind, make_socket
 
-from .best import BestKeeper
+from .best import BestKeeper, evaluable
 from .checkpoint import reserve_versions, save_checkpoint
 from .core import LearnerCore, beta_at
 from .datapath import SERVICE, open_data_path
@@ -32,7 +32,7 @@ class LearnerService:
     """Runs the learner loop: batches in, updates, priorities out; weights every K updates or T seconds."""
 
     def __init__(self, settings: LearnerSettings, core: LearnerCore, ctx: zmq.Context, *,
-                 start_version: int = 0) -> None:
+                 start_version: int = 0, resumed: bool = False) -> None:
         self.settings, self.core, self.ctx = settings, core, ctx
         self.faults = FaultCounter(SERVICE)
         # the replay client, control subscriber and feeder (datapath.py: benchmarks build the same)
@@ -77,8 +77,8 @@ class LearnerService:
         self.last_gauges: dict[str, float] = {}
         self.best = BestKeeper(settings.checkpoint_dir, settings.env_id, interval_s=settings.best_eval_interval_s,
                                episodes=settings.best_eval_episodes, seed=settings.best_eval_seed,
-                               max_steps=settings.best_eval_max_steps or None) if (
-            settings.checkpoint_dir and settings.best_eval_interval_s > 0) else None
+                               max_steps=settings.best_eval_max_steps or None, resumed=resumed) if (
+            settings.checkpoint_dir and settings.best_eval_interval_s > 0 and evaluable(settings.env_id)) else None
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     @property
@@ -135,8 +135,6 @@ class LearnerService:
         self.send_telemetry()
         if self.settings.checkpoint_dir:
             self.checkpoint("stop")
-        if self.best is not None:
-            self.best.close()
 
     def step(self, timeout_ms: int) -> None:
         """One turn: take a ready batch or command (waiting up to ``timeout_ms`` for one), train, timers."""
@@ -164,6 +162,8 @@ class LearnerService:
         self._timers()
 
     def close(self) -> None:
+        if self.best is not None:
+            self.best.close()  # also when the loop died before finish() (idempotent)
         self.path.close()
         self.pub.close(0)
         self.telemetry.close()

@@ -97,3 +97,18 @@ def test_a_failed_evaluation_is_counted_and_the_learner_goes_on(tmp_path: Path) 
         keeper.close()
     assert keeper.counters() == {"greedy_evaluations_total": 0.0, "greedy_evaluation_failures_total": 1.0}
     assert keeper.best is None and not (tmp_path / "best.safetensors").exists()
+
+
+def test_a_fresh_learner_in_the_folder_starts_its_best_over(tmp_path: Path) -> None:
+    core = cartpole_core()
+    set_policy(core, right_when_leaning_right=True)
+    keeper = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=1, seed=0)
+    try:
+        evaluate_now(keeper, core, 4)
+    finally:
+        keeper.close()
+    assert (tmp_path / "best.safetensors").is_file() and (tmp_path / BEST_JSON).is_file()
+    resumed = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=1, seed=0, resumed=True)
+    assert resumed.best is not None and resumed.best["weight_version"] == 4
+    fresh = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=1, seed=0, resumed=False)
+    assert fresh.best is None and not (tmp_path / "best.safetensors").exists() and not (tmp_path / BEST_JSON).exists()
