@@ -142,19 +142,28 @@ def export_torchscript(policy: Any, path: str | Path, *, obs_dtype: str | np.dty
     import torch
 
     dtype = observation_dtype(policy, obs_dtype)
-    graph, _ = _graph(policy, dtype)
     path = Path(path)
     with _quiet():
-        module = torch.jit.script(graph)
+        module = _scripted(policy, dtype)
         torch.jit.save(module, str(path), _extra_files={"flywheel.json": json.dumps(model_metadata(policy, dtype))})
     return path
+
+
+def _scripted(policy: Any, dtype: np.dtype[Any]) -> Any:
+    """The scripted module of the policy's graph: what export_torchscript saves."""
+    import torch
+
+    graph, _ = _graph(policy, dtype)
+    return torch.jit.script(graph)
 
 
 EXPORTERS = {"onnx": export_onnx, "torchscript": export_torchscript}
 
 
-def run_exported(path: str | Path, fmt: str, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(q_values, actions) of an exported file for a batch: onnxruntime for ONNX, torch.jit for TorchScript."""
+def run_exported(path: str | Path, fmt: str, obs: np.ndarray, policy: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """(q_values, actions) of an exported policy for a batch: the ONNX file through onnxruntime; for TorchScript
+    the module ``export_torchscript`` scripts and saves, in memory (loading a TorchScript file means torch.jit.load,
+    which unpickles: this package loads no pickle, so the file's own round trip is left to torch.jit.load users)."""
     if fmt == "onnx":
         if importlib.util.find_spec("onnxruntime") is None:
             raise ExportError(str(MissingExtra("export", "running an ONNX policy",
@@ -166,8 +175,10 @@ def run_exported(path: str | Path, fmt: str, obs: np.ndarray) -> tuple[np.ndarra
         return np.asarray(q), np.asarray(actions)
     import torch
 
+    if policy is None:
+        raise ExportError("checking a TorchScript export needs the policy it was made from")
     with _quiet():
-        module = torch.jit.load(str(path), map_location="cpu")
+        module = _scripted(policy, observation_dtype(policy, obs.dtype))
     with torch.inference_mode():
         q_t, actions_t = module(torch.from_numpy(np.ascontiguousarray(obs)))
     return q_t.numpy(), actions_t.numpy()
@@ -201,7 +212,7 @@ def random_observations(shape: Sequence[int], dtype: np.dtype[Any], count: int, 
 
 def check_parity(policy: Any, path: str | Path, fmt: str, obs: np.ndarray) -> float:
     """Max |dQ| of the exported file against ``policy.q_values`` on ``obs``; an ExportError if actions differ."""
-    q, actions = run_exported(path, fmt, obs)
+    q, actions = run_exported(path, fmt, obs, policy)
     expected = policy.q_values(obs)
     worst = float(np.abs(q - expected).max())
     if q.shape != expected.shape or worst > PARITY_ATOL or not (actions == policy.predict(obs, 0.0)).all():
