@@ -139,10 +139,26 @@ def connect(sock: zmq.Socket, endpoint: str) -> None:
     sock.connect(endpoint)
 
 
-def subscriber(ctx: zmq.Context, endpoint: str, *, rcvhwm: int = 1000, max_msg_bytes: int = -1) -> zmq.Socket:
-    """A SUB socket that takes every message published at ``endpoint`` (``make_socket`` limits, ``connect``)."""
+HEARTBEAT_IVL_MS = 2_000  # a subscriber PINGs its publisher this often (ZMTP 3.1 heartbeats) ...
+HEARTBEAT_TIMEOUT_MS = 15_000  # ... and reconnects when nothing at all came back for this long
+
+
+def subscriber(ctx: zmq.Context, endpoint: str, *, rcvhwm: int = 1000, max_msg_bytes: int = -1,
+               heartbeat_ivl_ms: int = HEARTBEAT_IVL_MS, heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS,
+               ) -> zmq.Socket:
+    """A SUB socket that takes every message published at ``endpoint`` (``make_socket`` limits, ``connect``).
+
+    A subscriber only listens, so a connection whose far end vanished without a FIN (a publisher's container
+    killed, its network gone) would look alive for ever and the subscriber would never reconnect to the restarted
+    publisher: in CI's compose test one actor of eight kept the killed learner's connection and its weights for
+    good. ZMTP heartbeats (libzmq answers PINGs by itself, on any socket type) end such a connection within
+    ``heartbeat_timeout_ms``; the publisher's own traffic counts as an answer.
+    """
     sock = make_socket(ctx, zmq.SUB, rcvhwm=rcvhwm, max_msg_bytes=max_msg_bytes)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
+    if heartbeat_ivl_ms > 0:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ivl_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms)
     connect(sock, endpoint)
     return sock
 
