@@ -38,3 +38,23 @@ def process_running(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def write_atomically(path: Path, data: bytes, *, sync_dir: bool = False) -> None:
+    """Write ``data`` to ``path`` so that a kill leaves the old file or the new one, never half of one: a temp file
+    beside it (``.NAME.PID.tmp``), fsynced, then ``os.replace``; ``sync_dir`` also fsyncs the folder (the rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if sync_dir:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import save as st_save
 
+from flywheel.checkpoints import write_atomically
 from flywheel.policy import BEST_FILE
 from flywheel.processes import die_with_parent
 
@@ -48,16 +49,7 @@ def write_policy(path: Path, core: LearnerCore, weight_version: int, env_id: str
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "network": core.name, "updates": int(core.updates),
             "network_spec": network_spec(core.online), "weight_version": int(weight_version),
             "saved_at": time.time(), "env_id": env_id, "policy_only": True}
-    blob = st_save(tensors, metadata={"flywheel": json.dumps(meta)})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(path, st_save(tensors, metadata={"flywheel": json.dumps(meta)}))
 
 
 def _evaluator_start() -> None:

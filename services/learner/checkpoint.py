@@ -23,6 +23,7 @@ from flywheel.checkpoints import (  # the format, which flywheel.policy reads to
     CheckpointError,
     check_format,
     process_running,
+    write_atomically,
 )
 
 from .core import LearnerCore
@@ -74,12 +75,7 @@ def reserve_versions(directory: str | os.PathLike[str], upto: int) -> None:
     """Note that versions up to ``upto`` may be published (tmp + fsync + os.replace: a kill leaves one of both)."""
     path = Path(directory) / VERSIONS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump({"reserved": int(upto), "saved_at": time.time()}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps({"reserved": int(upto), "saved_at": time.time()}).encode())
 
 
 def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight_version: int) -> Path:
@@ -94,21 +90,7 @@ def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight
     tensors.update(state)
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **core_meta, "weight_version": int(weight_version),
             "saved_at": time.time(), "env_id": getattr(core, "env_id", None)}
-    blob = st_save(tensors, metadata={"flywheel": json.dumps(meta)})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomically(path, st_save(tensors, metadata={"flywheel": json.dumps(meta)}), sync_dir=True)
     _remove_stale_temps(path.parent)
     return path
 

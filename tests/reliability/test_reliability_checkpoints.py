@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(240)
 LEARNER_WRITER = r"""
 import builtins, os, signal, sys
 import torch
+from flywheel import checkpoints
 from flywheel.services.learner import checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 
@@ -42,8 +43,8 @@ class HalfThenDie:
         os.kill(os.getpid(), signal.SIGKILL)
     def __getattr__(self, name): return getattr(self.fh, name)
 
-if where == "write":
-    checkpoint.open = lambda path, mode: HalfThenDie(builtins.open(path, mode))
+if where == "write":  # the file writer the learner's checkpoint uses (flywheel.checkpoints.write_atomically)
+    checkpoints.open = lambda path, mode: HalfThenDie(builtins.open(path, mode))
 elif where == "replace":
     checkpoint.os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)
 checkpoint.save_checkpoint(directory, core, version)

@@ -19,7 +19,6 @@ the pipeline learns something, not a learning result.
 from __future__ import annotations
 
 import os
-import secrets
 import statistics
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, _cpu_model
-from flywheel.bench.suites.mario import _take_checkpoint
+from flywheel.bench.suites.mario import _take_checkpoint, open_run
 from flywheel.envs import env_family, env_spec, evaluation_env_id
 from flywheel.run import default_actors
 from flywheel.testing.run import FlywheelRun, Snapshot
@@ -132,15 +131,9 @@ def run(ctx: BenchContext) -> SuiteResult:
     tmp = None if kept else tempfile.TemporaryDirectory(prefix="flywheel-bench-atari-")
     workdir = Path(kept or tmp.name).resolve()  # type: ignore[union-attr]
     try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_hex(24)
-        token_file = workdir / "control-token"
-        token_file.write_text(token)
-        token_file.chmod(0o600)
+        run_, token = open_run(workdir, env_id, actors, sets)
         loads: dict[str, Any] = {"start": list(os.getloadavg())}
         points: list[dict[str, Any]] = []
-        run_ = FlywheelRun(env_id, workdir / "run", actors=actors, progress_interval=30.0,
-                           sets=[*sets, f"gateway.control_token_file={token_file}"], args=["--no-video"])
         ctx.progress(f"flywheel run --env {env_id} --actors {actors} {' '.join('--set ' + s for s in sets)} for "
                      f"{minutes:g} min (log {run_.log})")
         with run_:

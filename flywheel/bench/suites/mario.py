@@ -93,6 +93,19 @@ def _request_checkpoint(run: FlywheelRun, token: str) -> None:
         raise BenchError(f"POST /control/checkpoint answered {exc.code}: {exc.read()[:200]!r}") from None
 
 
+def open_run(workdir: Path, env_id: str, actors: int, sets: list[str]) -> tuple[FlywheelRun, str]:
+    """A `flywheel run` (not started yet) in workdir/run whose gateway takes control with the returned token (a
+    0600 file in workdir): the runs the mario and atari suites train and checkpoint."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(24)
+    token_file = workdir / "control-token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    run = FlywheelRun(env_id, workdir / "run", actors=actors, progress_interval=30.0,
+                      sets=[*sets, f"gateway.control_token_file={token_file}"], args=["--no-video"])
+    return run, token
+
+
 def _take_checkpoint(run: FlywheelRun, token: str, minute: float, workdir: Path) -> dict[str, Any]:
     """Ask the learner for a checkpoint now, wait for the newer file, copy it to workdir/ckpt-<M>min/."""
     source = run.workdir / "checkpoints" / "learner" / "learner.safetensors"
@@ -180,16 +193,10 @@ def run(ctx: BenchContext) -> SuiteResult:
     tmp = None if kept else tempfile.TemporaryDirectory(prefix="flywheel-bench-mario-")
     workdir = Path(kept or tmp.name).resolve()  # type: ignore[union-attr]
     try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_hex(24)
-        token_file = workdir / "control-token"
-        token_file.write_text(token)
-        token_file.chmod(0o600)
+        run_, token = open_run(workdir, env_id, actors, sets)
         loads: dict[str, Any] = {"start": list(os.getloadavg())}
         points: list[dict[str, Any]] = []
         checkpoints: list[dict[str, Any]] = []
-        run_ = FlywheelRun(env_id, workdir / "run", actors=actors, progress_interval=30.0,
-                           sets=[*sets, f"gateway.control_token_file={token_file}"], args=["--no-video"])
         ctx.progress(f"flywheel run --env {env_id} --actors {actors} {' '.join('--set ' + s for s in sets)} for "
                      f"{minutes:g} min, checkpoints at {', '.join(f'{m:g}' for m in marks)} min (log {run_.log})")
         with run_:
