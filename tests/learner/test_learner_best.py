@@ -112,3 +112,17 @@ def test_a_fresh_learner_in_the_folder_starts_its_best_over(tmp_path: Path) -> N
     assert resumed.best is not None and resumed.best["weight_version"] == 4
     fresh = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=1, seed=0, resumed=False)
     assert fresh.best is None and not (tmp_path / "best.safetensors").exists() and not (tmp_path / BEST_JSON).exists()
+
+
+def test_an_unreadable_best_json_is_said_once_and_the_next_evaluation_sets_the_best(tmp_path: Path,
+                                                                                  caplog: pytest.LogCaptureFixture
+                                                                                  ) -> None:
+    (tmp_path / "best.safetensors").write_bytes(b"kept")
+    (tmp_path / BEST_JSON).write_text('{"mean_return": "lots"')  # cut short
+    with caplog.at_level("WARNING", logger="flywheel.learner"):
+        keeper = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=1, seed=0)
+    assert keeper.best is None and (tmp_path / "best.safetensors").read_bytes() == b"kept"  # nothing removed
+    assert [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()][0].endswith(
+        "the next evaluation sets the best anew")
+    with pytest.raises(PolicyError, match="which must be one of auto, best, latest, got 'newest'"):
+        Policy.load(tmp_path, which="newest")
