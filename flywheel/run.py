@@ -375,6 +375,10 @@ def _run(args: argparse.Namespace) -> int:
         supervisor.close()
         for problem in problems:
             print(f"warning: {problem}", file=sys.stderr)
+        for c in children:  # a service ends by SIGTERM only while it starts, before its handler is set
+            if c.service == "learner" and c.proc.returncode == -signal.SIGTERM:
+                print(f"warning: {c.name} was stopped while starting, before it could checkpoint: {_tail(c.log)}",
+                      file=sys.stderr)
         failed = [c for c in children if c.proc.returncode not in (0, -signal.SIGTERM, None)]
         if failed and code == 0 and not problems:
             code = 1

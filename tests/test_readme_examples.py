@@ -241,16 +241,18 @@ def _run_example(example: Example, workspace: Path) -> str:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    stdout_text, output = out.read_text(errors="replace"), out.read_text(errors="replace") + err.read_text()
-    assert proc.returncode == 0, f"{example}: exit {proc.returncode}\n{output[-3000:]}"
-    assert "env steps" in stdout_text and "stopped; checkpoints in" in stdout_text, f"{example}\n{output[-3000:]}"
-    assert (ckpt / "learner" / "learner.safetensors").is_file(), f"{example}: no learner checkpoint in {ckpt}"
+    stdout_text = out.read_text(errors="replace")
+    learner_tail = learner_log.read_text(errors="replace")[log_before:][-2500:] if learner_log.exists() else "(none)"
+    output = f"{stdout_text[-2500:]}\n--- stderr ---\n{err.read_text()[-2500:]}\n--- learner log ---\n{learner_tail}"
+    assert proc.returncode == 0, f"{example}: exit {proc.returncode}\n{output}"
+    assert "env steps" in stdout_text and "stopped; checkpoints in" in stdout_text, f"{example}\n{output}"
+    assert (ckpt / "learner" / "learner.safetensors").is_file(), f"{example}: no learner checkpoint in {ckpt}\n{output}"
     assert (ckpt / "run.json").is_file() and (ckpt / "replay").is_dir(), f"{example}: nothing checkpointed in {ckpt}"
     if resume:
         assert f"training {saved_env} " in stdout_text, f"{example}: did not resume {saved_env}\n{output[-2000:]}"
         assert had_checkpoint, f"{example}: the run before left no learner checkpoint in {ckpt}"
         resumed = learner_log.read_text(errors="replace")[log_before:]
-        assert "learner: resumed from" in resumed, f"{example}: the learner started fresh\n{resumed[-2000:]}"
+        assert "learner: resumed from" in resumed, f"{example}: the learner started fresh\n{output}"
     return f"{example}: {time.monotonic() - started:.0f} s"
 
 

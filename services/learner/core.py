@@ -277,11 +277,12 @@ class LearnerCore:
                                                           b.weight, b.is_demo)
         if demo_stats is not None:
             self._demo_sums += demo_stats
-        if self._cuda_graphs:  # graph outputs are overwritten by the next replay; these outlive it
-            td_abs, q_taken = td_abs.clone(), q_taken.clone()
+        kept = loss.detach(), td_abs.detach(), q_taken.detach()
+        if self._cuda_graphs:  # graph outputs are overwritten by the next replay; these three outlive it
+            kept = kept[0].clone(), kept[1].clone(), kept[2].clone()
         scaled = loss / self.config.grad_accum_steps if self.config.grad_accum_steps > 1 else loss
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-        return loss.detach(), td_abs.detach(), q_taken.detach()
+        return kept
 
     def _compile_failed(self, exc: BaseException) -> None:
         cause = getattr(exc, "inner_exception", None) or exc.__cause__ or exc  # dynamo wraps the backend's error

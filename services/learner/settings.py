@@ -80,8 +80,9 @@ class LearnerSettings(CommonSettings):
                             "scaler), fp32 on CPU")
     compile: Literal["auto", "on", "off"] = Field(
         "auto", description="torch.compile the loss (auto = on with a GPU); falls back to eager if it fails")
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
-        "default", description="torch.compile mode")
+    compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "auto", description="torch.compile mode (auto = reduce-overhead, i.e. CUDA graphs, on a GPU: 2.3x the "
+                            "updates/s of default on an H200, docs/LEARNER.md; default on a CPU)")
     channels_last: Literal["auto", "on", "off"] = Field(
         "auto", description="convolutional networks in channels-last memory order (auto = on a GPU, or on a CPU "
                             "when compiled: measured faster with inductor, docs/LEARNER.md)")

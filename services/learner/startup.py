@@ -35,6 +35,13 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def resolve_compile_mode(mode: str, device: torch.device) -> str:
+    """``auto``: CUDA graphs (reduce-overhead) on a GPU, where launching kernels bounds the update; else default."""
+    if mode != "auto":
+        return mode
+    return "reduce-overhead" if device.type == "cuda" else "default"
+
+
 def core_config(settings: LearnerSettings, device: torch.device) -> CoreConfig:
     """The update rule's hyper-parameters from settings, with auto precision and compile resolved for ``device``."""
     compile_on = settings.compile == "on" or (settings.compile == "auto" and device.type == "cuda")
@@ -44,7 +51,8 @@ def core_config(settings: LearnerSettings, device: torch.device) -> CoreConfig:
                       num_quantiles=settings.num_quantiles, huber_kappa=settings.huber_kappa,
                       grad_accum_steps=settings.grad_accum_steps,
                       precision=resolve_precision(settings.precision, device), compile=compile_on,
-                      compile_mode=settings.compile_mode, demo_margin=settings.demo_margin,
+                      compile_mode=resolve_compile_mode(settings.compile_mode, device),
+                      demo_margin=settings.demo_margin,
                       channels_last=settings.channels_last == "on" or (
                           settings.channels_last == "auto" and (device.type == "cuda" or compile_on)),
                       demo_loss_weight=settings.demo_loss_weight)
@@ -128,8 +136,9 @@ def start_core(settings: LearnerSettings, spec: Any = None) -> tuple[LearnerCore
 
 
 def log_start(settings: LearnerSettings, core: LearnerCore, weights_endpoint: str) -> None:
+    compiled = f", compiled ({core.config.compile_mode})" if core.config.compile else ""
     log.info("learner: device %s (%d threads, %s%s), network %s, %s head, batch %d x %d accumulated, "
              "samples from %s, weights on %s, telemetry to %s, control from %s", core.device, torch.get_num_threads(),
-             core.config.precision, ", compiled" if core.config.compile else "", core.name, settings.head,
+             core.config.precision, compiled, core.name, settings.head,
              settings.batch_size, settings.grad_accum_steps, settings.sample_endpoint, weights_endpoint,
              settings.telemetry_endpoint, settings.control_endpoint)

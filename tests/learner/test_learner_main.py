@@ -88,3 +88,19 @@ def test_channels_last_follows_compile_on_a_cpu_and_refuses_bad_values() -> None
     assert core_config(LearnerSettings(device="cpu", compile="on", channels_last=False), cpu).channels_last is False
     with pytest.raises(ValidationError, match="channels_last"):
         LearnerSettings(channels_last="sometimes")
+
+
+def test_compile_mode_auto_is_cuda_graphs_on_a_gpu_only() -> None:
+    """auto: reduce-overhead (CUDA graphs) on a GPU, measured 2.3x default there (docs/LEARNER.md); default on a CPU."""
+    import pytest
+    import torch
+    from pydantic import ValidationError
+
+    from flywheel.services.learner.startup import core_config
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # a device object needs no GPU; nothing runs on it here
+    assert core_config(LearnerSettings(device="cpu"), cuda).compile_mode == "reduce-overhead"
+    assert core_config(LearnerSettings(device="cpu"), cpu).compile_mode == "default"
+    assert core_config(LearnerSettings(device="cpu", compile_mode="default"), cuda).compile_mode == "default"
+    with pytest.raises(ValidationError, match="compile_mode"):
+        LearnerSettings(compile_mode="fast")

@@ -137,6 +137,53 @@ def test_compiled_loss_matches_eager() -> None:
     assert compiled.compile_state == "on"
 
 
+class _StaticOutput(torch.autograd.Function):
+    """Return ``buf`` holding ``x``'s values, as a replayed CUDA graph returns its static output buffers."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        buf.copy_(x)
+        ctx.mark_dirty(buf)
+        return buf
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad, None
+
+
+def _static_outputs(fn):
+    """A compiler whose loss, |TD| and Q outputs live in buffers the next call overwrites (what CUDA graphs do)."""
+    buffers: list[torch.Tensor] = []
+
+    def run(*args):
+        loss, td_abs, q_taken, demo = fn(*args)
+        outs = (loss, td_abs, q_taken)
+        if not buffers:
+            buffers.extend(torch.empty_like(t) for t in outs)
+        return (*(_StaticOutput.apply(t, b) for t, b in zip(outs, buffers, strict=True)), demo)
+    return run
+
+
+def test_cuda_graph_outputs_are_kept_past_the_next_update() -> None:
+    """With CUDA graphs (compile_mode reduce-overhead on a GPU) a graph's outputs are overwritten by its next replay;
+    the core keeps copies, so every update's loss, priorities and the loss metric are its own (an H200 raised
+    "accessing tensor output of CUDAGraphs that has been overwritten" before the loss was copied too)."""
+    rng = np.random.default_rng(8)
+    batches = [make_batch(rng, 32, n_actions=3) for _ in range(4)]
+    torch.manual_seed(9)
+    graphs = LearnerCore((4,), 3, CoreConfig(compile=True), compiler=_static_outputs)
+    graphs._cuda_graphs = True  # what a CUDA device with compile_mode reduce-overhead sets; the path runs on a CPU
+    torch.manual_seed(9)
+    eager = LearnerCore((4,), 3, CoreConfig())
+    kept = [graphs.update(b) for b in batches]
+    expected = [eager.update(b) for b in batches]
+    assert len({float(r.loss) for r in expected}) == 4  # four different losses: a shared buffer would show one
+    for got, want in zip(kept, expected, strict=True):
+        assert float(got.loss) == pytest.approx(float(want.loss), rel=1e-5)
+        np.testing.assert_allclose(got.priorities(), want.priorities(), rtol=1e-5, atol=1e-6)
+    assert graphs.drain_metrics().loss == pytest.approx(eager.drain_metrics().loss, rel=1e-5)
+
+
 @pytest.mark.timeout(600)  # the first inductor compile on a busy 2-core machine
 def test_inductor_on_cpu_with_channels_last_matches_eager() -> None:
     """The pixel preset's CPU path for real: torch.compile with inductor (C++ codegen) on a channels-last Nature CNN."""

@@ -40,6 +40,7 @@ from flywheel.bench.suites._learner_loops import (
 from flywheel.processes import die_with_parent
 from flywheel.services.learner.core import AMP_DTYPES, CoreConfig, LearnerCore
 from flywheel.services.learner.metrics import bf16_peak_tflops, flops_per_update, network_passes
+from flywheel.services.learner.startup import resolve_compile_mode
 from flywheel.testing.reported import REPLAY_TCP, reported
 
 DESCRIPTION = "learner fed by a real replay vs a bare PyTorch loop (updates/s, data wait); GPU Nature CNN b512 goal"
@@ -51,7 +52,7 @@ OPTIONS = {
     "updates": "updates per measured run (default: per case)",
     "precision": "GPU autocast dtype: bf16, fp16 or fp32 (default bf16)",
     "compile": "torch.compile the learner's loss on the GPU (1/0, default 1)",
-    "compile_mode": "torch.compile mode (default 'default'; 'reduce-overhead' adds CUDA graphs)",
+    "compile_mode": "torch.compile mode (default auto, as the learner: 'reduce-overhead', i.e. CUDA graphs, on a GPU)",
     "peak_tflops": "the GPU's dense bf16 peak in TFLOPS for the share-of-peak row (default: from its name)",
     "cpu_variants": "on a CPU, also time the Nature-CNN update eager / channels-last / inductor / 64 and 42 "
                     "inputs side by side (1/0, default 1; --quick 0)",
@@ -298,7 +299,7 @@ def run(ctx: BenchContext) -> SuiteResult:
         raise BenchError(f"--opt precision={precision!r}: expected bf16, fp16 or fp32")
     config = CoreConfig(lr=LR, adam_eps=ADAM_EPS, grad_clip_norm=CLIP, precision=precision,
                         compile=gpu and ctx.option("compile", "1") == "1",
-                        compile_mode=ctx.option("compile_mode", "default"))
+                        compile_mode=resolve_compile_mode(ctx.option("compile_mode", "auto"), device))
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows: list[Row] = []
