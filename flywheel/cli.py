@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_export_flags(sub.add_parser("export", help="a checkpoint's policy as ONNX or TorchScript, optionally with a "
                                     "model card folder"))
+    from flywheel.presets import add_presets_flags
+
+    add_presets_flags(sub.add_parser("presets", help="the tuned settings every service reads: list them, show one"))
     keys = sub.add_parser("keys", help="ZeroMQ CURVE keys for encrypted, authenticated traffic between hosts")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     generate = keys_sub.add_parser("generate", help="write server and client key pairs into a new folder")
@@ -194,8 +197,17 @@ def _demos(args: argparse.Namespace, argv: list[str] | None) -> int:
 # the commands that are not a service; each takes the parsed arguments and the raw argv
 COMMANDS: dict[str, Callable[[argparse.Namespace, list[str] | None], int]] = {
     "run": _run, "play": _play, "export": _export, "bench": _bench, "demos": _demos,
-    "keys": lambda args, _argv: run_keys(args),
+    "keys": lambda args, _argv: run_keys(args), "presets": lambda args, _argv: _presets(args),
 }
+
+
+def _presets(args: argparse.Namespace) -> int:
+    from flywheel.presets import PresetError, run_presets
+
+    try:
+        return run_presets(args)
+    except PresetError as exc:
+        raise SettingsError(f"flywheel presets: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from flywheel import presets
+from flywheel.presets import Preset
 from flywheel.processes import launch
 from flywheel.runplan import DEFAULT_ENV as DEFAULT_ENV  # the names other modules import from here
 from flywheel.runplan import Child as Child
@@ -29,41 +31,7 @@ STOP_ORDER = ("actor", "learner", "replay", "gateway")
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
 SOCKET_PARENT_MAX = 64  # bytes: PARENT/flywheel-run-PID-XXXXXXXX/transitions fits in sun_path (107 + NUL)
 
-# Presets by observation kind; FLYWHEEL_* variables in the environment and --set override them.
-VECTOR_PRESET = {  # tuned for CartPole-v1 on 2 cores with `flywheel bench sb3` (docs/benchmarks/sb3.md)
-    # send_hwm/transitions_hwm 1: a few small transitions per message, so deeper queues let the actors run tens of
-    # thousands of stale transitions ahead of the replay's rate limiter.
-    "actor": {"num_envs": "16", "n_step": "3", "gamma": "0.99", "send_hwm": "1", "hidden": "128"},
-    "replay": {"capacity": "100000", "min_size_to_sample": "1000", "samples_per_insert": "8",
-               "error_buffer": "2000", "alpha": "0.6", "block_inserts": "true", "transitions_hwm": "1",
-               "checkpoint_interval_s": "600"},  # as compose and k8s: a killed replay restarts with its data
-    "learner": {"batch_size": "128", "lr": "0.002", "tau": "0.02", "adam_eps": "0.0001", "hidden": "128",
-                "publish_interval_updates": "10", "beta_anneal_updates": "20000", "requests_in_flight": "4",
-                "batches_per_request": "4", "torch_threads": "1", "best_eval_interval_s": "20",
-                "best_eval_episodes": "5"},  # a few seconds of greedy CartPole: the best policy kept often
-}
 NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES")  # the learner's values go to the actors too
-PIXEL_PRESET = {  # Mario on 2 cores: docs/benchmarks/mario.md (gamma 0.9 as the Mario recipes that reach the flag)
-    "actor": {"num_envs": "8", "n_step": "3", "gamma": "0.9", "send_hwm": "16"},
-    "replay": {"capacity": "100000", "min_size_to_sample": "5000", "samples_per_insert": "8",
-               "error_buffer": "2000", "block_inserts": "true", "checkpoint_interval_s": "600"},
-    "learner": {"batch_size": "32", "lr": "0.0001", "target_update_interval": "1000",
-                "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1",
-                "compile": "on"},  # inductor + channels-last: 1.2x the eager update on a CPU (docs/LEARNER.md)
-}
-# Atari ids (flywheel.envs.atari.is_atari_id): Rainbow's recipe (Hessel et al. 2018; Dopamine's rainbow.gin) in this
-# repo's terms: 2000 target-update updates = Rainbow's 32K frames at one update per 4 agent steps; 8 samples per
-# insert = a batch of 32 every 4 agent steps; min_size 20000 = Rainbow's 80K frames (about a minute of acting on
-# 2 cores before the first update). The env's own defaults are the training settings (episodic life, clipped
-# rewards); evaluation plays whole games with unclipped scores (flywheel.envs.evaluation_env_id). docs/ENVIRONMENTS.md
-ATARI_PRESET = {
-    "actor": {"num_envs": "8", "n_step": "3", "gamma": "0.99", "send_hwm": "16"},
-    "replay": {"capacity": "100000", "min_size_to_sample": "20000", "samples_per_insert": "8",
-               "error_buffer": "2000", "block_inserts": "true", "checkpoint_interval_s": "600"},
-    "learner": {"batch_size": "32", "lr": "0.0000625", "adam_eps": "0.00015", "target_update_interval": "2000",
-                "publish_interval_updates": "50", "beta_anneal_updates": "200000", "torch_threads": "1",
-                "compile": "on", "best_eval_episodes": "3", "best_eval_max_steps": "4500"},  # 18K-frame games
-}
 
 
 def _check_port(port: int, what: str, flag: str) -> None:
@@ -83,13 +51,13 @@ def default_actors(obs_dtype: str, cores: int | None = None) -> int:
     return max(1, cores - 1) if obs_dtype == "uint8" else cores
 
 
-def preset_for(env_id: str, obs_dtype: str) -> dict[str, dict[str, str]]:
-    """The preset of an env id: ATARI_PRESET for ale-py ids, else PIXEL_PRESET for images, VECTOR_PRESET otherwise."""
-    from flywheel.envs import env_family
-
-    if env_family(env_id) == "atari":
-        return ATARI_PRESET
-    return PIXEL_PRESET if obs_dtype == "uint8" else VECTOR_PRESET
+def preset_for(args: argparse.Namespace, obs_dtype: str) -> Preset:
+    """The run's preset: --preset (a name or YAML file), else the env id's (flywheel/presets/*.yaml)."""
+    chosen = getattr(args, "preset", None) or "auto"
+    try:
+        return presets.load(presets.name_for_env(args.env, obs_dtype) if chosen == "auto" else chosen)
+    except presets.PresetError as exc:
+        raise SettingsError(f"flywheel run: --preset: {exc}") from None
 
 
 def _private_socket_dir() -> Path:
@@ -154,7 +122,7 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
         transitions_bind = f"{transitions_connect},{transitions_bind}"
         sample_bind = f"{sample_connect},{sample_bind}"
     ckpt = args.checkpoint_dir.resolve()
-    preset = preset_for(args.env, spec.obs_dtype)
+    preset = preset_for(args, spec.obs_dtype)
     env: dict[str, dict[str, str]] = {
         "gateway": {"TELEMETRY_ENDPOINT": local("telemetry"), "CONTROL_ENDPOINT": local("control"),
                     "LEASE_ENDPOINT": local("lease"), "HTTP_HOST": "127.0.0.1",
@@ -168,9 +136,10 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
         "actor": {**common, "ENV_ID": args.env, "TRANSITIONS_ENDPOINT": transitions_connect,
                   "WEIGHTS_ENDPOINT": local("weights"), "LEASE_ENDPOINT": local("lease")},
     }
-    for service, values in preset.items():
-        for key, value in values.items():
-            env[service].setdefault(key.upper(), value)
+    for service, values in env.items():  # the preset's values, written out so run.json records them
+        for key, value in preset.as_variables(service).items():
+            values.setdefault(key, value)
+        values["PRESET"] = presets.NONE  # the values are here already: no second reading of the file
     if getattr(args, "curve_keys_dir", None) is not None:
         for values in env.values():
             values["CURVE_KEYS_DIR"] = str(args.curve_keys_dir.resolve())
@@ -203,10 +172,11 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
     greedy_env = ("actor", "EVAL_ENVS") not in chosen  # --set actor.eval_envs=0 turns the greedy env off
     # actor-0 also films a greedy episode now and then for the live page (--set actor.clip_interval_s=0: never)
     # (every 5 min for pixels: filming and encoding Mario costs ~2 ms of CPU per frame, 4 frames an agent step)
-    clip = {"CLIP_INTERVAL_S": env["actor"].pop("CLIP_INTERVAL_S", "120" if preset is VECTOR_PRESET else "300")}
+    clip = {"CLIP_INTERVAL_S": env["actor"].pop("CLIP_INTERVAL_S", presets.text(
+        preset.sections.get("run", {}).get("clip_interval_s", 300)))}
     extra = [{"EVAL_ENVS": "1", **clip} if i == 0 and greedy_env else {} for i in range(args.actors)]
     return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,
-                socket_dir)
+                socket_dir, preset)
 
 
 def _validate(env: dict[str, dict[str, str]]) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from flywheel.runplan import Plan
 
 RESTORED_FLAGS = ("env", "actors", "envs_per_actor", "local_transport", "curve_keys_dir", "track", "wandb_project",
-                  "wandb_entity", "wandb_group", "wandb_tags")
+                  "wandb_entity", "wandb_group", "wandb_tags", "preset")
 _WIRED = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}  # make_plan's, never the user's
 
 
@@ -165,6 +165,7 @@ def build_run_config(args: argparse.Namespace, plan: Plan, saved: dict[str, Any]
                   "curve_keys_dir": None if args.curve_keys_dir is None else str(args.curve_keys_dir),
                   "steps": args.steps, "time_limit": args.time_limit, "target_return": args.target_return,
                   **{d: getattr(args, d, None) for d in RESTORED_FLAGS[5:]}},  # --track and its W&B names
+        "preset": None if plan.preset is None else {"name": plan.preset.name, "sha256": plan.preset.sha256},
         "overrides": user_overrides(args, list(plan.env)),
         "services": services,
         "actor_instances": plan.actor_extra,

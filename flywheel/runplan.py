@@ -11,6 +11,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flywheel.presets import Preset
 from flywheel.runfolder import IF_EXISTS
 from flywheel.tracking import add_track_flags
 
@@ -56,6 +57,9 @@ def add_supervisor_flags(parser: argparse.ArgumentParser) -> None:
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default=DEFAULT_ENV,
                         help=f"environment id (default: Mario 1-1 at 42x42, {DEFAULT_ENV})")
+    parser.add_argument("--preset", default=None, metavar="NAME|FILE",
+                        help="tuned settings: a preset name (flywheel presets list) or a YAML file (default: chosen "
+                             "from --env); FLYWHEEL_* variables and --set override its values")
     parser.add_argument("--actors", type=int, default=None,
                         help="actor processes (default: one per core; for pixels one per core but one, which the "
                              "learner needs)")
@@ -114,6 +118,7 @@ class Plan:
     log_dir: Path
     actor_extra: list[dict[str, str]] = field(default_factory=list)
     socket_dir: Path | None = None  # holds the Unix sockets of the local fast path; removed at the end
+    preset: Preset | None = None  # whose values env holds (flywheel/presets/*.yaml)
     _remove: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

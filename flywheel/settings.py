@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from flywheel.presets import PresetError, PresetSource
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -49,6 +51,18 @@ class CommonSettings(BaseSettings):
                                        "comma-separated (besides authorized/*.key in the keys folder)")
     allow_plaintext: bool = Field(False, description="let ZeroMQ sockets bind non-loopback addresses without CURVE "
                                   "(logged as a warning at every such bind); only for a network you trust")
+    preset: str = Field("", max_length=4096, description="preset of tuned settings: a name (flywheel presets "
+                        "list), a YAML file, or none; empty: FLYWHEEL_PRESET, else chosen from env_id. Flags and "
+                        "variables override its values")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init values) > FLYWHEEL_* variables > the preset > the fields' defaults."""
+        return init_settings, env_settings, dotenv_settings, PresetSource(settings_cls), file_secret_settings
 
 
 class SettingsError(SystemExit):
@@ -117,6 +131,8 @@ def settings_from_args(cls: type[S], args: argparse.Namespace, command: str) -> 
 def build_settings(cls: type[S], values: dict[str, Any], command: str) -> S:
     try:
         return cls(**values)
+    except PresetError as exc:
+        raise SettingsError(f"flywheel {command}: {exc}") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else "?"

@@ -25,10 +25,12 @@ START_LINE = re.compile(r"gateway (?P<url>http://\S+) \(/status, /metrics\); wei
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without FLYWHEEL_* variables, so only the command line (and ``extra``) shapes a
-    child process; its output unbuffered."""
+    """This process's environment without FLYWHEEL_* variables and with no preset (FLYWHEEL_PRESET=none), so only
+    the command line (and ``extra``) shapes a child process; its output unbuffered. ``flywheel run`` still applies
+    its preset: it hands its children the preset's values."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["FLYWHEEL_PRESET"] = "none"
     env.update(extra)
     return env
 

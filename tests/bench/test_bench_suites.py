@@ -211,9 +211,10 @@ def test_origin_loop_measures_a_short_cartpole_run() -> None:
 
 
 def test_origin_loop_does_the_presets_work_per_step() -> None:
-    from flywheel.run import PIXEL_PRESET, VECTOR_PRESET
+    from flywheel import presets
 
-    for env_id, preset in (("CartPole-v1", VECTOR_PRESET), ("SuperMarioBros-1-1-v0", PIXEL_PRESET)):
+    for env_id, name in (("CartPole-v1", "vector"), ("SuperMarioBros-1-1-v0", "pixel")):
+        preset = presets.load(name).sections
         p = origins._preset(env_id)
         assert p["batch"] == int(preset["learner"]["batch_size"])
         assert p["spi"] == float(preset["replay"]["samples_per_insert"])

@@ -185,14 +185,15 @@ def test_compose_interpolated_service_variables_are_settings_fields() -> None:
 
 
 def test_compose_and_configmap_defaults_follow_the_vector_preset() -> None:
-    from flywheel.run import VECTOR_PRESET
+    from flywheel import presets
 
     services = compose()["services"]
     configmap = k8s_objects("ConfigMap")["flywheel-config"]["data"]
-    for service, values in VECTOR_PRESET.items():
+    vector = presets.load("vector")
+    for service in presets.SERVICES:
         env = {k: compose_default(v) for k, v in environment(services[service]).items()}
-        for field, value in values.items():
-            key = f"FLYWHEEL_{service.upper()}_{field.upper()}"
+        for field, value in vector.as_variables(service).items():
+            key = f"FLYWHEEL_{service.upper()}_{field}"
             assert env.get(key) == value, f"docker-compose.yml {key}={env.get(key)}, `flywheel run` uses {value}"
             assert configmap.get(key) == value, f"k8s ConfigMap {key}={configmap.get(key)}, `flywheel run` uses {value}"
 

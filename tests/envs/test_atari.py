@@ -251,13 +251,15 @@ def test_flywheel_run_picks_the_atari_preset(tmp_path: Path, monkeypatch: pytest
         return made
 
     atari = plan("BreakoutNoFrameskip-v4")
-    assert run_module.preset_for("ALE/Pong-v5?size=42", "uint8") is run_module.ATARI_PRESET
+    from flywheel import presets
+
+    assert presets.name_for_env("ALE/Pong-v5?size=42", "uint8") == "atari"
     assert {k: atari.env["actor"][k] for k in ("GAMMA", "N_STEP")} == {"GAMMA": "0.99", "N_STEP": "3"}
-    assert {k: atari.env["learner"][k] for k in ("LR", "ADAM_EPS", "BATCH_SIZE", "TARGET_UPDATE_INTERVAL")} == {
-        "LR": "0.0000625", "ADAM_EPS": "0.00015", "BATCH_SIZE": "32", "TARGET_UPDATE_INTERVAL": "2000"}
+    assert {k: float(atari.env["learner"][k]) for k in ("LR", "ADAM_EPS", "BATCH_SIZE", "TARGET_UPDATE_INTERVAL")} == {
+        "LR": 0.0000625, "ADAM_EPS": 0.00015, "BATCH_SIZE": 32, "TARGET_UPDATE_INTERVAL": 2000}
     assert {k: atari.env["replay"][k] for k in ("CAPACITY", "MIN_SIZE_TO_SAMPLE", "SAMPLES_PER_INSERT")} == {
         "CAPACITY": "100000", "MIN_SIZE_TO_SAMPLE": "20000",
-        "SAMPLES_PER_INSERT": run_module.PIXEL_PRESET["replay"]["samples_per_insert"]}
+        "SAMPLES_PER_INSERT": presets.load("pixel").as_variables("replay")["SAMPLES_PER_INSERT"]}
     assert atari.env["actor"]["ENV_ID"] == "BreakoutNoFrameskip-v4"  # training settings: the env's defaults
     assert atari.actor_extra[0]["EVAL_ENVS"] == "1"  # actor-0's greedy env (evaluation settings, see above)
     mario = plan(run_module.DEFAULT_ENV)

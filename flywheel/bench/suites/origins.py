@@ -40,11 +40,11 @@ GOALS = {"experience": 1.8, "training": 2.5, "epoch": 1 / 0.4}
 
 
 def _preset(env_id: str) -> dict[str, Any]:
+    from flywheel import presets
     from flywheel.envs import env_spec
-    from flywheel.run import PIXEL_PRESET, VECTOR_PRESET
 
     pixel = env_spec(env_id).obs_dtype == "uint8"
-    preset = PIXEL_PRESET if pixel else VECTOR_PRESET
+    preset = presets.load("pixel" if pixel else "vector").sections
     batch, spi = int(preset["learner"]["batch_size"]), float(preset["replay"]["samples_per_insert"])
     return {"pixel": pixel, "batch": batch, "spi": spi, "learn_every": max(1, round(batch / spi)),
             "min_size": int(preset["replay"]["min_size_to_sample"]), "lr": float(preset["learner"]["lr"]),

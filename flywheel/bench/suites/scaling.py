@@ -140,7 +140,7 @@ def _preset_here(by_mode: dict[str, dict[int, list[dict[str, Any]]]], counts: li
 
 
 def _model_sections(measured: dict[str, dict[str, dict[int, list[dict[str, Any]]]]], counts: list[int]) -> list[str]:
-    from flywheel.run import PIXEL_PRESET, VECTOR_PRESET
+    from flywheel import presets
 
     lines = ["Core model: predicted env steps/s for one learner process and one replay event loop as cores grow, "
              "from the per-unit CPU costs measured here (free mode, one actor per core); the preset's ratio is "
@@ -152,8 +152,8 @@ def _model_sections(measured: dict[str, dict[str, dict[int, list[dict[str, Any]]
         model = _reference(by_mode, counts)
         if model is None:
             continue
-        preset = PIXEL_PRESET if env_id.startswith("SuperMario") else VECTOR_PRESET
-        spi = float(preset["replay"]["samples_per_insert"])
+        spi = float(presets.load("pixel" if env_id.startswith("SuperMario") else "vector").sections["replay"][
+            "samples_per_insert"])
         cells = []
         for cores in MODEL_CORES:
             rate, limit = model.env_steps_on(max(0.5, cores - 0.5), spi)  # half a core for the gateway and OS
@@ -194,14 +194,14 @@ def _plots(ctx: BenchContext, measured: dict[str, dict[str, dict[int, list[dict[
         ax.legend(fontsize=8)
     measured_png = save_figure(fig, ctx.plot_path("actors"))
     fig, ax = plt.subplots(figsize=(6, 4))
-    from flywheel.run import PIXEL_PRESET, VECTOR_PRESET
+    from flywheel import presets
 
     for env_id in envs:
         model = _reference(measured[env_id], counts)
         if model is None:
             continue
-        preset = PIXEL_PRESET if env_id.startswith("SuperMario") else VECTOR_PRESET
-        spi = float(preset["replay"]["samples_per_insert"])
+        spi = float(presets.load("pixel" if env_id.startswith("SuperMario") else "vector").sections["replay"][
+            "samples_per_insert"])
         cores = [1, *MODEL_CORES]
         ax.plot(cores, [model.env_steps_on(max(0.5, c - 0.5), spi)[0] for c in cores], marker=".",
                 label=f"{'Mario 1-1' if env_id.startswith('SuperMario') else env_id} (model, ratio {spi:g})")

@@ -1,0 +1,151 @@
+"""Presets as data: the shipped YAML files, the settings source every service reads, precedence, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from flywheel import presets
+from flywheel import run as run_module
+from flywheel.cli import build_parser, main
+from flywheel.registry import settings_class
+from flywheel.runconfig import build_run_config
+from flywheel.settings import SettingsError, build_settings
+
+LearnerSettings = settings_class("learner")
+ActorSettings = settings_class("actor")
+
+
+@pytest.fixture(autouse=True)
+def _no_preset_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests choose presets themselves (tests/conftest.py sets FLYWHEEL_PRESET=none for every other test)."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("FLYWHEEL_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("name", presets.names())
+def test_every_shipped_preset_names_real_settings_and_builds(name: str) -> None:
+    preset = presets.load(name)
+    assert preset.description and len(preset.sha256) == 64
+    for service in presets.SERVICES:
+        fields = settings_class(service).model_fields
+        assert set(preset.sections.get(service, {})) <= set(fields), f"{name}: {service} has no such setting"
+        env_id = {"vector": "CartPole-v1", "pixel": "SuperMarioBros-1-1-v0", "atari": "ALE/Pong-v5"}[name]
+        values = {"preset": name} | ({"env_id": env_id} if "env_id" in fields else {}) | (
+            {"device": "cpu"} if service == "learner" else {})
+        settings = build_settings(settings_class(service), values, service)
+        for key, value in preset.section(service).items():  # each value arrives, as its field's type
+            assert getattr(settings, key) == type(getattr(settings, key))(value), (name, service, key)
+    assert set(preset.sections.get("run", {})) <= {"clip_interval_s"}
+
+
+def test_presets_are_chosen_from_the_env_id() -> None:
+    assert presets.name_for_env("CartPole-v1") == "vector"
+    assert presets.name_for_env("SuperMarioBros-1-1-v0?size=42") == "pixel"
+    assert presets.name_for_env("ALE/Breakout-v5", "uint8") == "atari"
+    cartpole = LearnerSettings(env_id="CartPole-v1", device="cpu")
+    assert (cartpole.lr, cartpole.batch_size, cartpole.tau) == (0.002, 128, 0.02)
+    mario = LearnerSettings(env_id="SuperMarioBros-1-1-v0", device="cpu")
+    assert (mario.lr, mario.batch_size, mario.compile) == (0.0001, 32, "on")
+    assert ActorSettings(env_id="SuperMarioBros-1-1-v0").gamma == 0.9
+    assert ActorSettings(env_id="CartPole-v1").hidden == LearnerSettings(env_id="CartPole-v1").hidden == 128
+
+
+def test_precedence_flags_over_variables_over_preset_over_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    default = LearnerSettings.model_fields["lr"].default
+    assert LearnerSettings(env_id="CartPole-v1", preset="none").lr == default
+    assert LearnerSettings(env_id="CartPole-v1").lr == 0.002  # the preset over the default
+    monkeypatch.setenv("FLYWHEEL_LEARNER_LR", "0.003")
+    assert LearnerSettings(env_id="CartPole-v1").lr == 0.003  # a variable over the preset
+    assert LearnerSettings(env_id="CartPole-v1", lr=0.004).lr == 0.004  # a flag over both
+    assert LearnerSettings(env_id="CartPole-v1").batch_size == 128  # the preset's other values stay
+
+
+def test_the_preset_is_named_by_flag_service_variable_or_global_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_PRESET", "pixel")
+    assert LearnerSettings(env_id="CartPole-v1").batch_size == 32  # the global variable names it
+    monkeypatch.setenv("FLYWHEEL_LEARNER_PRESET", "vector")
+    assert LearnerSettings(env_id="CartPole-v1").batch_size == 128  # the service's own variable wins
+    assert LearnerSettings(env_id="CartPole-v1", preset="none").batch_size == 512  # and the flag over both
+
+
+def test_a_users_yaml_file_is_a_preset(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("description: mine\ncommon: {hidden: 64}\nlearner: {lr: 0.0005}\nactor: {gamma: 0.95}\n")
+    learner = LearnerSettings(env_id="CartPole-v1", preset=str(path))
+    assert (learner.lr, learner.hidden, learner.batch_size) == (0.0005, 64, 512)  # the rest: defaults
+    actor = ActorSettings(env_id="CartPole-v1", preset=str(path))
+    assert (actor.gamma, actor.hidden) == (0.95, 64)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("learner: {lrr: 0.1}\n", "learner has no setting 'lrr'"),
+    ("learnr: {lr: 0.1}\n", "unknown section(s) learnr"),
+    ("learner: [1, 2]\n", "section 'learner' must map setting names to values"),
+    ("learner: {lr: [1]}\n", "learner.lr must be a single value"),
+    ("learner: {lr: 0.1\n", "not valid YAML"),
+    ("learner: {lr: -1}\n", "invalid value"),
+])
+def test_a_bad_preset_file_is_one_line_naming_it(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / f"bad{abs(hash(content))}.yaml"
+    path.write_text(content)
+    with pytest.raises(SettingsError) as caught:
+        build_settings(LearnerSettings, {"env_id": "CartPole-v1", "preset": str(path)}, "learner")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_unknown_names_and_missing_files_are_refused() -> None:
+    with pytest.raises(SettingsError, match="unknown preset 'fast': choose one of atari, pixel, vector"):
+        build_settings(LearnerSettings, {"preset": "fast"}, "learner")
+    with pytest.raises(SettingsError, match="preset file /nonexistent/x.yaml"):
+        build_settings(LearnerSettings, {"preset": "/nonexistent/x.yaml"}, "learner")
+
+
+def test_presets_command_lists_and_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["presets", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"{name} " in listed for name in presets.names())
+    assert main(["presets", "show", "pixel"]) == 0
+    shown = capsys.readouterr().out
+    assert presets.load("pixel").sha256 in shown and "gamma: 0.9" in shown
+    assert main(["presets", "show", "fast"]) == 2
+    assert "error: flywheel presets: unknown preset 'fast'" in capsys.readouterr().err
+
+
+def _plan(tmp_path: Path, *extra: str) -> tuple[argparse.Namespace, run_module.Plan]:
+    args = build_parser().parse_args(["run", "--checkpoint-dir", str(tmp_path / "ckpt"), "--base-port", "0",
+                                      "--http-port", "0", *extra])
+    plan = run_module.make_plan(args)
+    plan.remove_socket_dir()
+    return args, plan
+
+
+def test_flywheel_run_hands_its_children_the_presets_values_and_records_it(tmp_path: Path) -> None:
+    args, plan = _plan(tmp_path, "--env", "CartPole-v1", "--set", "learner.lr=0.01")
+    vector = presets.load("vector")
+    assert plan.preset == vector
+    for service in presets.SERVICES:
+        assert plan.env[service]["PRESET"] == "none"  # the values below are the preset's: not read twice
+        for key, value in vector.as_variables(service).items():
+            if (service, key) != ("learner", "LR"):
+                assert plan.env[service][key] == value, (service, key)
+    assert plan.env["learner"]["LR"] == "0.01"  # --set wins
+    assert plan.actor_extra[0]["CLIP_INTERVAL_S"] == "120"  # the preset's run section
+    record = build_run_config(args, plan, None)
+    assert record["preset"] == {"name": "vector", "sha256": vector.sha256}
+    assert record["flags"]["preset"] is None
+
+
+def test_flywheel_run_preset_flag_takes_a_name_or_file_and_refuses_unknown_ones(tmp_path: Path) -> None:
+    _, plan = _plan(tmp_path, "--env", "CartPole-v1", "--preset", "pixel")
+    assert plan.env["learner"]["BATCH_SIZE"] == "32" and plan.env["actor"]["GAMMA"] == "0.9"
+    path = tmp_path / "mine.yaml"
+    path.write_text("learner: {lr: 0.0007}\n")
+    _, plan = _plan(tmp_path, "--env", "CartPole-v1", "--preset", str(path))
+    assert plan.env["learner"]["LR"] == "0.0007" and "BATCH_SIZE" not in plan.env["learner"]
+    with pytest.raises(SettingsError, match="flywheel run: --preset: unknown preset 'fast'"):
+        _plan(tmp_path, "--env", "CartPole-v1", "--preset", "fast")
