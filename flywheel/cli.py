@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_service(name: str, args: argparse.Namespace) -> int:
     from flywheel import security
     from flywheel.envs import UnknownEnvironmentError
+    from flywheel.presets import describe_preset
     from flywheel.transport import EndpointInUse
 
     settings = settings_from_args(settings_class(name), args, name)
@@ -86,6 +87,8 @@ def run_service(name: str, args: argparse.Namespace) -> int:
                            service=name)
     except security.CurveKeyError as exc:
         return error(str(exc))
+    if (preset := describe_preset(settings)) is not None:
+        logging.getLogger(f"flywheel.{name}").info("%s: %s", name, preset)
     try:
         return main(settings)
     except (EndpointInUse, UnknownEnvironmentError, security.PlaintextBindRefused) as exc:

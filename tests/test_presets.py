@@ -149,3 +149,26 @@ def test_flywheel_run_preset_flag_takes_a_name_or_file_and_refuses_unknown_ones(
     assert plan.env["learner"]["LR"] == "0.0007" and "BATCH_SIZE" not in plan.env["learner"]
     with pytest.raises(SettingsError, match="flywheel run: --preset: unknown preset 'fast'"):
         _plan(tmp_path, "--env", "CartPole-v1", "--preset", "fast")
+
+
+def test_a_service_names_its_preset_in_its_first_lines(tmp_path: Path) -> None:
+    """A learner started on its own (as in compose) reads its env id's preset and says which, first thing."""
+    import socket
+    import subprocess
+    import sys
+
+    from flywheel.testing.run import clean_env
+
+    def start_lines(**env: str) -> str:  # a port in use stops it right after its first line
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            return subprocess.run([sys.executable, "-m", "flywheel", "learner", "--env-id", "CartPole-v1", "--device",
+                                   "cpu", "--weights-bind", f"tcp://127.0.0.1:{port}"], env=clean_env(**env),
+                                  capture_output=True, text=True, timeout=120).stderr
+
+    vector = presets.load("vector")
+    assert f"learner: preset vector (sha256 {vector.sha256[:12]})" in start_lines(FLYWHEEL_PRESET="")
+    assert "learner: preset pixel" in start_lines(FLYWHEEL_PRESET="pixel")
+    assert "preset" not in start_lines()  # clean_env: FLYWHEEL_PRESET=none, and errors stay one line

@@ -153,6 +153,15 @@ class PresetSource(PydanticBaseSettingsSource):
         return {k: v for k, v in preset.section(service).items() if k in fields}
 
 
+def describe_preset(settings: BaseSettings) -> str | None:
+    """The start line's words for the preset a service's settings came from; None when none was used."""
+    named = str(getattr(settings, "preset", "") or os.environ.get(GLOBAL_VARIABLE, "")).strip()
+    preset = resolve(named, getattr(settings, "env_id", None) or None)
+    if preset is None:
+        return None
+    return f"preset {preset.name} (sha256 {preset.sha256[:12]}), below flags and FLYWHEEL_* variables"
+
+
 def add_presets_flags(parser: Any) -> None:
     """``flywheel presets list`` and ``flywheel presets show NAME|FILE``."""
     sub = parser.add_subparsers(dest="presets_command", required=True, metavar="ACTION")
