@@ -245,6 +245,20 @@ def progress_line(elapsed: float, s: dict[str, float | None]) -> str:
     return line
 
 
+def target_reached(summary: dict[str, Any], target: float | None) -> str | None:
+    """Why the run stops for --target-return: the actors' rolling greedy return or the learner's kept best (its
+    greedy evaluation on fixed seeds, what play and export then use) reached ``target``; None while neither has."""
+    if target is None:
+        return None
+    steps = f"at {summary.get('env_steps') or 0:.0f} env steps"
+    if (summary.get("greedy_return") or float("-inf")) >= target:
+        return f"greedy return {summary['greedy_return']:.1f} reached the target {target:g} {steps}"
+    if (summary.get("best_return") or float("-inf")) >= target:
+        return (f"the learner's kept best policy (v{summary.get('best_version') or 0:.0f}) scored "
+                f"{summary['best_return']:.1f} in its greedy evaluation, reaching the target {target:g} {steps}")
+    return None
+
+
 def stop_children(children: list[Child]) -> list[str]:
     """SIGTERM in order (actors, learner, replay, gateway), SIGKILL what does not stop in time."""
     problems: list[str] = []
@@ -331,9 +345,8 @@ def _run(args: argparse.Namespace) -> int:
             print(progress_line(now - started, summary) + supervisor.progress(), flush=True)
             if args.steps and (summary["env_steps"] or 0) >= args.steps:
                 stop_reason.append(f"reached {args.steps} env steps")
-            if args.target_return is not None and (summary["greedy_return"] or float("-inf")) >= args.target_return:
-                stop_reason.append(f"greedy return {summary['greedy_return']:.1f} reached the target "
-                                   f"{args.target_return:g} at {summary['env_steps'] or 0:.0f} env steps")
+            if (reached := target_reached(summary, args.target_return)) is not None:
+                stop_reason.append(reached)
             if args.time_limit and now - started >= args.time_limit:
                 stop_reason.append(f"time limit of {args.time_limit:.0f} s")
     finally:

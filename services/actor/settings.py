@@ -13,7 +13,8 @@ from flywheel.settings import CommonSettings
 class ActorSettings(CommonSettings):
     """Environments, exploration, n-step returns and the sockets of one actor process."""
 
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_ACTOR_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_ACTOR_", extra="forbid", validate_default=True,
+                                      env_ignore_empty=True)
 
     env_id: str = Field("SuperMarioBros-1-1-v0", description="environment id, options after '?' "
                         "(e.g. SuperMarioBros-1-1-v0?actions=right_only, ALE/Pong-v5?clip_rewards=false)")

@@ -16,7 +16,8 @@ from .clips import CLIP_BUFFER_BYTES, CLIP_MAX_BYTES
 class GatewaySettings(CommonSettings):
     """The gateway binds the telemetry, control and lease endpoints that every other service connects to."""
 
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_GATEWAY_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_GATEWAY_", extra="forbid", validate_default=True,
+                                      env_ignore_empty=True)
 
     http_host: str = Field("127.0.0.1", description="address the HTTP API listens on (0.0.0.0 in containers)")
     http_port: int = Field(8080, ge=0, le=65535, description="port of /metrics, /status, /healthz and /control "

@@ -13,7 +13,8 @@ from flywheel.settings import CommonSettings
 class LearnerSettings(CommonSettings):
     """How the learner trains, where it gets batches, where it publishes weights and keeps checkpoints."""
 
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_LEARNER_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_LEARNER_", extra="forbid", validate_default=True,
+                                      env_ignore_empty=True)
 
     env_id: str = Field("SuperMarioBros-1-1-v0", min_length=1, max_length=128,
                         description="environment id; fixes the observation shape and number of actions")

@@ -15,7 +15,8 @@ from flywheel.settings import CommonSettings
 class ReplaySettings(CommonSettings):
     """Storage size, sampling, rate limiting, sockets, shared memory, demonstrations and checkpoints."""
 
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_REPLAY_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_REPLAY_", extra="forbid", validate_default=True,
+                                      env_ignore_empty=True)
 
     capacity: int = Field(100_000, ge=1, le=50_000_000, description="transitions kept (FIFO eviction)")
     prioritized: bool = Field(True, description="proportional prioritized sampling (false: uniform)")

@@ -95,7 +95,8 @@ def check_settings(variables: dict[str, str], where: str) -> None:
         assert service, f"{where}: {name} does not start with FLYWHEEL_<SERVICE>_ ({', '.join(SETTINGS)})"
         assert field in SETTINGS[service].model_fields, (
             f"{where}: {name} is not a setting of {service} (fields: {', '.join(SETTINGS[service].model_fields)})")
-        by_service.setdefault(service, {})[field] = value
+        if value != "":  # as the services read variables: an empty one is ignored (env_ignore_empty)
+            by_service.setdefault(service, {})[field] = value
     for service, values in by_service.items():
         SETTINGS[service](**values)  # raises on a bad value ("tru", "1e5" for an int, ...)
 

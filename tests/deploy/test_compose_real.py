@@ -1,4 +1,5 @@
-"""`docker compose up --scale actor=8` for real: a Docker engine builds the images and runs CartPole.
+"""`docker compose up --scale actor=8` for real: a Docker engine builds the images and runs CartPole (after checking
+that the containers read the presets: the compose default, Mario 1-1 at 42x42, with the pixel preset).
 
 The engine is the machine's own when one answers, otherwise a private dockerd that this test starts as root and
 stops by PID (`--iptables=false --ip-masq=false`: containers get no route out). With no registry the base image is
@@ -141,6 +142,7 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
         if base != REGISTRY_BASE:  # no registry for prom/prometheus: Debian's prometheus on the same base
             engine.env["FLYWHEEL_PROMETHEUS_IMAGE"] = local_prometheus_image(engine, base, tmp_path / "prometheus")
         engine.compose(compose_file, "up", "-d", "--no-build", "--scale", f"actor={ACTORS}", *SERVICES, timeout=600)
+        check_the_images_read_the_presets(engine, compose_file)  # the learner's probe joins the replay's IPC
         token = check_the_running_system(engine, compose_file, port)
         check_curve_is_on(engine, compose_file, port)
         check_prometheus_scrapes_the_gateway(prometheus_port)
@@ -164,6 +166,40 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
                               check=False)
         except subprocess.TimeoutExpired:
             log("docker image prune took over 5 minutes; the rest is left for the next run")
+
+
+SETTINGS_PROBE = ("import json, sys; from flywheel.registry import settings_class; s = settings_class(sys.argv[1])(); "
+                  "print(json.dumps(s.model_dump(mode='json')))")
+
+
+def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> None:
+    """Each service's settings as its container builds them: the compose file's default env (the default job) comes
+    with the pixel preset, FLYWHEEL_ENV_ID=CartPole-v1 with the vector one, and a variable still wins."""
+    from flywheel import presets
+    from flywheel.runplan import DEFAULT_ENV
+
+    saved = dict(engine.env)
+    try:
+        for name in LIGHT:
+            engine.env.pop(name, None)
+        for env_id, preset in ((None, "pixel"), ("CartPole-v1", "vector")):
+            if env_id:
+                engine.env["FLYWHEEL_ENV_ID"] = env_id
+            for service in ("replay", "learner", "actor"):
+                out = engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python",
+                                     service, "-c", SETTINGS_PROBE, service, timeout=300).stdout
+                settings = json.loads(out.strip().splitlines()[-1])
+                assert settings["env_id"] == (env_id or DEFAULT_ENV), (service, settings["env_id"])
+                for key, value in presets.load(preset).section(service).items():
+                    assert settings[key] == value, f"{service}: {key}={settings[key]}, the {preset} preset's {value}"
+        engine.env["FLYWHEEL_LEARNER_LR"] = "0.0123"
+        out = engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python", "learner",
+                             "-c", SETTINGS_PROBE, "learner", timeout=300).stdout
+        assert json.loads(out.strip().splitlines()[-1])["lr"] == 0.0123, "a variable overrides the preset"
+    finally:
+        engine.env.clear()
+        engine.env.update(saved)
+    log("the images read the presets: the default job with pixel's values, CartPole-v1 with vector's")
 
 
 def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> str:

@@ -129,12 +129,15 @@ def test_compose_dependencies_wait_for_health() -> None:
             assert deps[dep]["condition"] == expected, f"{name} -> {dep}"
 
 
-def test_compose_defaults_to_cartpole_and_cpu() -> None:
+def test_compose_defaults_to_the_default_job_and_cpu() -> None:
+    from flywheel.runplan import DEFAULT_ENV
+
     services = compose()["services"]
     for name in ("replay", "learner", "actor"):
         env = environment(services[name])
         key = f"FLYWHEEL_{name.upper()}_ENV_ID"
-        assert env[key] == "${FLYWHEEL_ENV_ID:-CartPole-v1}", "replay, learner and actors share one env id"
+        assert env[key] == f"${{FLYWHEEL_ENV_ID:-{DEFAULT_ENV}}}", "replay, learner and actors share one env id"
+        assert env[f"FLYWHEEL_{name.upper()}_PRESET"] == "${FLYWHEEL_PRESET:-}", "empty: the env id's preset"
     assert "deploy" not in services["learner"], "GPU reservations belong in docker-compose.gpu.yml (opt-in)"
 
 
@@ -184,18 +187,23 @@ def test_compose_interpolated_service_variables_are_settings_fields() -> None:
                 assert field in SETTINGS[service].model_fields, f"{path.name}: ${{{var}}} is no setting"
 
 
-def test_compose_and_configmap_defaults_follow_the_vector_preset() -> None:
+def test_compose_and_configmap_leave_the_tuned_values_to_the_presets() -> None:
+    """Each tuned value is written once, in flywheel/presets/*.yaml: compose passes a variable through (empty by
+    default: the preset's value stays) and the ConfigMap does not set it; both run the default job."""
     from flywheel import presets
+    from flywheel.runplan import DEFAULT_ENV
 
     services = compose()["services"]
     configmap = k8s_objects("ConfigMap")["flywheel-config"]["data"]
-    vector = presets.load("vector")
-    for service in presets.SERVICES:
-        env = {k: compose_default(v) for k, v in environment(services[service]).items()}
-        for field, value in vector.as_variables(service).items():
-            key = f"FLYWHEEL_{service.upper()}_{field}"
-            assert env.get(key) == value, f"docker-compose.yml {key}={env.get(key)}, `flywheel run` uses {value}"
-            assert configmap.get(key) == value, f"k8s ConfigMap {key}={configmap.get(key)}, `flywheel run` uses {value}"
+    for name in presets.names():
+        for service in presets.SERVICES:
+            env = {k: compose_default(v) for k, v in environment(services[service]).items()}
+            for field in presets.load(name).as_variables(service):
+                key = f"FLYWHEEL_{service.upper()}_{field}"
+                assert env.get(key, "") == "", f"docker-compose.yml sets {key}={env[key]}: the {name} preset's value"
+                assert key not in configmap, f"k8s ConfigMap sets {key}: a value of the {name} preset"
+    for service in ("replay", "learner", "actor"):
+        assert configmap[f"FLYWHEEL_{service.upper()}_ENV_ID"] == DEFAULT_ENV
 
 
 # ---- Kubernetes ------------------------------------------------------------------------------------------------
@@ -243,7 +251,7 @@ def test_k8s_workloads() -> None:
     assert replay["volumeClaimTemplates"], "replay keeps checkpoints on a volume"
     assert services[replay["serviceName"]]["spec"]["clusterIP"] == "None", "replay needs a headless Service"
     learner = deployments["learner"]["spec"]["template"]["spec"]["containers"][0]
-    assert str(learner["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+    assert "nvidia.com/gpu" not in learner["resources"]["limits"], "a GPU is opt-in (k8s/gpu/learner-gpu.yaml)"
     gateway = deployments["gateway"]["spec"]["template"]["spec"]["containers"][0]
     for probe in ("livenessProbe", "readinessProbe"):
         assert gateway[probe]["httpGet"]["path"] == "/healthz"

@@ -197,6 +197,43 @@ def test_kubernetes_validate_strict_accepts_k8s() -> None:
     assert resources == expected, f"not every object was validated: {expected - resources}"
 
 
+def strategic_merge(base: object, patch: object) -> object:
+    """kubectl's strategic merge for what k8s/gpu/ patches: maps merge, lists of named items merge by name, other
+    lists (tolerations, env without a match) are appended to."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {**base, **{k: strategic_merge(base[k], v) if k in base else v for k, v in patch.items()}}
+    if isinstance(base, list) and isinstance(patch, list):
+        merged = list(base)
+        for item in patch:
+            named = isinstance(item, dict) and "name" in item
+            match = next((i for i, b in enumerate(merged) if named and isinstance(b, dict)
+                          and b.get("name") == item["name"]), None)
+            if match is None:
+                merged.append(item)
+            else:
+                merged[match] = strategic_merge(merged[match], item)
+        return merged
+    return patch
+
+
+def test_the_gpu_patch_makes_a_valid_gpu_learner_and_the_base_asks_for_none(tmp_path: Path) -> None:
+    """`kubectl apply -f k8s` schedules on a CPU-only cluster; k8s/gpu/learner-gpu.yaml opts the learner into a GPU."""
+    docs = [d for f in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    assert "nvidia.com/gpu" not in json.dumps(docs), "the base manifests ask for no GPU"
+    learner = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "learner")
+    patched = strategic_merge(learner, yaml.safe_load((K8S / "gpu" / "learner-gpu.yaml").read_text()))
+    container = patched["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    assert len(patched["spec"]["template"]["spec"]["containers"]) == 1  # type: ignore[index]
+    assert (container["name"], container["image"]) == ("learner", "flywheel:cuda")
+    assert str(container["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+    assert container["resources"]["limits"]["memory"] == "16Gi"  # the base's limits stay
+    assert {"name": "FLYWHEEL_LEARNER_DEVICE", "value": "cuda"} in container["env"]
+    path = tmp_path / "learner-gpu.yaml"
+    path.write_text(yaml.safe_dump(patched))
+    ok, output = strict_ok([path])
+    assert ok, output
+
+
 def test_kubernetes_validate_strict_fails_unknown_kinds_and_fields(tmp_path: Path) -> None:
     unknown_kind = tmp_path / "kind.yaml"
     unknown_kind.write_text("apiVersion: v1\nkind: Deploymint\nmetadata:\n  name: x\n  namespace: flywheel\n")

@@ -130,3 +130,17 @@ def test_a_refused_plan_leaves_no_folder(plans: list[Plan], tmp_path: Path, monk
     assert not list(tmp_path.glob("flywheel-run-*"))
     tcp_only = plan_for(plans, tmp_path, "--env", "CartPole-v1", "--base-port", "47811", "--local-transport", "tcp")
     assert tcp_only.socket_dir is None and not list(tmp_path.glob("flywheel-run-*"))
+
+
+def test_target_return_stops_on_the_actors_greedy_return_or_the_learners_kept_best() -> None:
+    """In five fresh-clone CartPole runs the actors' rolling greedy return never held 475 while every kept best
+    played 500 (docs/benchmarks/results/cartpole_best_play.json): either reaching the target stops the run."""
+    from flywheel.run import target_reached
+
+    assert target_reached({"greedy_return": 500.0, "env_steps": 9}, None) is None
+    assert target_reached({"greedy_return": 400.0, "best_return": 470.0, "env_steps": 9}, 475) is None
+    assert target_reached({"greedy_return": None, "best_return": None}, 475) is None
+    assert "greedy return 480.0 reached the target 475 at 1234 env steps" in str(
+        target_reached({"greedy_return": 480.0, "best_return": 500.0, "env_steps": 1234}, 475))
+    best = target_reached({"greedy_return": 300.0, "best_return": 500.0, "best_version": 711, "env_steps": 99}, 475)
+    assert best is not None and "kept best policy (v711) scored 500.0" in best and "target 475 at 99 env steps" in best
