@@ -320,7 +320,8 @@ def _run(args: argparse.Namespace) -> int:
         children.append(_start("learner", "learner-0", plan.env["learner"], plan.log_dir))
         for i, extra in enumerate(plan.actor_extra):
             children.append(_start("actor", f"actor-{i}", {**plan.env["actor"], **extra}, plan.log_dir))
-        print(f"flywheel: training {args.env} with {args.actors} actors; gateway {plan.gateway_url} "
+        preset = f" (preset {plan.preset.name})" if plan.preset is not None else ""
+        print(f"flywheel: training {args.env} with {args.actors} actors{preset}; gateway {plan.gateway_url} "
               f"(/status, /metrics); weights {plan.env['learner']['WEIGHTS_BIND']}; logs in {plan.log_dir}; "
               "Ctrl-C stops and checkpoints", flush=True)
         if (tracking := track_line(plan.env["gateway"])) is not None:  # where W&B tracking goes
