@@ -69,9 +69,10 @@ def run_service(name: str, args: argparse.Namespace) -> int:
     from flywheel import security
     from flywheel.envs import UnknownEnvironmentError
     from flywheel.presets import describe_preset
+    from flywheel.remote import joined_settings
     from flywheel.transport import EndpointInUse
 
-    settings = settings_from_args(settings_class(name), args, name)
+    settings = joined_settings(settings_from_args(settings_class(name), args, name), args, name)  # actor --join
     main = SERVICES[name].entry_point()
     configure_logging(name, settings.log_level, settings.log_format, settings.instance)
 
@@ -87,6 +88,9 @@ def run_service(name: str, args: argparse.Namespace) -> int:
                            service=name)
     except security.CurveKeyError as exc:
         return error(str(exc))
+    if getattr(settings, "join", ""):
+        logging.getLogger(f"flywheel.{name}").info("%s: joined the run at %s: %s, transitions to %s", name,
+                                                   settings.join, settings.env_id, settings.transitions_endpoint)
     if (preset := describe_preset(settings)) is not None:
         logging.getLogger(f"flywheel.{name}").info("%s: %s", name, preset)
     try:

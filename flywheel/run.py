@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from flywheel import presets
+from flywheel import presets, remote
 from flywheel.presets import Preset
 from flywheel.processes import launch
 from flywheel.runplan import DEFAULT_ENV as DEFAULT_ENV  # the names other modules import from here
@@ -168,6 +168,10 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
     for key in NETWORK_KEYS:  # actors build the learner's network unless told otherwise (else weights are refused)
         if key in env["learner"] and ("actor", key) not in chosen:
             env["actor"][key] = env["learner"][key]
+    join, host = None, "127.0.0.1"
+    if (listen := remote.check_listen(args)) is not None:  # --listen: open the run to actors on other hosts
+        join = remote.open_to_remote(env, *listen, ckpt)
+        host = "127.0.0.1" if listen[0] == "0.0.0.0" else listen[0]
     _validate(env)
     greedy_env = ("actor", "EVAL_ENVS") not in chosen  # --set actor.eval_envs=0 turns the greedy env off
     # actor-0 also films a greedy episode now and then for the live page (--set actor.clip_interval_s=0: never)
@@ -175,8 +179,8 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
     clip = {"CLIP_INTERVAL_S": env["actor"].pop("CLIP_INTERVAL_S", presets.text(
         preset.sections.get("run", {}).get("clip_interval_s", 300)))}
     extra = [{"EVAL_ENVS": "1", **clip} if i == 0 and greedy_env else {} for i in range(args.actors)]
-    return Plan(env, ports, f"http://127.0.0.1:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,
-                socket_dir, preset)
+    return Plan(env, ports, f"http://{host}:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,
+                socket_dir, preset, join)
 
 
 def _validate(env: dict[str, dict[str, str]]) -> None:
@@ -216,9 +220,9 @@ def _http_socket(plan: Plan) -> socket.socket | None:
         return None
     from flywheel.services.gateway.server import listen_socket
 
-    sock = listen_socket("127.0.0.1", 0)
+    sock = listen_socket(plan.env["gateway"]["HTTP_HOST"], 0)
     plan.env["gateway"]["HTTP_FD"] = str(sock.fileno())
-    plan.gateway_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    plan.gateway_url = f"{plan.gateway_url.rsplit(':', 1)[0]}:{sock.getsockname()[1]}"
     return sock
 
 
@@ -297,6 +301,9 @@ def _run(args: argparse.Namespace) -> int:
     saved = runconfig.apply_saved(args)  # --resume: the env and settings of CHECKPOINT_DIR/run.json
     plan = make_plan(args)
     runconfig.write_run_config(args, plan, saved)
+    if plan.join is not None:  # what `flywheel actor --join` on another host reads from the gateway's /join
+        preset = None if plan.preset is None else {"name": plan.preset.name, "sha256": plan.preset.sha256}
+        remote.write_join_file(plan.join, plan.env, args.env, preset, args.checkpoint_dir.resolve())
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     if not args.resume:  # the gateway writes tb/ and progress.csv; a new run's curves start over
         curves.reset(args.checkpoint_dir.resolve())

@@ -10,8 +10,10 @@ import subprocess
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from flywheel.presets import Preset
+from flywheel.remote import add_listen_flags
 from flywheel.runfolder import IF_EXISTS
 from flywheel.tracking import add_track_flags
 
@@ -86,7 +88,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     parser.add_argument("--local-transport", choices=("ipc", "tcp"), default="ipc",
                         help="how the local actors and learner reach the replay: Unix sockets (default; the "
-                             "replay also listens on TCP for actors from other hosts) or TCP loopback only")
+                             "replay also listens on TCP, on --listen ADDR for actors from other hosts) or TCP only")
     parser.add_argument("--curve-keys-dir", type=Path, default=None,
                         help="ZeroMQ CURVE keys (flywheel keys generate DIR) for every service: its TCP "
                              "connections encrypted and authenticated (Unix sockets stay plain)")
@@ -94,6 +96,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                         help="override one service setting, e.g. --set learner.lr=0.0005 (repeatable)")
     parser.add_argument("--no-video", action="store_true",
                         help="skip the end-of-run clip of one greedy episode (CHECKPOINT_DIR/video.mp4)")
+    add_listen_flags(parser)  # --listen, --advertise: actors on other hosts (flywheel/remote.py)
     add_supervisor_flags(parser)  # --max-restarts, --restart-window
     add_track_flags(parser)  # --track, --wandb-project, --wandb-entity, --wandb-group, --wandb-tags
 
@@ -119,6 +122,7 @@ class Plan:
     actor_extra: list[dict[str, str]] = field(default_factory=list)
     socket_dir: Path | None = None  # holds the Unix sockets of the local fast path; removed at the end
     preset: Preset | None = None  # whose values env holds (flywheel/presets/*.yaml)
+    join: dict[str, Any] | None = None  # --listen: what actors on other hosts are told (flywheel/remote.py)
     _remove: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

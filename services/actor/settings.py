@@ -16,6 +16,9 @@ class ActorSettings(CommonSettings):
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_ACTOR_", extra="forbid", validate_default=True,
                                       env_ignore_empty=True)
 
+    join: str = Field("", max_length=2048, description="URL of a run's gateway (http://HOST:PORT) started with "
+                      "flywheel run --listen: its env id, preset values and endpoints, below these flags and "
+                      "FLYWHEEL_ACTOR_* variables")
     env_id: str = Field("SuperMarioBros-1-1-v0", description="environment id, options after '?' "
                         "(e.g. SuperMarioBros-1-1-v0?actions=right_only, ALE/Pong-v5?clip_rewards=false)")
     num_envs: int = Field(8, ge=1, le=4096, description="env slots stepped as one vector (MettaGrid: agents)")

@@ -183,6 +183,15 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
         return Response(clip.data, media_type="video/mp4",
                         headers={"Cache-Control": "no-store", "X-Weight-Version": str(clip.weight_version)})
 
+    @app.get("/join", summary="What an actor on another host runs with: env id, preset, settings, endpoints "
+             "(flywheel run --listen; flywheel actor --join)", response_model=dict[str, Any],
+             responses={404: {"model": ErrorBody}})
+    async def join() -> JSONResponse:
+        document = views.join_document(settings.join_file)
+        if document is None:
+            raise Reject(404, "this run takes no actors from other hosts (flywheel run --listen ADDR opens it)")
+        return JSONResponse(document)
+
     @app.get("/control", summary="Retained and recent commands, and the commands there are",
              response_model=dict[str, Any])
     async def control_state() -> JSONResponse:

@@ -26,6 +26,8 @@ class GatewaySettings(CommonSettings):
                                                 "http_host:http_port (how flywheel run keeps one port across "
                                                 "gateway restarts); -1: bind")
     lease_endpoint: str = Field("tcp://127.0.0.1:5560", description="ROUTER endpoint actors ask for leases")
+    join_file: Path | None = Field(None, description="the run's join document (flywheel run --listen writes it), "
+                                   "served at /join to actors on other hosts (flywheel actor --join URL)")
     control_enabled: bool = Field(
         True, description="false turns POST /control off entirely (then no token is needed on any address)")
     control_token: SecretStr = Field(

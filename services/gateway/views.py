@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 from flywheel import __version__, security
@@ -203,3 +205,14 @@ def status(gw: GatewayService) -> dict[str, Any]:
 def history(gw: GatewayService, since: float | None) -> dict[str, Any]:
     points = [{k: (_num(v) if isinstance(v, float) else v) for k, v in p.items()} for p in gw.curve.since(since)]
     return {"interval_s": gw.curve.interval_s, "thinned": gw.curve.thinned, "points": points}
+
+
+def join_document(path: Path | None) -> dict[str, Any] | None:
+    """The run's join document (flywheel/remote.py), or None when there is none or it cannot be read."""
+    if path is None:
+        return None
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
