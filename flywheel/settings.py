@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -63,6 +64,17 @@ class CommonSettings(BaseSettings):
                                    ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Flags (init values) > FLYWHEEL_* variables > the preset > the fields' defaults."""
         return init_settings, env_settings, dotenv_settings, PresetSource(settings_cls), file_secret_settings
+
+
+def setting_default(cls: type[BaseSettings], name: str) -> Any:
+    """A settings field's default, for a config record that mirrors the field (the value is written once)."""
+    return cls.model_fields[name].default
+
+
+def shared_values(settings: BaseSettings, record: type) -> dict[str, Any]:
+    """The values of ``settings`` for the fields the dataclass ``record`` shares with it by name."""
+    names = {f.name for f in dataclasses.fields(record)}
+    return {name: getattr(settings, name) for name in names & set(type(settings).model_fields)}
 
 
 class SettingsError(SystemExit):

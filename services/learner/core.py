@@ -17,8 +17,10 @@ import numpy as np
 import torch
 
 from flywheel.nets import QNetwork, as_tensor, build_q_network
+from flywheel.settings import setting_default
 
 from .losses import LossTerms, large_margin_loss, q_td_loss, quantile_td_loss
+from .settings import LearnerSettings
 from .staging import Batch, BatchStager, DeviceBatch
 from .state import core_state, load_core_state
 
@@ -36,28 +38,33 @@ class BadBatch(ValueError):
     fault = "batch"
 
 
+def _default(name: str) -> Any:
+    return setting_default(LearnerSettings, name)
+
+
 @dataclass
 class CoreConfig:
-    """Hyper-parameters of the update rule and how it runs on the device."""
+    """Hyper-parameters of the update rule and how it runs on the device; the defaults are LearnerSettings' (the
+    device-dependent ones, precision to channels_last, are resolved by services/learner/startup.py)."""
 
-    lr: float = 1e-4
-    adam_eps: float = 1.5e-4
-    grad_clip_norm: float = 10.0
-    target_update_interval: int = 2500
-    tau: float = 0.0
-    double: bool = True
-    dueling: bool = True
-    hidden: int = 256
-    head: str = "q"
-    num_quantiles: int = 51
-    huber_kappa: float = 1.0
-    grad_accum_steps: int = 1
+    lr: float = _default("lr")
+    adam_eps: float = _default("adam_eps")
+    grad_clip_norm: float = _default("grad_clip_norm")
+    target_update_interval: int = _default("target_update_interval")
+    tau: float = _default("tau")
+    double: bool = _default("double")
+    dueling: bool = _default("dueling")
+    hidden: int = _default("hidden")
+    head: str = _default("head")
+    num_quantiles: int = _default("num_quantiles")
+    huber_kappa: float = _default("huber_kappa")
+    grad_accum_steps: int = _default("grad_accum_steps")
     precision: str = "fp32"  # fp32 | bf16 | fp16 (resolve "auto" with resolve_precision first)
     compile: bool = False
     compile_mode: str = "default"
     channels_last: bool = False  # conv nets in NHWC memory order (always on a GPU; with inductor on a CPU too)
-    demo_margin: float = 0.8  # DQfD large-margin loss on rows marked is_demo: margin l(a_E, a)
-    demo_loss_weight: float = 1.0  # its weight lambda (0 = off)
+    demo_margin: float = _default("demo_margin")  # DQfD large-margin loss on rows marked is_demo: margin l(a_E, a)
+    demo_loss_weight: float = _default("demo_loss_weight")  # its weight lambda (0 = off)
 
 
 @dataclass

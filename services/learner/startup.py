@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from flywheel.demos.format import DemoFileError
+from flywheel.settings import shared_values
 
 from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, reserved_version
 from .core import CoreConfig, LearnerCore, pick_device, resolve_precision
@@ -45,17 +46,11 @@ def resolve_compile_mode(mode: str, device: torch.device) -> str:
 def core_config(settings: LearnerSettings, device: torch.device) -> CoreConfig:
     """The update rule's hyper-parameters from settings, with auto precision and compile resolved for ``device``."""
     compile_on = settings.compile == "on" or (settings.compile == "auto" and device.type == "cuda")
-    return CoreConfig(lr=settings.lr, adam_eps=settings.adam_eps, grad_clip_norm=settings.grad_clip_norm,
-                      target_update_interval=settings.target_update_interval, tau=settings.tau,
-                      double=settings.double, dueling=settings.dueling, hidden=settings.hidden, head=settings.head,
-                      num_quantiles=settings.num_quantiles, huber_kappa=settings.huber_kappa,
-                      grad_accum_steps=settings.grad_accum_steps,
-                      precision=resolve_precision(settings.precision, device), compile=compile_on,
-                      compile_mode=resolve_compile_mode(settings.compile_mode, device),
-                      demo_margin=settings.demo_margin,
-                      channels_last=settings.channels_last == "on" or (
-                          settings.channels_last == "auto" and (device.type == "cuda" or compile_on)),
-                      demo_loss_weight=settings.demo_loss_weight)
+    return CoreConfig(**{**shared_values(settings, CoreConfig),
+                         "precision": resolve_precision(settings.precision, device), "compile": compile_on,
+                         "compile_mode": resolve_compile_mode(settings.compile_mode, device),
+                         "channels_last": settings.channels_last == "on" or (
+                             settings.channels_last == "auto" and (device.type == "cuda" or compile_on))})
 
 
 def build_core(settings: LearnerSettings, obs_shape: tuple[int, ...], n_actions: int,

@@ -6,13 +6,16 @@ import math
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from flywheel import proto
+from flywheel.settings import setting_default
 
 from .frames import stream_keys
 from .limiter import RateLimiter
+from .settings import ReplaySettings
 from .storage import FrameRefs, SchemaMismatch, TransitionStorage, frame_layout
 from .sumtree import SumTree
 from .table import ReplayTable
@@ -30,27 +33,31 @@ class ActionOutOfRange(InsertRejected):
     fault = "action"
 
 
+def _default(name: str) -> Any:
+    return setting_default(ReplaySettings, name)
+
+
 @dataclass
 class ReplayConfig:
-    """What shapes the replay core; built from ReplaySettings by main."""
+    """What shapes the replay core; built from ReplaySettings (startup.py), whose defaults these are."""
 
-    capacity: int = 100_000
-    prioritized: bool = True
-    alpha: float = 0.6
+    capacity: int = _default("capacity")
+    prioritized: bool = _default("prioritized")
+    alpha: float = _default("alpha")
     priority_eps: float = 1e-6
-    min_size_to_sample: int = 1000
-    samples_per_insert: float = 0.0
-    error_buffer: float = 100_000.0
-    block_inserts: bool = False
-    seed: int | None = None
-    dedup_frames: bool = True
-    frame_ratio: float = 1.1
+    min_size_to_sample: int = _default("min_size_to_sample")
+    samples_per_insert: float = _default("samples_per_insert")
+    error_buffer: float = _default("error_buffer")
+    block_inserts: bool = _default("block_inserts")
+    seed: int | None = _default("seed")
+    dedup_frames: bool = _default("dedup_frames")
+    frame_ratio: float = _default("frame_ratio")
     frame_capacity: int | None = None
     pack_frames: bool = False  # also keep pixel frames LZ4-packed, for packed socket replies
-    demo_ratio: float = 0.0
-    gather_threads: int = 2
-    num_actions: int = 0  # the env's action count: batches with an action outside it are refused (0: unchecked)
-    max_abs_value: float = 1e6  # largest |reward| and |float observation| stored: larger ones overflow the loss
+    demo_ratio: float = _default("demo_ratio")
+    gather_threads: int = _default("gather_threads")
+    num_actions: int = _default("num_actions")  # batches with an action outside 0..num_actions-1 refused (0: unchecked)
+    max_abs_value: float = _default("max_abs_value")  # largest |reward| and |float observation| stored
 
 
 @dataclass

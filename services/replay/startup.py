@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from flywheel.demos import DemoFileError, open_demos
+from flywheel.settings import shared_values
 
 from . import checkpoint
 from .core import ReplayConfig, ReplayCore
@@ -36,14 +37,8 @@ FIELDS: dict[str, tuple[str, tuple[int | None, ...] | None, bool]] = {
 
 
 def build_core(settings: ReplaySettings) -> ReplayCore:
-    return ReplayCore(ReplayConfig(
-        capacity=settings.capacity, prioritized=settings.prioritized, alpha=settings.alpha,
-        min_size_to_sample=settings.min_size_to_sample, samples_per_insert=settings.samples_per_insert,
-        error_buffer=settings.error_buffer, block_inserts=settings.block_inserts, seed=settings.seed,
-        dedup_frames=settings.dedup_frames, frame_ratio=settings.frame_ratio, demo_ratio=settings.demo_ratio,
-        pack_frames=settings.frame_packing == "lz4",
-        gather_threads=settings.gather_threads, max_abs_value=settings.max_abs_value,
-    ))
+    pack = settings.frame_packing == "lz4"
+    return ReplayCore(ReplayConfig(**shared_values(settings, ReplayConfig), pack_frames=pack))
 
 
 def _dtype_ok(dtype: np.dtype, want: str) -> bool:
