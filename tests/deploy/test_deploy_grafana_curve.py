@@ -23,8 +23,11 @@ from deploy_helpers import (
     k8s_objects,
 )
 
-from flywheel import security
+from flywheel import presets, security
 from flywheel.cli import main as flywheel
+from flywheel.services.actor.settings import ActorSettings
+from flywheel.services.replay.settings import ReplaySettings
+from flywheel.settings import setting_default
 
 FIX = ("run: python deploy/grafana/build_k8s_configmap.py (after python deploy/grafana/build_dashboards.py when "
        "the panels changed)")
@@ -212,14 +215,19 @@ def test_compose_curve_keys_one_shot_is_idempotent_and_adds_clients_that_get_in(
     assert not handshake(server, stranger_public, stranger_secret, 1000), "an unknown key is refused"
 
 
-def test_transitions_flow_over_curve_with_the_deployments_high_water_marks() -> None:
+@pytest.mark.parametrize("preset", presets.names())
+def test_transitions_flow_over_curve_with_the_deployments_high_water_marks(preset: str) -> None:
     """The actor -> replay PUSH/PULL as compose and k8s set it up (CURVE through the real ZAP handler, the replay's
-    transitions_hwm and the actors' send_hwm from the ConfigMap): every message arrives. With RCVHWM=1, libzmq 4.3.5
-    stalls the pipe when the ZAP reply carries a user id, so the replay would receive nothing."""
+    transitions_hwm and the actors' send_hwm as each preset gives them: the ConfigMap and compose set neither):
+    every message arrives. With RCVHWM=1 (the vector preset), libzmq 4.3.5 stalls the pipe when the ZAP reply
+    carries a user id, so the replay would receive nothing."""
     data = k8s_objects("ConfigMap")["flywheel-config"]["data"]
-    rcvhwm, sndhwm = int(data["FLYWHEEL_REPLAY_TRANSITIONS_HWM"]), int(data["FLYWHEEL_ACTOR_SEND_HWM"])
     replay = compose()["services"]["replay"]["environment"]
-    assert replay["FLYWHEEL_REPLAY_TRANSITIONS_HWM"] == f"${{FLYWHEEL_REPLAY_TRANSITIONS_HWM:-{rcvhwm}}}"
+    assert "FLYWHEEL_REPLAY_TRANSITIONS_HWM" not in data and "FLYWHEEL_ACTOR_SEND_HWM" not in data
+    assert replay["FLYWHEEL_REPLAY_TRANSITIONS_HWM"] == "${FLYWHEEL_REPLAY_TRANSITIONS_HWM:-}"
+    values = presets.load(preset)
+    rcvhwm = int(values.section("replay").get("transitions_hwm", setting_default(ReplaySettings, "transitions_hwm")))
+    sndhwm = int(values.section("actor").get("send_hwm", setting_default(ActorSettings, "send_hwm")))
     server_public, server_secret = zmq.curve_keypair()
     client_public, client_secret = zmq.curve_keypair()
     ctx = zmq.Context()
