@@ -54,8 +54,13 @@ class TorchPolicy:
             try:
                 with torch.no_grad(), warnings.catch_warnings():
                     warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated in recent torch
-                    self.frozen = torch.jit.freeze(torch.jit.trace(net, example))
-            except (AttributeError, RuntimeError) as exc:  # a torch without TorchScript: the eager module it is
+                    # check_trace=False: trace's own check compares through torch.testing, which imports sympy (via
+                    # torch.distributed), and the actor image leaves sympy out; the same check, done here:
+                    frozen = torch.jit.freeze(torch.jit.trace(net, example, check_trace=False))
+                    if not torch.allclose(frozen(example), net(example), rtol=1e-4, atol=1e-5):
+                        raise RuntimeError("the frozen trace computes other Q-values than the network")
+                    self.frozen = frozen
+            except (AttributeError, RuntimeError, ImportError) as exc:  # no TorchScript here: the eager module
                 log.warning("cannot freeze %s (%s): running the eager module", net.name, exc)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:

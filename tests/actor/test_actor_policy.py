@@ -184,3 +184,29 @@ def test_flywheel_run_gives_actors_the_learners_network(monkeypatch: pytest.Monk
     assert plan("learner.hidden=64", "actor.hidden=32")["actor"]["HIDDEN"] == "32"  # the user's own choice stands
     monkeypatch.setenv("FLYWHEEL_ACTOR_HIDDEN", "48")
     assert plan("learner.hidden=64")["actor"]["HIDDEN"] == "48"
+
+
+def test_the_default_jobs_actor_builds_without_the_packages_the_actor_image_leaves_out() -> None:
+    """The actor image drops torch.compile's packages (docker/actor-excludes.txt: sympy, networkx, ...). torch.jit's
+    own trace check imported sympy (through torch.testing and torch.distributed), so every Mario actor in compose
+    exited at start; the frozen conv policy is now checked without it. A child process with those imports refused
+    builds the default job's actor: Mario's envs and the frozen policy."""
+    code = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"sympy", "networkx", "jinja2", "mpmath"}:
+            raise ImportError(f"{name} is not in the actor image")
+sys.meta_path.insert(0, Refuse())
+from flywheel.registry import settings_class
+from flywheel.runplan import DEFAULT_ENV
+from flywheel.services.actor.startup import acting_policy, build_acting
+settings = settings_class("actor")(env_id=DEFAULT_ENV, num_envs=2, preset="pixel", torch_freeze=True)
+core, spec = build_acting(settings)
+policy = acting_policy(settings, spec)
+print("frozen" if getattr(policy, "frozen", None) is not None else "eager", spec.obs_shape)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "FLYWHEEL_PRESET": "none"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[0] == "frozen", result.stdout + result.stderr[-2000:]
