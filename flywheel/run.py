@@ -259,7 +259,7 @@ def target_reached(summary: dict[str, Any], target: float | None) -> str | None:
         return f"greedy return {summary['greedy_return']:.1f} reached the target {target:g} {steps}"
     if (summary.get("best_return") or float("-inf")) >= target:
         return (f"the learner's kept best policy (v{summary.get('best_version') or 0:.0f}) scored "
-                f"{summary['best_return']:.1f} in its greedy evaluation, reaching the target {target:g} {steps}")
+                f"{summary['best_return']:.1f} in its greedy evaluation: reached the target {target:g} {steps}")
     return None
 
 
