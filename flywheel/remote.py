@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from flywheel.checkpoints import write_atomically
 from flywheel.settings import SettingsError, build_settings, env_name
 
 JOIN_FILE = "join.json"
@@ -98,9 +99,7 @@ def write_join_file(join: dict[str, Any], env: dict[str, dict[str, str]], env_id
     actor = {k: v for k, v in env["actor"].items() if k not in LOCAL_ONLY and "SECRET" not in k}
     document = {**join, "env_id": env_id, "preset": preset, "actor": {**actor, **join["endpoints"]}}
     path = ckpt / JOIN_FILE
-    tmp = path.with_name(f".{JOIN_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, (json.dumps(document, indent=2) + "\n").encode())
     return path
 
 
