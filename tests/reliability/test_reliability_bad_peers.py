@@ -143,6 +143,9 @@ def test_rogue_peers_on_every_bound_socket(tmp_path: Path) -> None:
                      "every valid transition to arrive", alive=names)
         cluster.wait(lambda: cluster.value("probe-0", "probe_messages_total") == VALID_BATCHES, 30,
                      "the last valid telemetry message to arrive", alive=names)
+        # the replay's next report holds the last wrong-kind sample request (counters arrive a report later)
+        cluster.wait(lambda: cluster.value("replay-0", 'rejected_total{where="sample",reason="wrong_kind"}')
+                     >= VALID_BATCHES, 30, "the replay to report every wrong-kind sample request", alive=names)
         replay = cluster.instance("replay-0")
         assert replay is not None
         assert replay["counters"]["transitions_received_total"] == valid_rows
