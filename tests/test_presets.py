@@ -34,7 +34,8 @@ def test_every_shipped_preset_names_real_settings_and_builds(name: str) -> None:
     for service in presets.SERVICES:
         fields = settings_class(service).model_fields
         assert set(preset.sections.get(service, {})) <= set(fields), f"{name}: {service} has no such setting"
-        env_id = {"vector": "CartPole-v1", "pixel": "SuperMarioBros-1-1-v0", "atari": "ALE/Pong-v5"}[name]
+        env_id = {"vector": "CartPole-v1", "pixel": "SuperMarioBros-1-1-v0", "atari": "ALE/Pong-v5",
+                  "grid": "Snake-v0"}[name]
         values = {"preset": name} | ({"env_id": env_id} if "env_id" in fields else {}) | (
             {"device": "cpu"} if service == "learner" else {})
         settings = build_settings(settings_class(service), values, service)
@@ -47,6 +48,10 @@ def test_presets_are_chosen_from_the_env_id() -> None:
     assert presets.name_for_env("CartPole-v1") == "vector"
     assert presets.name_for_env("SuperMarioBros-1-1-v0?size=42") == "pixel"
     assert presets.name_for_env("ALE/Breakout-v5", "uint8") == "atari"
+    assert presets.name_for_env("Snake-v0?size=12") == presets.name_for_env("MettaGrid-v0") == "grid"
+    snake = LearnerSettings(env_id="Snake-v0", device="cpu")
+    assert (snake.lr, snake.batch_size, snake.tau) == (0.002, 128, 0.02)  # vector's recipe, which grid extends
+    assert ActorSettings(env_id="MettaGrid-v0").num_envs % 4 == 0  # whole simulations of its 4 agents
     cartpole = LearnerSettings(env_id="CartPole-v1", device="cpu")
     assert (cartpole.lr, cartpole.batch_size, cartpole.tau) == (0.002, 128, 0.02)
     mario = LearnerSettings(env_id="SuperMarioBros-1-1-v0", device="cpu")
@@ -82,6 +87,25 @@ def test_a_users_yaml_file_is_a_preset(tmp_path: Path) -> None:
     assert (actor.gamma, actor.hidden) == (0.95, 64)
 
 
+def test_a_preset_extends_another_and_overrides_some_of_its_values(tmp_path: Path) -> None:
+    vector = presets.load("vector")
+    assert presets.load("grid").sections == vector.sections  # grid takes vector's recipe whole, for now
+    path = tmp_path / "wider.yaml"
+    path.write_text("extends: vector\nlearner: {lr: 0.0005}\n")
+    wider = presets.load(str(path))
+    assert wider.section("learner") == {**vector.section("learner"), "lr": 0.0005}
+    assert wider.section("actor") == vector.section("actor") and wider.sha256 != vector.sha256
+    learner = LearnerSettings(env_id="CartPole-v1", preset=str(path))
+    assert (learner.lr, learner.tau, learner.batch_size) == (0.0005, 0.02, 128)
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(presets.PresetError, match="extends loops back"):
+        presets.load(str(tmp_path / "a.yaml"))
+    (tmp_path / "c.yaml").write_text("extends: [vector]\n")
+    with pytest.raises(presets.PresetError, match="extends must name one preset"):
+        presets.load(str(tmp_path / "c.yaml"))
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ("learner: {lrr: 0.1}\n", "learner has no setting 'lrr'"),
     ("learnr: {lr: 0.1}\n", "unknown section(s) learnr"),
@@ -99,7 +123,7 @@ def test_a_bad_preset_file_is_one_line_naming_it(tmp_path: Path, content: str, m
 
 
 def test_unknown_names_and_missing_files_are_refused() -> None:
-    with pytest.raises(SettingsError, match="unknown preset 'fast': choose one of atari, pixel, vector"):
+    with pytest.raises(SettingsError, match="unknown preset 'fast': choose one of atari, grid, pixel, vector"):
         build_settings(LearnerSettings, {"preset": "fast"}, "learner")
     with pytest.raises(SettingsError, match="preset file /nonexistent/x.yaml"):
         build_settings(LearnerSettings, {"preset": "/nonexistent/x.yaml"}, "learner")
@@ -112,6 +136,9 @@ def test_presets_command_lists_and_shows(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["presets", "show", "pixel"]) == 0
     shown = capsys.readouterr().out
     assert presets.load("pixel").sha256 in shown and "gamma: 0.9" in shown
+    assert main(["presets", "show", "grid"]) == 0
+    shown = capsys.readouterr().out
+    assert "extends: vector" in shown and "# resolved" in shown and "tau: 0.02" in shown
     assert main(["presets", "show", "fast"]) == 2
     assert "error: flywheel presets: unknown preset 'fast'" in capsys.readouterr().err
 

@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 PRESET_DIR = Path(__file__).parent
 SERVICES = ("actor", "replay", "learner", "gateway")
-SECTIONS = ("description", "common", "run", *SERVICES)
+SECTIONS = ("description", "extends", "common", "run", *SERVICES)
 GLOBAL_VARIABLE = "FLYWHEEL_PRESET"
 NONE = "none"
 
@@ -86,26 +86,49 @@ def _load(path: Path) -> Preset:
     if unknown:
         raise PresetError(f"preset file {path}: unknown section(s) {', '.join(unknown)} "
                             f"(sections: {', '.join(SECTIONS)})")
-    sections: dict[str, dict[str, Any]] = {}
+    base = _base(path, data.get("extends"))
+    sections: dict[str, dict[str, Any]] = {k: dict(v) for k, v in base.sections.items()} if base else {}
     for name, values in data.items():
-        if name == "description":
+        if name in ("description", "extends"):
             continue
         if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
             raise PresetError(f"preset file {path}: section {name!r} must map setting names to values")
         bad = [k for k, v in values.items() if not isinstance(v, str | int | float | bool)]
         if bad:
             raise PresetError(f"preset file {path}: {name}.{bad[0]} must be a single value")
-        sections[name] = dict(values)
+        sections[name] = {**sections.get(name, {}), **values}
     stem = path.stem if path.parent == PRESET_DIR else str(path)
-    return Preset(stem, path, str(data.get("description", "")), sections, hashlib.sha256(raw).hexdigest())
+    digest = hashlib.sha256(raw + (base.sha256.encode() if base else b"")).hexdigest()  # the base's values too
+    return Preset(stem, path, str(data.get("description", "")), sections, digest)
+
+
+_LOADING: list[Path] = []  # the files whose ``extends`` are being followed, to refuse a loop
+
+
+def _base(path: Path, extends: Any) -> Preset | None:
+    """The preset named by ``extends`` (a shipped name, or a file relative to this one): its values come first."""
+    if extends is None:
+        return None
+    if not isinstance(extends, str) or not extends:
+        raise PresetError(f"preset file {path}: extends must name one preset")
+    target = extends if not extends.endswith((".yaml", ".yml")) else str(path.parent / extends)
+    if path in _LOADING:
+        raise PresetError(f"preset file {path}: extends loops back to itself")
+    _LOADING.append(path)
+    try:
+        return load(target)
+    finally:
+        _LOADING.pop()
 
 
 def name_for_env(env_id: str, obs_dtype: str | None = None) -> str:
-    """The shipped preset of an env id: atari for ale-py ids, pixel for images, vector otherwise."""
+    """The shipped preset of an env id: atari for ale-py ids, grid for Snake and MettaGrid, pixel for other images,
+    vector otherwise."""
     from flywheel.envs import env_family, env_spec
 
-    if env_family(env_id) == "atari":
-        return "atari"
+    family = env_family(env_id)
+    if family in ("atari", "snake", "mettagrid"):
+        return {"atari": "atari"}.get(family, "grid")
     if obs_dtype is None:
         obs_dtype = env_spec(env_id).obs_dtype
     return "pixel" if obs_dtype == "uint8" else "vector"
@@ -175,10 +198,13 @@ def run_presets(args: Any) -> int:
     if args.presets_command == "list":
         for name in names():
             print(f"{name:8s} {load(name).description}")
-        print("chosen from the env id: atari for ale-py ids, pixel for other image envs, vector otherwise; "
-              "--preset NAME|FILE or FLYWHEEL_PRESET names another, none turns it off")
+        print("chosen from the env id: atari for ale-py ids, grid for Snake and MettaGrid, pixel for other image "
+              "envs, vector otherwise; --preset NAME|FILE or FLYWHEEL_PRESET names another, none turns it off")
         return 0
     preset = load(args.name)
     print(f"# preset {preset.name} ({preset.path}), sha256 {preset.sha256}")
     print(preset.path.read_text(), end="")
+    if yaml.safe_load(preset.path.read_bytes()).get("extends"):  # what the services read, the base's values too
+        print("# resolved (the base's values, this file's over them):")
+        print(yaml.safe_dump(preset.sections, sort_keys=False), end="")
     return 0
