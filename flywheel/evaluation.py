@@ -4,12 +4,15 @@ Every episode has its own seed: the env is reset with it and a ``numpy.random.de
 exploration (epsilon-greedy, default epsilon 0.05) or, for the random policy, every action; so an episode's result
 depends only on (policy, env id, seed, epsilon, stall rule), whichever worker plays it.
 
-Stall rule (Mario, any env whose info has ``x_pos``): an episode also ends after ``stall_steps`` (default 250)
-agent steps without a new maximum ``x_pos``. A Mario stuck at a pipe or a wall otherwise walks in place for
-~2,400 agent steps until the level's clock kills it, which costs evaluation time and says nothing more about the
-distance reached. The rule is the same for every policy, the random one included; ``end`` records why each
-episode ended: "flag", "death", "clock" (the level's timer ran out), "stall", "time_limit" (the env's
-max_episode_steps), "max_steps" (this module's cap) or, for envs without Mario's info, "terminated" / "truncated".
+Mario (any env whose info has ``x_pos``) is evaluated as a paper would: each episode starts at the level start
+with 0..``noop_max`` NOOP actions (action 0 of every Mario action set; the count drawn from the episode's rng, kept
+as ``noops``), then epsilon-greedy. Stall rule: with ``stall_steps`` > 0 an episode also ends after that many agent
+steps without a new maximum ``x_pos`` (a Mario stuck at a pipe otherwise walks in place for ~2,400 agent steps until
+the level's clock kills it). A rule that can only lower scores is best reported beside the plain figure, so every
+record also carries what the rule with ``STALL_STEPS`` would have kept (``x_pos_max_stall_rule``,
+``flag_stall_rule``) from the same episode. ``end`` records why each episode ended: "flag", "death", "clock" (the
+level's timer ran out), "stall", "time_limit" (the env's max_episode_steps), "max_steps" (this module's cap) or,
+for envs without Mario's info, "terminated" / "truncated".
 
 Atari is evaluated as the standard says, whatever the training id's options: whole games (no episodic life) with
 the game's own score (no reward clipping), after the env's seeded no-op start and FIRE
@@ -32,7 +35,8 @@ BOOTSTRAP_SEED = 20240601  # fixed, so the same values always give the same inte
 _worker: dict[str, Any] = {}  # per process: the env, the policy (None: random) and the settings
 
 
-def _setup(env_id: str, checkpoint: str | None, epsilon: float, stall_steps: int, max_steps: int | None) -> None:
+def _setup(env_id: str, checkpoint: str | None, epsilon: float, stall_steps: int, max_steps: int | None,
+           noop_max: int = 0) -> None:
     """Build this process's env and policy once (a Pool initializer, or the caller itself for workers=1)."""
     import torch
 
@@ -47,7 +51,7 @@ def _setup(env_id: str, checkpoint: str | None, epsilon: float, stall_steps: int
     env = make_env(evaluation_env_id(env_id))  # Atari: whole games, unclipped scores
     _worker.clear()
     _worker.update(env=env, policy=policy, n_actions=int(env.action_space.n), epsilon=float(epsilon),
-                   stall_steps=int(stall_steps), max_steps=max_steps)
+                   stall_steps=int(stall_steps), max_steps=max_steps, noop_max=int(noop_max))
 
 
 def _setup_worker(*args: Any) -> None:
@@ -70,10 +74,14 @@ def _episode(seed: int) -> dict[str, Any]:
     started = time.monotonic()
     obs, info = env.reset(seed=int(seed))
     mario = "x_pos" in info
+    noops = int(rng.integers(_worker["noop_max"] + 1)) if mario and _worker["noop_max"] else 0
     x_max = int(info.get("x_pos", 0)) if mario else None
     since_best, ret, length, flag, end = 0, 0.0, 0, False, ""
+    stall_rule: tuple[int | None, bool] | None = None  # (x_max, flag) when STALL_STEPS would have ended it
     while not end:
-        if policy is None or rng.random() < epsilon:
+        if length < noops:
+            action = 0
+        elif policy is None or rng.random() < epsilon:
             action = int(rng.integers(n_actions))
         else:
             action = int(policy.predict(np.asarray(obs)[None])[0])
@@ -87,6 +95,8 @@ def _episode(seed: int) -> dict[str, Any]:
                 x_max, since_best = x, 0
             else:
                 since_best += 1
+            if stall_rule is None and since_best >= STALL_STEPS:
+                stall_rule = (x_max, flag)
         if (terminated or truncated) and isinstance(info.get("episode"), dict) and "return" in info["episode"]:
             ret = float(info["episode"]["return"])  # an env that keeps its own score (Atari: the game's points)
         if terminated:
@@ -97,27 +107,33 @@ def _episode(seed: int) -> dict[str, Any]:
             end = "stall"
         elif max_steps is not None and length >= max_steps:
             end = "max_steps"
+    x_stall, flag_stall = stall_rule if stall_rule is not None else (x_max, flag)
     return {"seed": int(seed), "x_pos_max": x_max, "flag": flag, "return": ret, "length": length, "end": end,
+            "noops": noops, "x_pos_max_stall_rule": x_stall, "flag_stall_rule": flag_stall,
             "seconds": time.monotonic() - started}
 
 
 def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | None = None, epsilon: float = 0.05,
-             workers: int = 1, stall_steps: int = STALL_STEPS, max_steps: int | None = None,
+             workers: int = 1, stall_steps: int = STALL_STEPS, max_steps: int | None = None, noop_max: int = 0,
              progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """One episode per seed with the checkpoint in folder ``checkpoint`` (None: uniformly random actions).
 
     ``workers`` > 1 plays the episodes in that many 'spawn' processes (each loads the policy and builds the env
     once); 1 plays them in this process. ``progress`` gets each finished episode's record. Returns the records
-    in the order of ``seeds``: seed, x_pos_max and flag (None / False off Mario), return, length, end, seconds.
+    in the order of ``seeds``: seed, x_pos_max and flag (None / False off Mario), return, length, end, noops,
+    x_pos_max_stall_rule and flag_stall_rule (see the module's docstring), seconds. ``noop_max`` > 0 starts each
+    Mario episode with 0..noop_max NOOPs.
     """
     seeds = [int(s) for s in seeds]
     if len(set(seeds)) != len(seeds):
         raise ValueError("evaluation seeds must be distinct")
     if not 0.0 <= epsilon <= 1.0:
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
-    if workers < 1 or stall_steps < 0:
-        raise ValueError(f"workers must be >= 1 and stall_steps >= 0, got {workers} and {stall_steps}")
-    args = (env_id, None if checkpoint is None else str(checkpoint), float(epsilon), int(stall_steps), max_steps)
+    if workers < 1 or stall_steps < 0 or noop_max < 0:
+        raise ValueError(f"workers must be >= 1, stall_steps and noop_max >= 0, got {workers}, {stall_steps} and "
+                         f"{noop_max}")
+    args = (env_id, None if checkpoint is None else str(checkpoint), float(epsilon), int(stall_steps), max_steps,
+            int(noop_max))
     records: dict[int, dict[str, Any]] = {}
 
     def done(record: dict[str, Any]) -> None:
@@ -146,20 +162,36 @@ def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | None = None
 
 def summarize(values: Sequence[float], flags: Sequence[bool] | None = None, *,
               resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
-    """n, mean, median, a 95% percentile-bootstrap CI of the mean (``resamples`` resamples, fixed seed), flag rate.
+    """n, mean, median, 95% percentile-bootstrap CIs of the mean and the median (``resamples`` resamples, fixed
+    seed), flag rate.
 
-    ``flags`` (one bool per value) gives ``flag_rate``; without them it is None. No values: a ValueError.
+    ``flags`` (one bool per value) gives ``flag_rate`` and its 95% Wilson interval (``flag_ci_low``,
+    ``flag_ci_high``); without them all three are None. No values: a ValueError.
     """
     data = np.asarray(values, dtype=np.float64)
     if data.ndim != 1 or len(data) == 0:
         raise ValueError("summarize needs a non-empty sequence of numbers")
     rng = np.random.default_rng(seed)
-    means = data[rng.integers(len(data), size=(resamples, len(data)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    flag_rate = None
+    resampled = data[rng.integers(len(data), size=(resamples, len(data)))]
+    low, high = np.percentile(resampled.mean(axis=1), [2.5, 97.5])
+    median_low, median_high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
+    flag_rate = flag_low = flag_high = None
     if flags is not None:
         if len(flags) != len(data):
             raise ValueError(f"{len(flags)} flags for {len(data)} values")
         flag_rate = float(np.mean([bool(f) for f in flags]))
+        flag_low, flag_high = wilson_interval(sum(bool(f) for f in flags), len(data))
     return {"n": int(len(data)), "mean": float(data.mean()), "median": float(np.median(data)),
-            "ci_low": float(low), "ci_high": float(high), "flag_rate": flag_rate}
+            "ci_low": float(low), "ci_high": float(high), "median_ci_low": float(median_low),
+            "median_ci_high": float(median_high), "flag_rate": flag_rate, "flag_ci_low": flag_low,
+            "flag_ci_high": flag_high}
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion (sound at 0 and n successes, unlike the normal one)."""
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n and n >= 1, got {successes} of {n}")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 
-def die_with_parent() -> None:
-    """In a child: ask Linux for SIGTERM when the parent dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """In a child: ask Linux for ``signum`` (SIGTERM) when the parent dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signum))
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         pass
 

@@ -1,4 +1,5 @@
-"""A Docker engine for the real compose test: a private dockerd started and stopped by PID, or the machine's own.
+"""A Docker engine for the real compose test and the compose benchmark: a private dockerd started and stopped by
+PID, or the machine's own.
 
 Also what a build needs where no registry is reachable: a Debian base image made with debootstrap and a
 wheelhouse made on the host with docker/make-wheelhouse.sh, both cached under ~/.cache/flywheel-docker by
@@ -349,6 +350,8 @@ def wheelhouse() -> Path | None:
 
 def stage_build_context(into: Path, wheels: Path | None) -> Path:
     """A copy of the checkout (tracked and untracked, not ignored files) with the wheelhouse linked in."""
+    if not (ROOT / "docker-compose.yml").is_file():
+        raise EngineUnavailable(f"building the images needs a source checkout of Flywheel; {ROOT} is not one")
     listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, timeout=60)
     for name in listed.stdout.split("\0"):
         if not name:

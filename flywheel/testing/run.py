@@ -65,6 +65,27 @@ class Snapshot:
         return self.counters.get(service, {}).get(name, 0.0)
 
 
+def all_up(status: dict[str, Any] | None, actors: int) -> bool:
+    """The gateway's /status shows a live replay, a live learner and ``actors`` live actors."""
+    services = (status or {}).get("services", {})
+    return all(services.get(name, {}).get("up", 0) >= count
+               for name, count in (("replay", 1), ("learner", 1), ("actor", actors)))
+
+
+def snapshot_of(status: dict[str, Any], now: float, cpu: dict[str, float]) -> Snapshot:
+    """A Snapshot of the gateway's /status: counters summed per service over every instance, gauges per instance."""
+    counters: dict[str, dict[str, float]] = {}
+    gauges: dict[str, list[dict[str, float]]] = {}
+    for service, entry in status.get("services", {}).items():
+        sums: dict[str, float] = {}
+        for inst in entry.get("instances", []):
+            for key, value in inst.get("counters", {}).items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+            gauges.setdefault(service, []).append({"instance": inst.get("instance"), **inst.get("gauges", {})})
+        counters[service] = sums
+    return Snapshot(now, counters, gauges, cpu)
+
+
 class FlywheelRun:
     """One ``flywheel run`` as a user starts it, on Unix sockets and an HTTP port the kernel picks; stopped with
     SIGINT like Ctrl-C."""
@@ -116,12 +137,7 @@ class FlywheelRun:
         return True
 
     def _all_up(self) -> bool:
-        status = self.status()
-        if status is None:
-            return False
-        services = status.get("services", {})
-        return all(services.get(name, {}).get("up", 0) >= count
-                   for name, count in (("replay", 1), ("learner", 1), ("actor", self.actors)))
+        return all_up(self.status(), self.actors)
 
     def __enter__(self) -> FlywheelRun:
         return self.start()
@@ -184,19 +200,7 @@ class FlywheelRun:
     def snapshot(self) -> Snapshot | None:
         """Counters summed over every instance the gateway knows (live or not) and each child's CPU seconds."""
         status = self.status()
-        now = time.monotonic()
-        if status is None:
-            return None
-        counters: dict[str, dict[str, float]] = {}
-        gauges: dict[str, list[dict[str, float]]] = {}
-        for service, entry in status.get("services", {}).items():
-            sums: dict[str, float] = {}
-            for inst in entry.get("instances", []):
-                for key, value in inst.get("counters", {}).items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
-                gauges.setdefault(service, []).append({"instance": inst.get("instance"), **inst.get("gauges", {})})
-            counters[service] = sums
-        return Snapshot(now, counters, gauges, self.cpu_seconds())
+        return None if status is None else snapshot_of(status, time.monotonic(), self.cpu_seconds())
 
     def children(self) -> dict[str, psutil.Process]:
         """The service processes by instance name (actor-0, learner-0, ...), found once they exist."""

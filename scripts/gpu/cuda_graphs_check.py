@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from flywheel import proto
-from flywheel.bench.suites._learner_loops import CASES, random_batch
+from flywheel.bench.parts.learner_loops import CASES, random_batch
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 
 MODES: dict[str, dict[str, Any]] = {"eager": {"compile": False}, "default": {"compile": True},

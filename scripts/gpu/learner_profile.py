@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from flywheel import proto
-from flywheel.bench.suites._learner_loops import CASES, BareLoop, random_batch
+from flywheel.bench.parts.learner_loops import CASES, BareLoop, random_batch
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 
 DEVICE = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cuda")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from flywheel.processes import die_with_parent
 
 from . import checkpoint
 
@@ -61,7 +64,8 @@ class Snapshotter:
         if pid == 0:  # the child: write and leave without running any of the parent's cleanup
             code = 1
             try:
-                _die_with_parent()
+                # SIGKILL, not SIGTERM: an orphan never renames an old snapshot over a newer one
+                die_with_parent(signal.SIGKILL)
                 os.nice(10)  # the loop it was forked from keeps the CPU first
                 checkpoint.save(self.state(), self.directory, self.info())
                 code = 0
@@ -109,14 +113,3 @@ class Snapshotter:
         self.last_duration_s = time.monotonic() - begin
         log.info("checkpoint (%s) of %d transitions written to %s in %.1f s", why, self.size(), self.directory,
                  self.last_duration_s)
-
-
-def _die_with_parent() -> None:
-    """Linux: the writer dies with the replay, so an orphan never renames an old snapshot over a newer one."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass

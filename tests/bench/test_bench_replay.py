@@ -15,12 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from flywheel.bench.peers.cpu_clock import SideClock, cpu_seconds, pin_process, rates, thread_affinities
-from flywheel.bench.peers.learner_path import learner_path_run
-from flywheel.bench.peers.replay_harness import CpprbPeer, OptionalPeer, PeerProcess, ReplayService, Sender, sample_run
-from flywheel.bench.peers.zmq_ceiling import zmq_ceiling_run
-from flywheel.bench.runner import BenchError, SuiteResult, markdown_table
-from flywheel.bench.suites._replay_rows import (
+from flywheel.bench.parts.replay_rows import (
     SAMPLING_VARIANTS,
     ZMQ_ALONE,
     checkpoint_rows,
@@ -32,6 +27,11 @@ from flywheel.bench.suites._replay_rows import (
     reverb_insert_rows,
     sampling_rows,
 )
+from flywheel.bench.peers.cpu_clock import SideClock, cpu_seconds, pin_process, rates, thread_affinities
+from flywheel.bench.peers.learner_path import learner_path_run
+from flywheel.bench.peers.replay_harness import CpprbPeer, OptionalPeer, PeerProcess, ReplayService, Sender, sample_run
+from flywheel.bench.peers.zmq_ceiling import zmq_ceiling_run
+from flywheel.bench.runner import BenchError, SuiteResult, markdown_table
 
 GIB = 2**30
 CPUS = sorted(os.sched_getaffinity(0))

@@ -12,9 +12,10 @@ import torch
 import zmq
 
 from flywheel import proto
-from flywheel.bench.suites import mario, origins, sb3, scaling
-from flywheel.bench.suites._origin_loop import measure
-from flywheel.bench.suites._scale import ScaleModel, scale_table
+from flywheel.bench.parts import mario_report
+from flywheel.bench.parts.origin_loop import measure
+from flywheel.bench.parts.scale import ScaleModel, scale_table
+from flywheel.bench.suites import origins, sb3, scaling
 from flywheel.nets import build_q_network, weights_message
 from flywheel.testing.run import greedy_returns
 from flywheel.testing.weights import WeightsWatcher
@@ -151,7 +152,7 @@ def test_mario_summary_rows_goal_and_stretch() -> None:
     checkpoints = [{"minute": 30.0, "env_steps": 30_000, "episodes": _episodes([900.0, 1100.0] * 25)},
                    {"minute": 60.0, "env_steps": 60_000, "episodes": _episodes([1500.0, 1700.0] * 25, flags=5)}]
     loads = {"start": [0.5, 0.5, 0.5], "end": [3.0, 2.0, 1.0]}
-    result = mario.summarize(settings, points, checkpoints, random, loads)
+    result = mario_report.summarize(settings, points, checkpoints, random, loads)
     first, last, goal, stretch = result.rows[:4]
     assert first.flywheel == 1000.0 and first.peer == 500.0 and "30,000 agent steps" in first.case
     assert last.flywheel == 1600.0 and "flags 10%" in last.metric and "95% CI" in last.metric
@@ -160,10 +161,36 @@ def test_mario_summary_rows_goal_and_stretch() -> None:
     assert any("min 0.50, median" in n and "max 61.50" in n for n in result.notes)
     assert any("seeds 100000..100049" in n and "250 agent steps" in n for n in result.notes)
     assert result.extra["random"]["summary"]["mean"] == 500.0 and result.extra["flag_in_training"] is True
-    short = mario.summarize({**settings, "seeds": settings["seeds"][:4]}, points[:2],
+    short = mario_report.summarize({**settings, "seeds": settings["seeds"][:4]}, points[:2],
                             [{**checkpoints[1], "minute": 2.0, "episodes": _episodes([1500.0] * 4)}],
                             _episodes([400.0] * 4), loads)
     assert [r.met for r in short.rows[1:3]] == [False, False]  # 2 minutes, 4 episodes, no flag seen
+
+
+def test_mario_compose_beside_flywheel_run_at_the_nearest_agent_steps() -> None:
+    settings = {"env_id": "SuperMarioBros-1-1-v0?size=42", "minutes": 30.0, "actors": 2, "sets": [],
+                "deploys": ["run", "compose"], "eval_episodes": 50, "eval_epsilon": 0.05, "eval_workers": 2,
+                "noop_max": 30, "stall_steps": 0, "seeds": list(range(100_000, 100_050))}
+    cut = [{**r, "x_pos_max_stall_rule": r["x_pos_max"] - 100, "flag_stall_rule": False}
+           for r in _episodes([950.0, 1050.0] * 25, flags=10)]
+    checkpoints = [{"deploy": "run", "minute": 15.0, "env_steps": 15_000, "episodes": _episodes([900.0, 1100.0] * 25)},
+                   {"deploy": "run", "minute": 30.0, "env_steps": 30_000, "episodes": _episodes([1500.0, 1700.0] * 25)},
+                   {"deploy": "compose", "minute": 30.0, "env_steps": 16_000, "episodes": cut}]
+    random = _episodes([400.0, 600.0] * 25)
+    result = mario_report.summarize(settings, [], checkpoints, random, {"start": [0.5, 0.5, 0.5]})
+    [row] = [r for r in result.rows if r.case.startswith("compose at 30 min")]
+    assert "flywheel run at 15 min" in row.case  # 16,000 agent steps: nearer 15,000 than 30,000
+    assert (row.flywheel, row.peer, row.met) == (1000.0, 1000.0, True)
+    assert [r.case.split(":")[0] for r in result.rows[:3]] == ["run", "run", "compose"]
+    [table] = result.sections
+    assert "| compose 30 min | 16,000 | 1,000 (" in table and "| 900 | 0% |" in table  # the stall rule, beside
+    assert "| 20% (" in table  # 10 flags of 50, with a Wilson interval
+    assert any("0..30 NOOPs" in n and "No stall rule in the headline" in n for n in result.notes)
+    assert any("docker compose up --scale actor=2" in n for n in result.notes)
+    worse = [*checkpoints[:2], {**checkpoints[2], "episodes": _episodes([500.0, 700.0] * 25)}]
+    rows = mario_report.summarize(settings, [], worse, random, {"start": [0.5, 0.5, 0.5]}).rows
+    [row] = [r for r in rows if r.case.startswith("compose at")]
+    assert row.met is False  # above random, but its mean is outside flywheel run's interval
 
 
 def test_greedy_returns_are_seeded_and_batched() -> None:

@@ -4,7 +4,7 @@ that the containers read the presets: the compose default, Mario 1-1 at 42x42, w
 The engine is the machine's own when one answers, otherwise a private dockerd that this test starts as root and
 stops by PID (`--iptables=false --ip-masq=false`: containers get no route out). With no registry the base image is
 Debian bookworm made with debootstrap, and Python packages come from a wheelhouse built on the host
-(tests/deploy/dockerhost.py). The gateway is reached through its port published on 127.0.0.1.
+(flywheel/testing/dockerhost.py). The gateway is reached through its port published on 127.0.0.1.
 
 It checks what the issue promises: 8 live actors in the gateway's /status holding 8 leases with the 8 distinct
 Ape-X exploration rates, learner updates that keep climbing, weights that reach every actor, the control token
@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dockerhost import (
+
+from flywheel.testing.dockerhost import (
     REGISTRY_BASE,
     Engine,
     EngineUnavailable,
@@ -40,7 +41,6 @@ from dockerhost import (
     stage_build_context,
     wheelhouse,
 )
-
 from flywheel.testing.polling import wait_until
 from flywheel.testing.ports import free_port
 

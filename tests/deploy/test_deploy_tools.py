@@ -29,7 +29,8 @@ from deploy_helpers import (
     ROOT,
     k8s_objects,
 )
-from dockerhost import tool
+
+from flywheel.testing.dockerhost import tool
 
 KUBERNETES_VERSION = "1.33.0"  # a release kubernetes-validate ships strict schemas for; the manifests use GA APIs
 

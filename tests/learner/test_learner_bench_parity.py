@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from flywheel import proto
+from flywheel.bench.parts.learner_fed import fed_cases
+from flywheel.bench.parts.learner_loops import ADAM_EPS, CLIP, LR, BareLoop, Case, interleaved
 from flywheel.bench.runner import BenchContext, BenchError
-from flywheel.bench.suites._learner_fed import fed_cases
-from flywheel.bench.suites._learner_loops import ADAM_EPS, CLIP, LR, BareLoop, Case, interleaved
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 
 

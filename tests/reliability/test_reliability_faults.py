@@ -1,6 +1,6 @@
 """kill -9 of an actor, the replay, the learner and the gateway in turn during a running pipeline, then restart.
 
-The scenario lives in flywheel/bench/suites/_faults.py (``flywheel bench reliability`` reports its figures);
+The scenario lives in flywheel/testing/faults.py (``flywheel bench reliability`` reports its figures);
 it raises on every broken expectation (a hang, a lost checkpoint, stale weights, a service that stays away).
 Here the figures are also bounded.
 """

@@ -11,10 +11,7 @@ import numpy as np
 import torch
 import zmq
 
-from flywheel.bench.peers.replay_data import mario_frames
-from flywheel.bench.peers.replay_harness import ReplayService, cpu_split
-from flywheel.bench.runner import BenchContext, BenchError, Row, median
-from flywheel.bench.suites._learner_loops import (
+from flywheel.bench.parts.learner_loops import (
     CASES,
     ROUNDS,
     BareLoop,
@@ -23,7 +20,10 @@ from flywheel.bench.suites._learner_loops import (
     service_seconds,
     start_learner,
 )
-from flywheel.bench.suites._replay_sampling import filled_service
+from flywheel.bench.parts.replay_sampling import filled_service
+from flywheel.bench.peers.replay_data import mario_frames
+from flywheel.bench.peers.replay_harness import ReplayService, cpu_split
+from flywheel.bench.runner import BenchContext, BenchError, Row, median
 from flywheel.services.learner.core import AMP_DTYPES, CoreConfig
 from flywheel.services.learner.transport import LearnerService
 

@@ -8,7 +8,7 @@ every 3 epochs, 003's weight comparison). Learning happens in the same loop ever
 environment waits while the network trains. Everything is timed: acting, learning, syncing, lock waits and every
 epoch (``epoch_steps`` env steps with their training).
 
-Run as ``python -m flywheel.bench.suites._origin_loop CONFIG_JSON`` (``flywheel bench origins`` does); prints one
+Run as ``python -m flywheel.bench.parts.origin_loop CONFIG_JSON`` (``flywheel bench origins`` does); prints one
 JSON line with the measurement.
 """
 
@@ -169,5 +169,5 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m flywheel.bench.suites._origin_loop CONFIG_JSON (started by flywheel bench origins)")
+        sys.exit("usage: python -m flywheel.bench.parts.origin_loop CONFIG_JSON (started by flywheel bench origins)")
     print(json.dumps(measure(json.loads(sys.argv[1]))), flush=True)

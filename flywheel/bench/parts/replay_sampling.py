@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flywheel.bench.parts.replay_rows import BATCH, WHOLE_BATCH_BYTES, sampling_rows
 from flywheel.bench.peers.learner_path import learner_path_run
 from flywheel.bench.peers.replay_harness import CpprbPeer, OptionalPeer, ReplayService, Sender, sample_run
 from flywheel.bench.peers.zmq_ceiling import zmq_ceiling_run
 from flywheel.bench.runner import BenchContext, SuiteResult
-from flywheel.bench.suites._replay_rows import BATCH, WHOLE_BATCH_BYTES, sampling_rows
 
 MARIO_ROWS = 128  # rows per Mario transition message, as an actor with 16 envs sends them
 # Flywheel's samplers, each run in turns with the peers: (key, transport, requests in flight, client): "bare" is a

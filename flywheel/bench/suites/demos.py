@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.bench.parts.plots import pyplot, save_figure
+from flywheel.bench.parts.time_to_target import flywheel_time_to_target
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._plots import pyplot, save_figure
-from flywheel.bench.suites._time_to_target import flywheel_time_to_target
 from flywheel.testing.run import FlywheelRun
 from flywheel.testing.weights import WeightsWatcher
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +20,8 @@ import torch
 import zmq
 
 from flywheel import proto
-from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._learner_fed import FED_OPTIONS, fed_rows
-from flywheel.bench.suites._learner_loops import (
+from flywheel.bench.parts.learner_fed import FED_OPTIONS, fed_rows
+from flywheel.bench.parts.learner_loops import (
     ADAM_EPS,
     CASES,
     CLIP,
@@ -37,7 +35,8 @@ from flywheel.bench.suites._learner_loops import (
     start_learner,
     sync_device,
 )
-from flywheel.processes import die_with_parent
+from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
+from flywheel.processes import launch
 from flywheel.services.learner.core import AMP_DTYPES, CoreConfig, LearnerCore
 from flywheel.services.learner.metrics import bf16_peak_tflops, flops_per_update, network_passes
 from flywheel.services.learner.startup import resolve_compile_mode
@@ -67,17 +66,15 @@ class ReplayProcess:
     """``flywheel replay`` as a child process on loopback ports the kernel picks, filled with random transitions."""
 
     def __init__(self, case: Case, workdir: Path) -> None:
-        log_path = workdir / f"replay-{case.key}.log"
-        self.log = open(log_path, "wb")  # closed in close()
+        self.log = log_path = workdir / f"replay-{case.key}.log"
+        log_path.unlink(missing_ok=True)
         args = ["--capacity", str(2 * case.fill), "--min-size-to-sample", str(case.fill),
                 "--transitions-bind", "tcp://127.0.0.1:0", "--sample-bind", "tcp://127.0.0.1:0",
                 "--telemetry-endpoint", "inproc://no-gateway", "--control-endpoint", "inproc://no-gateway-control"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
         # its own session, hence its own scheduling group (Linux autogroup), as a separate service has: on a
         # shared machine the replay then competes with other programs, not with the learner it feeds
-        self.proc = subprocess.Popen([sys.executable, "-m", "flywheel", "replay", *args], env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=die_with_parent)
+        self.proc = launch(["replay", *args], env, log_path, new_session=True)
         try:  # its start line says which ports it bound
             self.transitions_endpoint, self.sample_endpoint = reported(log_path, REPLAY_TCP, 120, error=BenchError)
         except BenchError:
@@ -114,7 +111,6 @@ class ReplayProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.log.close()
 
 
 def _core_seconds(core: LearnerCore, batch: object, n: int) -> float:
@@ -320,7 +316,7 @@ def run(ctx: BenchContext) -> SuiteResult:
             rows += case_rows
             notes += case_notes
         if not gpu and ctx.option("cpu_variants", "0" if ctx.quick else "1") == "1":
-            from flywheel.bench.suites._learner_cpu import cpu_variant_rows
+            from flywheel.bench.parts.learner_cpu import cpu_variant_rows
 
             torch.set_num_threads(1)  # as the pixel preset runs the learner: one core, the other for the actor
             variant_rows, variant_notes = cpu_variant_rows(ctx.runs, 40, ctx.progress)

@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from flywheel.bench.parts.plots import pyplot, save_figure
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.testing.run import FlywheelRun, clean_env
 
 DESCRIPTION = "Origins: the reports' single-process act-learn DQN loop vs flywheel run (CartPole, Mario)"
@@ -73,7 +73,7 @@ def _loop_run(ctx: BenchContext, env_id: str, seconds: float, seed: int, min_siz
               "min_size": min_size or p["min_size"], "lr": p["lr"], "hidden": p["hidden"], "seconds": seconds,
               "target_update_interval": p["target_update_interval"], "epoch_steps": EPOCH_STEPS, "seed": seed,
               "threads": threads}
-    proc = subprocess.run([sys.executable, "-m", "flywheel.bench.suites._origin_loop", json.dumps(config)],
+    proc = subprocess.run([sys.executable, "-m", "flywheel.bench.parts.origin_loop", json.dumps(config)],
                           env=clean_env(), capture_output=True, text=True, timeout=seconds + 900)
     if proc.returncode != 0:
         raise BenchError(f"the origin loop failed on {env_id}: {proc.stderr.strip().splitlines()[-1:]}")
@@ -151,7 +151,7 @@ def run(ctx: BenchContext) -> SuiteResult:
             _rows(result, env_id, sides)
     p = {e: _preset(e) for e in envs}
     result.notes += [
-        "The loop (`flywheel/bench/suites/_origin_loop.py`): one env, one action at a time; tuples in a deque behind "
+        "The loop (`flywheel/bench/parts/origin_loop.py`): one env, one action at a time; tuples in a deque behind "
         "a lock taken for every add and sample; batches built by list comprehension; learns every batch/ratio env "
         "steps in the same loop, so the env waits while it trains; an acting copy of the network refreshed by "
         "cloning the state dict every 3 epochs, with the weight comparison report 003 found on every sync; plain "

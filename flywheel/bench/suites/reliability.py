@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.bench.parts.plots import pyplot, save_figure
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._plots import pyplot, save_figure
 from flywheel.services.learner.sampling import batches_per_request
 from flywheel.testing.cluster import ClusterError
 from flywheel.testing.faults import fault_cluster, run_faults

@@ -20,6 +20,26 @@ from typing import Any
 import numpy as np
 import psutil
 
+from flywheel.bench.parts.plots import pyplot, save_figure
+from flywheel.bench.parts.replay_rows import (
+    BATCH,
+    CPPRB_MARIO_BYTES,
+    SECTIONS,
+    checkpoint_rows,
+    common_fill,
+    core_budgets,
+    parse_sections,
+    plot_label,
+    reverb_insert_rows,
+)
+from flywheel.bench.parts.replay_sampling import (
+    MARIO_ROWS,
+    PACKED_BYTES_PER_FRAME,
+    SAMPLING_NOTES,
+    filled_service,
+    sampling_group,
+    sampling_groups,
+)
 from flywheel.bench.peers.replay_data import mario_frames
 from flywheel.bench.peers.replay_harness import (
     SPAWN,
@@ -33,26 +53,6 @@ from flywheel.bench.peers.replay_harness import (
     sample_run,
 )
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._plots import pyplot, save_figure
-from flywheel.bench.suites._replay_rows import (
-    BATCH,
-    CPPRB_MARIO_BYTES,
-    SECTIONS,
-    checkpoint_rows,
-    common_fill,
-    core_budgets,
-    parse_sections,
-    plot_label,
-    reverb_insert_rows,
-)
-from flywheel.bench.suites._replay_sampling import (
-    MARIO_ROWS,
-    PACKED_BYTES_PER_FRAME,
-    SAMPLING_NOTES,
-    filled_service,
-    sampling_group,
-    sampling_groups,
-)
 
 DESCRIPTION = ("replay: insert rate (Mario, CartPole, one core), 512-batch Mario sampling (shm, TCP; async and "
                "synchronous priority updates) on the same fill and cores as cpprb and Reverb, RSS at 1M Mario, "

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.bench.parts.plots import pyplot, save_figure
+from flywheel.bench.parts.time_to_target import EVAL_SEED, flywheel_time_to_target
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median, median_ci
-from flywheel.bench.suites._plots import pyplot, save_figure
-from flywheel.bench.suites._time_to_target import EVAL_SEED, flywheel_time_to_target
 from flywheel.testing.run import clean_env, greedy_returns
 
 DESCRIPTION = "time and CPU-seconds to a greedy target: Stable-Baselines3 DQN (zoo hyperparameters) vs flywheel run"

@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from flywheel.bench.parts.plots import pyplot, save_figure
+from flywheel.bench.parts.scale import ScaleModel
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
-from flywheel.bench.suites._plots import pyplot, save_figure
-from flywheel.bench.suites._scale import ScaleModel
 from flywheel.testing.run import FlywheelRun
 
 DESCRIPTION = "flywheel run with 1, 2, 4 actors (CartPole, Mario): env steps, transitions, updates; core model"

@@ -1,0 +1,200 @@
+"""What ``flywheel bench mario`` reports: rows, the policy table (plain beside the stall rule), notes and the plot."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from flywheel.bench.parts.plots import pyplot, save_figure
+from flywheel.bench.parts.scale import ScaleModel, scale_table
+from flywheel.bench.runner import BenchContext, Row, SuiteResult, _cpu_model
+
+FRAME_SKIP = 4  # emulator frames per agent step in Flywheel's Mario preprocessing
+GOAL_X, STRETCH_X, GOAL_EPISODES, GOAL_MINUTES = 1300.0, 1600.0, 50, 60.0
+FLAG_X = 3160  # x_pos of the flag pole in 1-1
+# uvipen/Super-mario-bros-A3C as reported: (agent steps, x_pos, label)
+A3C_ANCHORS = ((0.58e6, 1670.0, "A3C: greedy x_pos ~1,670"), (1.01e6, FLAG_X, "A3C: first flag"),
+               (1.63e6, FLAG_X, "A3C: flag every episode"))
+
+
+def _x(records: list[dict[str, Any]]) -> list[float]:
+    return [float(r["x_pos_max"] or 0) for r in records]
+
+
+def _stall_rule(records: list[dict[str, Any]]) -> tuple[list[float], list[bool]]:
+    """What the 250-step stall rule keeps of each episode (flywheel.evaluation records it beside the plain one)."""
+    return ([float(r.get("x_pos_max_stall_rule", r["x_pos_max"]) or 0) for r in records],
+            [bool(r.get("flag_stall_rule", r["flag"])) for r in records])
+
+
+def _describe(s: dict[str, Any]) -> str:
+    return (f"median {s['median']:.0f} ({s['median_ci_low']:.0f}-{s['median_ci_high']:.0f}), 95% CI "
+            f"{s['ci_low']:.0f}-{s['ci_high']:.0f}, flags {s['flag_rate']:.0%} ({s['flag_ci_low']:.0%}-"
+            f"{s['flag_ci_high']:.0%})")
+
+
+def _policy_table(rnd: dict[str, Any], checkpoints: list[dict[str, Any]], settings: dict[str, Any]) -> str:
+    """Markdown: each policy's plain figures beside what the stall rule (which can only lower them) makes of them."""
+    lines = [f"Every policy on the same {len(settings['seeds'])} seeds (epsilon {settings['eval_epsilon']:g}, "
+             f"0..{settings.get('noop_max', 0)} no-ops). Plain: an episode ends at death, flag, the level clock or "
+             "the env's step cap. Stall rule: the same episodes cut where 250 agent steps passed without a new "
+             "furthest x, for every policy alike.", "",
+             "| policy | agent steps | mean x (95% CI) | median x (95% CI) | flag rate (95% CI) | mean x, stall rule "
+             "| flag rate, stall rule |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, steps, s, t in [("random", None, rnd["summary"], rnd["stall_rule"])] + [
+            (f"{c.get('deploy', 'run')} {c['minute']:g} min", c["env_steps"], c["summary"], c["stall_rule"])
+            for c in checkpoints]:
+        lines.append(f"| {name} | {'-' if steps is None else f'{steps:,.0f}'} | {s['mean']:,.0f} ({s['ci_low']:,.0f}-"
+                     f"{s['ci_high']:,.0f}) | {s['median']:,.0f} ({s['median_ci_low']:,.0f}-"
+                     f"{s['median_ci_high']:,.0f}) | {s['flag_rate']:.0%} ({s['flag_ci_low']:.0%}-"
+                     f"{s['flag_ci_high']:.0%}) | {t['mean']:,.0f} | {t['flag_rate']:.0%} |")
+    return "\n".join(lines)
+
+
+def _compose_row(checkpoints: list[dict[str, Any]], rnd: dict[str, Any]) -> Row | None:
+    """Compose's last checkpoint against random and against flywheel run's checkpoint nearest in agent steps."""
+    composed = [c for c in checkpoints if c.get("deploy") == "compose"]
+    local = [c for c in checkpoints if c.get("deploy", "run") == "run"]
+    if not composed or not local:
+        return None
+    c = composed[-1]
+    steps = float(c["env_steps"] or 0)
+    r = min(local, key=lambda x: (abs(float(x["env_steps"] or 0) - steps), -x["minute"]))
+    s, q = c["summary"], r["summary"]
+    return Row(
+        case=f"compose at {c['minute']:g} min ({steps:,.0f} agent steps) vs flywheel run at {r['minute']:g} min "
+             f"({float(r['env_steps'] or 0):,.0f} agent steps, the nearest)",
+        metric=f"mean max x_pos (compose 95% CI {s['ci_low']:.0f}-{s['ci_high']:.0f}; flywheel run 95% CI "
+               f"{q['ci_low']:.0f}-{q['ci_high']:.0f}; random 95% CI {rnd['ci_low']:.0f}-{rnd['ci_high']:.0f})",
+        unit="x_pos", flywheel=s["mean"], peer=q["mean"], peer_name="flywheel run (mean)",
+        flywheel_runs=_x(c["episodes"]), peer_runs=_x(r["episodes"]),
+        goal="compose's CI above random's, its mean within flywheel run's CI at about the same agent steps",
+        met=bool(s["ci_low"] > rnd["ci_high"] and q["ci_low"] <= s["mean"] <= q["ci_high"]))
+
+
+def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoints: list[dict[str, Any]],
+              random_records: list[dict[str, Any]], loads: dict[str, Any]) -> SuiteResult:
+    """Rows, notes and the raw record from what the run and the evaluations produced; no plotting."""
+    from flywheel.evaluation import summarize as stats
+
+    env_id, eps, seeds = settings["env_id"], settings["eval_epsilon"], settings["seeds"]
+    deploys = settings.get("deploys", ["run"])
+    trained = " and ".join({"run": "flywheel run", "compose": "docker compose"}[d] for d in deploys)
+    result = SuiteResult(suite="mario", title=f"{env_id}: checkpoints of {settings['minutes']:g} minutes of "
+                                              f"{trained} vs a random policy")
+    result.method = (f"one run{'s' if len(deploys) > 1 else ''}; each checkpoint and the random policy play the same "
+                     f"{len(seeds)} seeds (mean furthest x_pos, 95% bootstrap CI of the mean)")
+    rnd = stats(_x(random_records), [r["flag"] for r in random_records])
+    random_entry = {"summary": rnd, "stall_rule": stats(*_stall_rule(random_records))}
+    for c in checkpoints:
+        c["summary"] = stats(_x(c["episodes"]), [r["flag"] for r in c["episodes"]])
+        c["stall_rule"] = stats(*_stall_rule(c["episodes"]))
+        s = c["summary"]
+        prefix = f"{c.get('deploy', 'run')}: " if len(deploys) > 1 else ""
+        result.rows.append(Row(
+            case=f"{prefix}checkpoint at {c['minute']:g} min ({c['env_steps'] or 0:,.0f} agent steps)",
+            metric=f"mean max x_pos, eps {eps:g} ({_describe(s)})",
+            unit="x_pos", flywheel=s["mean"], peer=rnd["mean"], peer_name="random policy (mean)",
+            flywheel_runs=_x(c["episodes"]), peer_runs=_x(random_records)))
+    flagged = any((v or 0) > 0 for p in points for v in p.get("flag_rate", {}).values())
+    local = [c for c in checkpoints if c.get("deploy", "run") == deploys[0]]
+    if local:
+        last = local[-1]
+        s = last["summary"]
+        result.rows.append(Row(
+            case=f"goal: checkpoint at {last['minute']:g} min", metric=f"mean max x_pos over {s['n']} episodes",
+            unit="x_pos", flywheel=s["mean"], peer=rnd["mean"], peer_name="random policy (mean)",
+            goal=f">= {GOAL_X:,.0f} at {GOAL_MINUTES:g} min over >= {GOAL_EPISODES} episodes, CI low > random mean",
+            met=bool(last["minute"] >= GOAL_MINUTES and s["n"] >= GOAL_EPISODES and s["mean"] >= GOAL_X
+                     and s["ci_low"] > rnd["mean"])))
+        result.rows.append(Row(
+            case=f"stretch: checkpoint at {last['minute']:g} min", metric="mean max x_pos; a flag in training",
+            unit="x_pos", flywheel=s["mean"], peer=rnd["mean"], peer_name="random policy (mean)",
+            goal=f">= {STRETCH_X:,.0f} and a flag during training ({'yes' if flagged else 'no'})",
+            met=bool(s["mean"] >= STRETCH_X and flagged)))
+    if (row := _compose_row(checkpoints, rnd)) is not None:
+        result.rows.append(row)
+    if checkpoints:
+        result.sections.append(_policy_table(random_entry, checkpoints, settings))
+    points_run = [p for p in points if p.get("deploy", "run") == "run"]
+    bare = sum(r["length"] for r in random_records) / max(sum(r["seconds"] for r in random_records), 1e-9)
+    model = ScaleModel.from_points(points_run, actors=settings["actors"], frame_skip=FRAME_SKIP,
+                                   bare_env_steps_per_s=bare)
+    if model is not None:
+        result.rows += model.rows(env_id)
+        result.sections += scale_table(model, targets=((10e6, 8), (50e6, 12), (200e6, 24)))
+        result.extra["scale_model"] = model.as_dict()
+    one_min = [v["load"][0] for v in points] + [v[0] for v in loads.values()]
+    stall = settings["stall_steps"]
+    if "run" in deploys:
+        result.notes.append(
+            f"`flywheel run --env {env_id} --actors {settings['actors']}` with the pixel preset"
+            + "".join(f" `--set {s}`" for s in settings["sets"]) + f", {settings['minutes']:g} min from process "
+            "start; nothing was evaluated while it trained (actor.eval_envs=0 also turns off actor-0's greedy env); "
+            "checkpoints via POST /control/checkpoint (learner only).")
+    if "compose" in deploys:
+        result.notes.append(
+            f"`docker compose up --scale actor={settings['actors']}` of the shipped docker-compose.yml (its default "
+            f"job; each service reads the preset itself), images built from this checkout on a private Docker "
+            f"engine, {settings['minutes']:g} min from `up`; checkpoints via POST /control/checkpoint, copied out "
+            "of the learner's volume (its kept best left out). Compose's services report no per-process CPU; "
+            "`machine_cpu_s` in the raw points is the whole machine's busy CPU for both.")
+    result.notes += [
+        f"Evaluation after training: seeds {seeds[0]}..{seeds[-1]} for every checkpoint and the random policy, "
+        f"from the level start with 0..{settings.get('noop_max', 0)} NOOPs, then epsilon {eps:g}; "
+        f"{settings['eval_workers']} worker processes. "
+        + (f"Stall rule in the headline: an episode also ends after {stall} agent steps without a new max x_pos, "
+           "for every policy alike." if stall else
+           "No stall rule in the headline (an episode ends at death, flag, the level clock or the env's step "
+           "cap); the 250-step stall rule's figures, from the same episodes, are in the table beside."),
+        f"Random policy: mean {rnd['mean']:.0f}, {_describe(rnd)}; {bare:.0f} agent steps/s per evaluation "
+        "process.",
+        f"Load average (1 min) during the run: min {min(one_min):.2f}, median {statistics.median(one_min):.2f}, "
+        f"max {max(one_min):.2f}; CPU {_cpu_model()}.",
+        f"Any actor's rolling flag rate above 0 at any poll: {'yes' if flagged else 'no'}.",
+    ]
+    if points:
+        p = points[-1]
+        result.notes.append(f"Last poll: {p['env_steps']:,.0f} agent steps ({FRAME_SKIP * p['env_steps']:,.0f} "
+                            f"frames), {p['updates']:,.0f} updates, replay {p['replay_size']:,.0f} transitions.")
+    result.extra.update({"settings": settings, "points": points, "checkpoints": checkpoints, "loads": loads,
+                         "random": {**random_entry, "episodes": random_records}, "cpu_model": _cpu_model(),
+                         "flag_in_training": flagged, "a3c_anchors": [list(a) for a in A3C_ANCHORS]})
+    return result
+
+
+def plot(ctx: BenchContext, env_id: str, points: list[dict[str, Any]], checkpoints: list[dict[str, Any]],
+          rnd: dict[str, Any]) -> str:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    for deploy in dict.fromkeys(p.get("deploy", "run") for p in points):
+        mine = [p for p in points if p.get("deploy", "run") == deploy]
+        for name in sorted({k for p in mine for k in p["distance"]}):
+            xy = [(p["env_steps"], p["distance"][name]) for p in mine
+                  if p["distance"].get(name) is not None and p["env_steps"] > 0]
+            if xy:
+                ax.plot(*zip(*xy, strict=True), linewidth=1, alpha=0.6,
+                        label=f"{deploy} {name[:16]}: training episodes, rolling mean")
+    for deploy, color in zip(dict.fromkeys(c.get("deploy", "run") for c in checkpoints), ("black", "tab:blue"),
+                             strict=False):
+        mine = [c for c in checkpoints if c.get("deploy", "run") == deploy]
+        xs = [max(float(c["env_steps"] or 1), 1.0) for c in mine]
+        ys = [c["summary"]["mean"] for c in mine]
+        err = [[m - c["summary"]["ci_low"] for m, c in zip(ys, mine, strict=True)],
+               [c["summary"]["ci_high"] - m for m, c in zip(ys, mine, strict=True)]]
+        ax.errorbar(xs, ys, yerr=err, fmt="o-", color=color, capsize=4, zorder=4,
+                    label=f"{deploy} checkpoints: mean max x_pos, 95% CI ({mine[0]['summary']['n']} seeds)")
+        for x, y, c in zip(xs, ys, mine, strict=True):
+            ax.annotate(f"{c['minute']:g} min", (x, y), textcoords="offset points", xytext=(5, 8), fontsize=8)
+    ax.axhspan(rnd["ci_low"], rnd["ci_high"], color="grey", alpha=0.25, label="random policy: 95% CI of the mean")
+    ax.axhline(rnd["mean"], color="grey", linestyle="--", linewidth=1, label=f"random policy: mean {rnd['mean']:.0f}")
+    ax.axhline(FLAG_X, color="green", linestyle=":", linewidth=1, label=f"flag (x_pos ~{FLAG_X:,})")
+    for (steps, x, label), marker in zip(A3C_ANCHORS, ("s", "^", "*"), strict=True):
+        ax.scatter([steps], [x], marker=marker, s=70, color="tab:red", zorder=5, label=label + f" ({steps / 1e6:g}M)")
+    ax.set_xscale("log")
+    ax.set_xlabel("agent steps (4 emulator frames each), log scale")
+    ax.set_ylabel("furthest x_pos in an episode")
+    ax.set_ylim(0, FLAG_X + 300)
+    ax.set_title(f"{env_id}: Flywheel checkpoints vs a random policy and the public A3C anchor")
+    ax.legend(loc="upper left", fontsize=7)
+    return save_figure(fig, ctx.plot_path("distance"))
