@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from flywheel.bench.runner import _cpu_model
 from flywheel.evaluation import evaluate, summarize
 from flywheel.testing.run import FlywheelRun
 
@@ -55,8 +56,7 @@ def main() -> int:
         results = [train_and_play(p, args.minutes, args.seed, args.episodes, Path(tmp))
                    for p in args.presets.split(",")]
     loads.append(os.getloadavg())
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
+    cpu = _cpu_model()
     document = {"command": f"python scripts/compare_grid_presets.py --minutes {args.minutes:g} --seed {args.seed} "
                            f"--episodes {args.episodes} --presets {args.presets} --out {args.out}",
                 "env": ENV, "training_seed": args.seed, "evaluation_seeds": [300_000, 300_000 + args.episodes - 1],

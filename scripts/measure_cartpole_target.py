@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -21,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from flywheel.bench.runner import _cpu_model
 
 TARGET, LIMIT_S = 475.0, 120.0
 STOP = re.compile(r"flywheel: stopping \((?P<why>.*)\) after (?P<s>\d+) s")
@@ -67,8 +68,7 @@ def main() -> int:
             loads.append(" ".join(f"{x:.2f}" for x in os.getloadavg()))
             print(json.dumps(runs[-1]), flush=True)
     stopped = [r["seconds"] for r in runs if r["stopped_at_target"]]
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = _cpu_model()
     git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     document = {
         "command": f"python scripts/measure_cartpole_target.py --seeds {args.seeds} --out {args.out}",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import ExitStack
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +17,8 @@ from flywheel import proto
 from flywheel.bench.parts import mario_report
 from flywheel.bench.parts.origin_loop import measure
 from flywheel.bench.parts.scale import ScaleModel, scale_table
-from flywheel.bench.suites import origins, sb3, scaling
+from flywheel.bench.runner import BenchError
+from flywheel.bench.suites import mario, origins, sb3, scaling
 from flywheel.nets import build_q_network, weights_message
 from flywheel.testing.run import greedy_returns
 from flywheel.testing.weights import WeightsWatcher
@@ -191,6 +194,16 @@ def test_mario_compose_beside_flywheel_run_at_the_nearest_agent_steps() -> None:
     rows = mario_report.summarize(settings, [], worse, random, {"start": [0.5, 0.5, 0.5]}).rows
     [row] = [r for r in rows if r.case.startswith("compose at")]
     assert row.met is False  # above random, but its mean is outside flywheel run's interval
+
+
+def test_mario_deploy_option_refuses_what_it_cannot_train(tmp_path: Path) -> None:
+    assert mario._deploys("run, compose") == ["run", "compose"] and mario._deploys("compose") == ["compose"]
+    for bad in ("", "kubernetes", "run,run"):
+        with pytest.raises(BenchError, match="expected run, compose or run,compose"):
+            mario._deploys(bad)
+    with ExitStack() as stack, pytest.raises(BenchError, match="compose file as shipped: no --opt set"):
+        mario._open("compose", stack, tmp_path, "CartPole-v1", 1, ["actor.eval_envs=0", "learner.lr=0.1"])
+    assert not list(tmp_path.iterdir())  # refused before anything was built or written
 
 
 def test_greedy_returns_are_seeded_and_batched() -> None:
