@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("FLYWHEEL_DOCKER_CACHE", Path.home() / ".cache" / "flywheel-docker"))
 REGISTRY_BASE = "python:3.11-slim"
 DEBIAN_SUITE = "bookworm"  # its python3 is 3.11, the Python of the host's wheels
-DEBOOTSTRAP_INCLUDE = ("python3", "python3-venv", "ca-certificates")
+# g++ and python3-dev: what the services image's torch.compile needs (docker/ensure-compiler.sh), here because
+# builds on the private engine cannot reach apt's mirrors
+DEBOOTSTRAP_INCLUDE = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev")
 
 
 class EngineUnavailable(RuntimeError):

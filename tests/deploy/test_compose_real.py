@@ -143,6 +143,7 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
             engine.env["FLYWHEEL_PROMETHEUS_IMAGE"] = local_prometheus_image(engine, base, tmp_path / "prometheus")
         engine.compose(compose_file, "up", "-d", "--no-build", "--scale", f"actor={ACTORS}", *SERVICES, timeout=600)
         check_the_images_read_the_presets(engine, compose_file)  # the learner's probe joins the replay's IPC
+        check_the_learner_compiles(engine, compose_file)
         token = check_the_running_system(engine, compose_file, port)
         check_curve_is_on(engine, compose_file, port)
         check_prometheus_scrapes_the_gateway(prometheus_port)
@@ -200,6 +201,19 @@ def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> Non
         engine.env.clear()
         engine.env.update(saved)
     log("the images read the presets: the default job with pixel's values, CartPole-v1 with vector's")
+
+
+COMPILE_PROBE = ("import torch; f = torch.compile(lambda x: torch.relu(x) * 2.0 + 1.0); "
+                 "print(float(f(torch.arange(-2.0, 2.0)).sum()))")
+
+
+def check_the_learner_compiles(engine: Engine, compose_file: Path) -> None:
+    """The pixel preset compiles the learner's update: the services image has the C++ compiler and headers that
+    torch.compile's CPU backend builds its kernels with (docker/ensure-compiler.sh), so it does not fall back."""
+    out = engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python", "learner",
+                         "-c", COMPILE_PROBE, timeout=600).stdout
+    assert out.strip().splitlines()[-1] == "6.0", f"torch.compile in the learner's container printed {out!r}"
+    log("the learner's image compiles with torch.compile (inductor, g++)")
 
 
 def check_the_running_system(engine: Engine, compose_file: Path, port: int) -> str:
