@@ -77,6 +77,14 @@ def test_control_pause_resume_set_and_checkpoint(harness, tmp_path: Path) -> Non
     h.drive(lambda: (tmp_path / CHECKPOINT_FILE).exists())
 
 
+def test_control_is_read_by_the_loop_from_its_socket_not_by_the_sampling_thread(harness) -> None:
+    h = harness()  # not started: no sampling thread runs, no request goes out
+    h.send_control("set_lr", lr=7e-4)
+    h.send_control("pause")
+    h.drive(lambda: h.core.lr == pytest.approx(7e-4) and h.loop.paused)
+    assert h.replay.requests == 0 and h.loop.feeder.delivered == 0
+
+
 def test_bad_replies_are_counted_and_dropped(harness) -> None:
     h = harness()
     h.loop.start()
