@@ -1,7 +1,7 @@
 """Pure DQN learner core: double, dueling, n-step, IS-weighted Huber or QR-DQN loss, with no host syncs per update.
 
 Everything an update decides stays on the device: a non-finite gradient skips the fused Adam step through its
-``found_inf`` input (no ``.item()``), loss/TD/Q sums accumulate in a device tensor that the service reads every
+``found_inf`` input (no ``.item()``), loss/TD/Q sums accumulate on the device (sums.py) for the loop to read every
 N updates, and priorities leave through ``staging.HostCopy``. No sockets here.
 """
 
@@ -23,11 +23,11 @@ from .losses import LossTerms, large_margin_loss, q_td_loss, quantile_td_loss
 from .settings import LearnerSettings
 from .staging import Batch, BatchStager, DeviceBatch
 from .state import core_state, load_core_state
+from .sums import DeviceSums, MetricSums
 
 log = logging.getLogger("flywheel.learner")
 Compiler = Callable[[Callable[..., Any]], Callable[..., Any]]
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-MAX_PENDING_METRICS = 256  # per-batch metric tensors kept before they are folded into the device sums
 # loss, |TD| per sample, Q of the taken actions, and (demonstration rows, margin-loss sum) when a batch has demos
 LossOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
@@ -99,19 +99,6 @@ def finite_priorities(td_abs: np.ndarray) -> np.ndarray:
     return td_abs if finite.all() else np.where(finite, td_abs, np.float32(0.0))
 
 
-@dataclass
-class MetricSums:
-    """What the device accumulated since the last read."""
-
-    loss: float
-    td_error: float
-    q: float
-    batches: int
-    skipped_total: int
-    demo_rows: int = 0  # demonstration rows trained on
-    margin_loss: float = 0.0  # sum of their large-margin losses
-
-
 def pick_device(choice: str) -> torch.device:
     """'auto' -> cuda when available, else cpu; 'cuda' without a GPU is an error."""
     if choice == "cuda" and not torch.cuda.is_available():
@@ -177,10 +164,7 @@ class LearnerCore:
         self.stager = BatchStager(self.device)
         self.steps = 0  # optimizer steps taken, skipped ones included; persisted in checkpoints
         self._micro = 0  # batches accumulated towards the next step
-        # per-batch (loss, |td|, Q of taken actions) kept on the device until drain_metrics: no ops per update
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._sums = torch.zeros(4, device=self.device)  # loss, td, q, batches folded from _pending
-        self._demo_sums = torch.zeros(2, device=self.device)  # demonstration rows and their margin-loss sum
+        self.sums = DeviceSums(self.device)  # loss/TD/Q per batch, kept on the device until drain_metrics
         self._step_losses: list[torch.Tensor] = []  # losses since the last optimizer step
         self.online.train()
         self.target.train()
@@ -283,7 +267,7 @@ class LearnerCore:
         loss, td_abs, q_taken, demo_stats = self._loss_fn(b.obs, b.action, b.reward, b.discount, b.next_obs,
                                                           b.weight, b.is_demo)
         if demo_stats is not None:
-            self._demo_sums += demo_stats
+            self.sums.add_demos(demo_stats)
         kept = loss.detach(), td_abs.detach(), q_taken.detach()
         if self._cuda_graphs:  # graph outputs are overwritten by the next replay; these three outlive it
             kept = kept[0].clone(), kept[1].clone(), kept[2].clone()
@@ -316,9 +300,7 @@ class LearnerCore:
                 loss, td_abs, q_taken = self._forward_backward(b)
         else:
             loss, td_abs, q_taken = self._forward_backward(b)
-        self._pending.append((loss, td_abs, q_taken))
-        if len(self._pending) >= MAX_PENDING_METRICS:
-            self._fold_metrics()
+        self.sums.add(loss, td_abs, q_taken)
         self._step_losses.append(loss)
         self._micro += 1
         found_inf = None
@@ -376,33 +358,10 @@ class LearnerCore:
         load_core_state(self, tensors, meta)
 
     # ---- reading results -----------------------------------------------------------------------------------------
-    def _fold_metrics(self) -> None:
-        """Reduce the kept per-batch tensors into the device sums (a few ops for many batches)."""
-        if not self._pending:
-            return
-        losses, tds, qs = zip(*self._pending, strict=True)
-        size = tds[0].shape[0]
-        if all(t.shape[0] == size for t in tds):  # the usual case: one reduction per kind
-            td_sum = torch.stack(tds).float().mean(dim=1).sum()
-            q_sum = torch.stack(qs).float().mean(dim=1).sum()
-        else:
-            td_sum = torch.stack([t.float().mean() for t in tds]).sum()
-            q_sum = torch.stack([q.float().mean() for q in qs]).sum()
-        count = torch.full((), float(len(tds)), device=self.device)  # a fill kernel, not a host copy
-        self._sums += torch.stack((torch.stack(losses).float().sum(), td_sum, q_sum, count))
-        self._pending.clear()
-
     def drain_metrics(self) -> MetricSums:
         """Loss/TD/Q sums since the last call and the skipped-step total, in one device read."""
-        self._fold_metrics()
         state = self.optimizer.state.get(self.params[0], {})
-        applied = state["step"].reshape(1).to(self._sums) if "step" in state else torch.zeros(1, device=self.device)
-        loss, td, q, batches, applied_steps, demo_rows, margin = torch.cat(
-            (self._sums, applied, self._demo_sums)).tolist()
-        self._sums.zero_()
-        self._demo_sums.zero_()
-        return MetricSums(loss=loss, td_error=td, q=q, batches=int(batches),
-                          skipped_total=self.steps - int(applied_steps), demo_rows=int(demo_rows), margin_loss=margin)
+        return self.sums.drain(state.get("step"), self.steps)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Online Q-values for a batch (float32, on the host); for evaluation and tests."""

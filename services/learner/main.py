@@ -1,17 +1,17 @@
-"""Entry point of the learner service: wires settings to the core (startup.py), its sockets and the loop."""
+"""Entry point of the learner service: wires settings to the core (startup.py), its sockets (transport.py) and the
+loop (loop.py)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-import zmq
-
 from flywheel.transport import EndpointInUse, install_stop_signals
 
+from .loop import LearnerLoop
 from .settings import LearnerSettings
 from .startup import log_start, start_core
-from .transport import LearnerService
+from .transport import open_sockets
 
 log = logging.getLogger("flywheel.learner")
 
@@ -28,18 +28,20 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
     if started is None:
         return 2
     core, start_version, pretrained, resumed = started
-    ctx = zmq.Context()
     try:
-        service = LearnerService(settings, core, ctx, start_version=start_version, resumed=resumed)
+        sockets = open_sockets(settings, core)
     except EndpointInUse as exc:
         log.error("learner: %s", exc)
-        ctx.term()
         return 2
-    service.counters["pretrain_updates_total"] = float(pretrained)  # the first weights published are these
-    install_stop_signals(service.stop)
-    log_start(settings, core, service.weights_endpoint)
     try:
-        return service.run()
+        loop = LearnerLoop(settings, core, sockets, start_version=start_version, resumed=resumed)
+    except BaseException:
+        sockets.close()
+        raise
+    loop.counters["pretrain_updates_total"] = float(pretrained)  # the first weights published are these
+    install_stop_signals(loop.stop)
+    log_start(settings, core, loop.weights_endpoint)
+    try:
+        return loop.run()
     finally:
-        service.close()
-        ctx.term()
+        loop.close()

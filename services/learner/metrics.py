@@ -10,7 +10,8 @@ import torch
 
 from flywheel.nets import forward_macs
 
-from .core import LearnerCore, MetricSums
+from .core import LearnerCore
+from .sums import MetricSums
 
 log = logging.getLogger("flywheel.learner")
 

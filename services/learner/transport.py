@@ -1,311 +1,343 @@
-"""The learner's ZeroMQ side: sample requests in flight, priorities back, weights PUB, telemetry and control."""
+"""The learner's sockets, the one learner module that touches ZeroMQ: the sampling thread (sample requests in
+flight, replies checked and staged, priorities back), the weights PUB, and the control, telemetry and fault parts.
+
+The update loop (loop.py) never waits on a socket of the sampling thread: it takes ready batches from the
+``Feeder``'s queue and hands their |TD| errors to ``Feeder.done``; the thread keeps the sample requests in flight and
+sends the priorities once their device->host copies have landed.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
+import threading
 import time
 from collections import deque
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 import zmq
 
 from flywheel import proto
-from flywheel.transport import FaultCounter, TelemetryReporter, bind, make_socket
+from flywheel.services.replay.client import ReplayClient
+from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket
 
-from .best import BestKeeper, evaluable
-from .checkpoint import reserve_versions, save_checkpoint
-from .core import LearnerCore, beta_at
-from .datapath import SERVICE, open_data_path
-from .feeder import ReadyBatch
-from .metrics import GpuProbe, MetricsWindow, flops_per_update
-from .publishing import WeightsSnapshots
+from .batches import ReadyBatch, SlotLease, spread_demos
+from .core import BadBatch, LearnerCore, finite_priorities
+from .sampling import batch_limits, batches_per_request
 from .settings import LearnerSettings
+from .staging import DeviceBatch, HostCopy
 
 log = logging.getLogger("flywheel.learner")
-MAX_POLL_MS = 100
+SERVICE = "learner"
+IDLE_POLL_MS = 100
+PRIORITY_POLL_MS = 2  # while priorities wait for their device->host copy
+MAX_COALESCED = 64  # batches' priorities sent in one PriorityUpdate at most
 
 
-class LearnerService:
-    """Runs the learner loop: batches in, updates, priorities out; weights every K updates or T seconds."""
+class Feeder:
+    """The sampling thread: owns the replay client; ``take`` yields the training batches that arrived.
 
-    def __init__(self, settings: LearnerSettings, core: LearnerCore, ctx: zmq.Context, *,
-                 start_version: int = 0, resumed: bool = False) -> None:
-        self.settings, self.core, self.ctx = settings, core, ctx
-        self.faults = FaultCounter(SERVICE)
-        # the replay client, control subscriber and feeder (datapath.py: benchmarks build the same)
-        self.path = open_data_path(settings, core, ctx, self.faults, beta=self.beta)
-        self.sampler, self.control, self.feeder, self.group = (self.path.client, self.path.control,
-                                                               self.path.feeder, self.path.group)
-        self.pub = make_socket(ctx, zmq.PUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
-        try:
-            self.weights_endpoint = bind(self.pub, settings.weights_bind, "learner weights PUB", "--weights-bind")
-        except Exception:
-            self.path.close()
-            self.pub.close(0)
-            raise
-        self.telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, SERVICE, settings.instance,
-                                           settings.telemetry_interval_s)
+    Each reply of ``group * train_batch`` transitions becomes ``group`` training batches. Up to ``in_flight``
+    requests are outstanding, and requests plus received-but-not-yet-taken replies never exceed ``2 * in_flight``:
+    the update loop always has a batch ready while the next ones travel. ``beta`` and ``paused`` are set by the
+    update loop; plain attribute writes are safe across threads.
+    """
 
-        self.snapshots = WeightsSnapshots(core.online, core.name, start_version=start_version,
-                                          every_updates=settings.publish_interval_updates,
-                                          every_seconds=settings.publish_interval_s,
-                                          reserve=self._reserve_versions if settings.checkpoint_dir else None)
+    def __init__(self, ctx: zmq.Context, client: ReplayClient, faults: FaultCounter, *,
+                 check: Callable[[proto.SampleBatch], None], stage: Callable[..., DeviceBatch],
+                 beta: float, train_batch: int, group: int = 1, hold_shared: bool = False) -> None:
+        self.client, self.faults = client, faults
+        # hold_shared: staging keeps views (CPU), so a shared-memory slot is handed back only after training on it
+        self.hold_shared = hold_shared
+        self.leases = 0  # shared-memory slots leased (written by the sampling side only)
+        # the update loop's doorbell: a byte wakes this thread to top up requests (it carries no data)
+        address = f"inproc://learner-feeder-{id(self)}"
+        self._bell_rx = ctx.socket(zmq.PAIR)
+        self._bell_rx.setsockopt(zmq.LINGER, 0)
+        self._bell_rx.bind(address)
+        self._bell_tx = ctx.socket(zmq.PAIR)
+        self._bell_tx.setsockopt(zmq.LINGER, 0)
+        self._bell_tx.setsockopt(zmq.SNDHWM, 16)
+        self._bell_tx.connect(address)
+        self.check, self.stage = check, stage
+        self.train_batch, self.group = train_batch, group  # each reply is split into `group` training batches
+        self.events: queue.SimpleQueue[ReadyBatch] = queue.SimpleQueue()
+        self.beta = beta
         self.paused = False
-        K = proto.CommandKind
-        self.handlers: proto.CommandHandlers = {
-            K.PAUSE: self._on_pause, K.RESUME: self._on_resume, K.CHECKPOINT: self._on_checkpoint,
-            K.SET_LR: self._on_set_lr, K.SET_PUBLISH_INTERVAL: self._on_publish_interval,
-        }
-        self._stop = False
-        self._held: deque[ReadyBatch] = deque()  # batches that arrived while paused
-        self._weights_frames: list | None = None
-        self._last_send = 0.0
-        self._metrics_step = core.steps
-        self._skipped_total = 0
-        self._next_checkpoint = time.monotonic() + settings.checkpoint_interval_s
-        self.counters = {"updates_total": 0.0, "samples_total": 0.0, "weights_published_total": 0.0,
-                         "messages_rejected_total": 0.0, "skipped_updates_total": 0.0,
-                         "data_wait_seconds_total": 0.0, "checkpoints_total": 0.0,
-                         "control_rejected_total": 0.0, "demo_samples_total": 0.0}
-        self.replay_size = 0.0
-        self.window = MetricsWindow()
-        self.gpu = GpuProbe(core.device)
-        self._flops_per_update = flops_per_update(core, settings.batch_size) if self.gpu.enabled else 0
-        self.last_gauges: dict[str, float] = {}
-        self.best = BestKeeper(settings.checkpoint_dir, settings.env_id, interval_s=settings.best_eval_interval_s,
-                               episodes=settings.best_eval_episodes, seed=settings.best_eval_seed,
-                               max_steps=settings.best_eval_max_steps or None, resumed=resumed) if (
-            settings.checkpoint_dir and settings.best_eval_interval_s > 0 and evaluable(settings.env_id)) else None
-
-    # ---- lifecycle -------------------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        """The last published weight version (0 = none yet)."""
-        return self.snapshots.version
-
-    @property
-    def publish_interval(self) -> int:
-        return self.snapshots.every_updates
-
-    def stop(self) -> None:
-        """Ask the loop to finish (safe from a signal handler)."""
-        self._stop = True
-
-    @property
-    def beta(self) -> float:
-        s = self.settings
-        return beta_at(self.core.steps, s.beta_start, s.beta_end, s.beta_anneal_updates)
-
-    @property
-    def waiting_batches(self) -> int:
-        """Batches received and checked but not yet trained on."""
-        return self.feeder.delivered - self.feeder.taken
-
-    def run(self) -> int:
-        """Loop until stopped or max_updates; then leave a checkpoint (if configured) and return 0.
-
-        If the sampling thread dies, the learner stops with one error line, still leaving its checkpoint (1).
-        """
-        self.start()
-        code = 0
-        while not self._stop:
-            if self.settings.max_updates and self.core.steps >= self.settings.max_updates:
-                log.info("learner: reached max_updates=%d, stopping", self.settings.max_updates)
-                break
-            if self.feeder.error is not None:
-                log.error("learner: stopping, sampling failed: %s", self.feeder.error)
-                code = 1
-                break
-            self.step(MAX_POLL_MS)
-        self.finish()
-        return code
+        self.delivered = 0  # written by this thread only
+        self.taken = 0  # written by the update loop only
+        self._priorities: deque[tuple[np.ndarray, HostCopy, SlotLease | None]] = deque()
+        self._poller = zmq.Poller()
+        for sock in (self.client.sock, self._bell_rx):
+            self._poller.register(sock, zmq.POLLIN)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
 
     def start(self) -> None:
-        """Publish the starting weights (so actors get some early) and start sampling."""
-        self.snapshots.begin(self.core.steps)
-        self._publish_ready(wait=True)
-        self.path.start()
+        """Run in the sampling thread (one mode: the update loop only calls ``take`` and ``done``)."""
+        self._thread = threading.Thread(target=self._run, name="learner-feeder", daemon=True)
+        self._thread.start()
 
-    def finish(self) -> None:
-        """Send the last priorities and telemetry and leave a checkpoint when a directory is set."""
-        self.feeder.stop()
-        self.send_telemetry()
-        if self.settings.checkpoint_dir:
-            self.checkpoint("stop")
+    def take(self, timeout_ms: int) -> ReadyBatch | None:
+        """The next ready batch, waiting up to ``timeout_ms``; None when none came."""
+        try:
+            return self.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            return None
 
-    def step(self, timeout_ms: int) -> None:
-        """One turn: take a ready batch or command (waiting up to ``timeout_ms`` for one), train, timers."""
-        item: ReadyBatch | proto.Command[Any] | None = None
-        if not self.paused and self._held:
-            item = self._held.popleft()
-        else:
-            start = time.monotonic()
-            try:
-                item = self.path.take(timeout_ms)
-            except queue.Empty:
-                pass
-            if not self.paused:
-                waited = time.monotonic() - start
-                self.window.wait_s += waited
-                self.counters["data_wait_seconds_total"] += waited
-        if isinstance(item, proto.Command):
-            self.handle_control(item)
-        elif isinstance(item, ReadyBatch):
-            if self.paused:
-                self._held.append(item)
-            else:
-                self.train(item)
-        self._publish_ready(wait=False)
-        self._timers()
+    def done(self, ready: ReadyBatch, td_abs: torch.Tensor) -> None:
+        """The update loop trained on ``ready``: its |TD| errors (a fresh tensor: kept as a view on a CPU, copied
+        off a GPU) go to the replay as priorities once the copy has landed.
+
+        A thread is woken only when no reply is on its way (one would wake it anyway) and half the buffered
+        batches are used up, so it then sends ``in_flight`` requests at once: waking a thread costs a context
+        switch. ``taken`` is counted before ``outstanding`` is read, so a wake-up is never lost.
+        """
+        self._priorities.append((ready.index, HostCopy({"p": td_abs}, copy=False), ready.lease))
+        self.taken += 1
+        if (self.client.outstanding == 0
+                and self.delivered - self.taken <= self.client.inflight * self.group):
+            self.ring()
+
+    def ring(self) -> None:
+        """Wake the thread (it then tops up requests and sends priorities); a full bell is already ringing."""
+        try:
+            self._bell_tx.send(b"", zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def stop(self) -> None:
+        """Stop (joining the thread) after every queued priority update is sent; the sockets are then free."""
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive():
+            self.ring()
+            self._thread.join(timeout=30)
+        elif self._thread is None:  # never started: send what was queued from here
+            self._flush_priorities(wait=True)
+        if self._thread is None or not self._thread.is_alive():
+            self._release_untrained()
+            self._bell_rx.close(0)
+            self._bell_tx.close(0)
 
     def close(self) -> None:
-        if self.best is not None:
-            self.best.close()  # also when the loop died before finish() (idempotent)
-        self.path.close()
-        self.pub.close(0)
-        self.telemetry.close()
+        """Stop (queued priorities are sent first), then close the replay client."""
+        self.stop()
+        self.client.close()
 
-    # ---- data path -------------------------------------------------------------------------------------------
-    def train(self, ready: ReadyBatch) -> None:
-        """Update on one batch; hand its priorities to the sampling thread; publish weights when due."""
-        self.feeder.beta = self.beta
-        result = self.core.update(ready.tensors)
-        self.path.done(ready, result.td_abs)
-        self.replay_size = float(ready.replay_size)
-        self.counters["samples_total"] += result.batch_size
-        self.window.samples += result.batch_size
-        if not result.stepped:
-            return
-        self.window.steps += 1
-        steps = self.core.steps
-        if steps - self._metrics_step >= self.settings.metrics_interval_updates:
-            self._read_metrics()
-        if self.snapshots.due(steps, time.monotonic()):
-            self.snapshots.begin(steps)
+    def _release_untrained(self) -> None:
+        """Hand back the slots of batches queued but never trained on (the update loop has stopped taking)."""
+        leases: dict[int, SlotLease] = {}
+        while True:
+            try:
+                item = self.events.get_nowait()
+            except queue.Empty:
+                break
+            if item.lease is not None:
+                leases[id(item.lease)] = item.lease
+        for lease in leases.values():
+            self.client.release(lease.batch, refill=False)
+            self.leases -= 1
 
-    def _read_metrics(self) -> None:
-        """One device read: loss/TD/Q sums since the last read and the skipped-step total."""
-        sums = self.core.drain_metrics()
-        self.window.add_sums(sums)
-        self.counters["demo_samples_total"] += sums.demo_rows
-        self._skipped_total = sums.skipped_total
-        self._metrics_step = self.core.steps
-
-    def _publish_ready(self, *, wait: bool) -> None:
-        msg = self.snapshots.take(time.monotonic(), wait=wait)
-        if msg is None:
-            return
-        self._weights_frames = proto.encode(msg)
-        self._send_weights()
-        self.counters["weights_published_total"] += 1
-        if self.counters["weights_published_total"] == 1:
-            log.info("learner: published weights version %d (%s)", msg.version, self.core.name)
-
-    def _send_weights(self) -> None:
-        assert self._weights_frames is not None
+    # ---- the work -------------------------------------------------------------------------------------------
+    def _run(self) -> None:
         try:
-            self.pub.send_multipart(self._weights_frames, flags=zmq.NOBLOCK, copy=False)
+            while not self._stop.is_set():
+                waiting_copy = bool(self._priorities) and not self._priorities[0][1].ready()  # GPU copy in flight
+                self.pump(PRIORITY_POLL_MS if waiting_copy else IDLE_POLL_MS)
+        except BaseException as exc:  # surfaced by the update loop, which stops with a clear error
+            self.error = exc
+            log.exception("learner: the sampling thread failed")
+        finally:
+            self._flush_priorities(wait=True)
+
+    def pump(self, timeout_ms: int) -> None:
+        """One turn of the sampling thread: top up requests, wait up to ``timeout_ms`` for replies or the bell,
+        queue the batches, send priorities."""
+        if not self.paused:
+            self.client.top_up(self.beta, self._request_limit())
+        self._flush_priorities(wait=False)
+        events = dict(self._poller.poll(timeout_ms))
+        if self._bell_rx in events:
+            self._drain_bell()
+        if self.client.sock in events:
+            self._take_batches()
+        if not self.paused:
+            self.client.top_up(self.beta, self._request_limit())
+            self.client.resend_stale(time.monotonic(), self.beta, self._request_limit())
+
+    def _request_limit(self) -> int:
+        """How many requests may be outstanding now: 2 * in_flight minus the replies waiting to be trained on, and
+        never more than the shared-memory slots not leased (each answer takes one), so none is answered over the
+        socket for want of a slot."""
+        limit = 2 * self.client.inflight - math.ceil((self.delivered - self.taken) / self.group)
+        if self.leases:
+            limit = min(limit, self.client.slots - self.leases)
+        return limit
+
+    def _drain_bell(self) -> None:
+        while True:
+            try:
+                self._bell_rx.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def _take_batches(self) -> None:
+        while True:
+            compact = self.client.counters["compact_batches"]
+            batch = self.client.receive()
+            if batch is None:
+                return
+            rebuilt = self.client.counters["compact_batches"] > compact  # its stacks took milliseconds to rebuild
+            try:
+                self.check(batch)
+            except BadBatch as exc:
+                self.client.release(batch, refill=False)
+                self.faults.record("sample", exc)
+                continue
+            size = self.train_batch
+            # A shared-memory batch is a view of a slot the replay reuses once released. On a CPU the staged
+            # tensors stay views of it (no copy) and the slot is leased until they are trained on; on a GPU the
+            # pinned buffers copy it, so it goes back at once.
+            ordered = spread_demos(batch, size)
+            hold = self.hold_shared and self.client.shared(batch)
+            staged = self.stage(ordered, shared=self.client.shared(batch) and not hold)
+            parts = staged.split(size)
+            lease = SlotLease(batch, len(parts)) if hold else None
+            if lease is None:
+                self.client.release(batch, refill=False)
+            else:
+                self.leases += 1
+            for i, part in enumerate(parts):
+                self.delivered += 1
+                self.events.put(ReadyBatch(ordered.index[i * size:(i + 1) * size], batch.replay_size, part, lease))
+            if rebuilt and not self.paused:  # the next request leaves now, not after every waiting reply is rebuilt
+                self.client.top_up(self.beta, self._request_limit())
+
+    def _flush_priorities(self, *, wait: bool) -> None:
+        """Send every priority update whose copy has landed, as one message (fewer sends, fewer GIL hand-offs)."""
+        indices: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        while self._priorities and (wait or self._priorities[0][1].ready()) and len(indices) < MAX_COALESCED:
+            index, copy, lease = self._priorities.popleft()
+            copy.wait()
+            indices.append(index)
+            values.append(finite_priorities(copy.numpy()["p"]))
+            if lease is not None:
+                lease.parts -= 1
+                if lease.parts == 0:  # every part trained on: the slot goes back with the next request
+                    self.client.release(lease.batch, refill=False)
+                    self.leases -= 1
+        if len(indices) == 1:
+            self.client.update_priorities(indices[0], values[0])
+        elif indices:
+            self.client.update_priorities(np.concatenate(indices), np.concatenate(values))
+        if wait and self._priorities:
+            self._flush_priorities(wait=True)
+
+
+def open_feeder(settings: LearnerSettings, core: LearnerCore, ctx: zmq.Context, faults: FaultCounter) -> Feeder:
+    """The replay client and sampling thread the learner samples through, from ``settings``; batches are checked
+    and staged by ``core``. Not started: set ``beta`` (it starts at ``beta_start``), then call ``start``."""
+    group = batches_per_request(settings.batches_per_request, settings.batch_size, core.obs_shape)
+    rows = settings.batch_size * group
+    # Up to 2 x requests_in_flight requests are outstanding or queued (the feeder's bound); on a CPU a reply's slot
+    # is leased until it is trained on, so the one in training and one whose priorities wait come on top. Should
+    # they all be taken, the replay answers over the socket instead (shm_slots_exhausted_total).
+    client = ReplayClient(settings.sample_endpoint, rows, inflight=settings.requests_in_flight,
+                          beta=settings.beta_start, transport=settings.sample_transport, ctx=ctx,
+                          limits=batch_limits(rows, core.obs_shape), slots=2 * settings.requests_in_flight + 2,
+                          request_timeout_s=settings.request_timeout_s, faults=faults,
+                          packed=settings.sample_packed, obs_shape=core.obs_shape)
+    try:
+        return Feeder(ctx, client, faults, check=core.check_batch, stage=core.stager.stage, beta=settings.beta_start,
+                      train_batch=settings.batch_size, group=group, hold_shared=core.stager.keeps_views)
+    except BaseException:
+        client.close()
+        raise
+
+
+class WeightsPublisher:
+    """The weights PUB: each new version once, and the newest again every ``republish_s`` for late subscribers."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, republish_s: float) -> None:
+        self.sock = make_socket(ctx, zmq.PUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
+        try:
+            self.endpoint = bind(self.sock, endpoint, "learner weights PUB", "--weights-bind")
+        except Exception:
+            self.sock.close(0)
+            raise
+        self.republish_s = republish_s
+        self._frames: list | None = None
+        self._last_send = 0.0
+
+    def publish(self, msg: proto.Weights) -> None:
+        """Send a new version (it is re-sent from now on)."""
+        self._frames = proto.encode(msg)
+        self._send()
+
+    def tick(self, now: float) -> None:
+        """Send the newest version again when ``republish_s`` has passed since the last send."""
+        if self._frames is not None and now - self._last_send >= self.republish_s:
+            self._send()
+
+    def _send(self) -> None:
+        assert self._frames is not None
+        try:
+            self.sock.send_multipart(self._frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:  # PUB drops instead of blocking; kept for safety
             pass
         self._last_send = time.monotonic()
 
-    def _reserve_versions(self, upto: int) -> None:
-        """Note in the checkpoint directory that versions up to ``upto`` may go out (read by --resume)."""
-        assert self.settings.checkpoint_dir is not None
-        try:
-            reserve_versions(self.settings.checkpoint_dir, upto)
-        except OSError as exc:
-            log.error("learner: cannot note weight versions up to %d in %s (%s); a resume after a crash may "
-                      "publish versions the actors refuse as stale", upto, self.settings.checkpoint_dir, exc)
+    def close(self) -> None:
+        self.sock.close(0)
 
-    # ---- timers, telemetry, control, checkpoints -------------------------------------------------------------
-    def _timers(self) -> None:
-        now = time.monotonic()
-        if not self.paused and self.snapshots.due(self.core.steps, now):
-            self.snapshots.begin(self.core.steps)  # the T-seconds timer
-        if self.telemetry.due(now):
-            self.send_telemetry()
-        if self._weights_frames is not None and now - self._last_send >= self.settings.weights_republish_s:
-            self._send_weights()  # same version again, for subscribers that joined late
-        if self.settings.checkpoint_dir and now >= self._next_checkpoint:
-            self.checkpoint("periodic")
-        if self.best is not None and not self.paused:
-            self.best.tick(now, self.core, self.version)
 
-    def send_telemetry(self) -> None:
-        self._read_metrics()
-        now = time.monotonic()
-        self.counters["updates_total"] = float(self.core.steps - self._skipped_total)
-        self.counters["skipped_updates_total"] = float(self._skipped_total)
-        self.counters["messages_rejected_total"] = float(self.faults.total)
-        self.counters["control_rejected_total"] = float(self.control.rejected)  # refused by the subscriber
-        counters = {**self.counters, **self.sampler.metrics(), **self.faults.as_counters(),
-                    **(self.best.counters() if self.best is not None else {})}
-        gauges = {
-            **self.window.gauges(now, self.paused),
-            "weight_version": float(self.version), "beta": self.beta, "lr": self.core.lr,
-            "paused": float(self.paused), "requests_in_flight": float(self.sampler.outstanding),
-            "batches_waiting": float(self.waiting_batches),
-            "update_step": float(self.core.steps), "replay_size": self.replay_size,
-            "publish_interval_updates": float(self.snapshots.every_updates),
-            "publish_interval_seconds": float(self.snapshots.every_seconds),
-            **self.gpu.gauges(), **(self.best.gauges() if self.best is not None else {}),
-        }
-        if self.gpu.enabled:  # what the GPU computes: convolutions and matmuls of the updates, in TFLOPS
-            gauges["achieved_tflops"] = gauges["updates_per_second"] * self._flops_per_update / 1e12
-        gauges = {k: v for k, v in gauges.items() if np.isfinite(v)}
-        info = {"device": str(self.core.device), "network": self.core.name, "env_id": self.settings.env_id,
-                "state": "paused" if self.paused else "running", "precision": self.core.config.precision,
-                "compile": self.core.compile_state, "sample_path": self.sampler.path}
-        self.telemetry.send(counters, gauges, info)
-        self.last_gauges = gauges  # what was last reported; for tests and the CLI's progress line
-        self.window.reset(now)
+@dataclass
+class LearnerSockets:
+    """Every ZeroMQ part of one learner, opened together by ``open_sockets`` and closed together."""
 
-    def checkpoint(self, why: str) -> Path | None:
-        if not self.settings.checkpoint_dir:
-            log.warning("learner: checkpoint requested (%s) but no --checkpoint-dir is set", why)
-            return None
-        self._next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
-        try:
-            path = save_checkpoint(self.settings.checkpoint_dir, self.core, self.version)
-        except OSError as exc:
-            log.error("learner: checkpoint (%s) failed: %s", why, exc)
-            return None
-        self.counters["checkpoints_total"] += 1
-        log.info("learner: checkpoint (%s) at update %d, weight version %d -> %s",
-                 why, self.core.steps, self.version, path)
-        return path
+    feeder: Feeder
+    control: ControlSubscriber
+    weights: WeightsPublisher
+    telemetry: TelemetryReporter
+    faults: FaultCounter
+    ctx: zmq.Context
+    own_ctx: bool  # made by open_sockets: terminated by close
 
-    def handle_control(self, command: proto.Command[Any]) -> None:
-        """pause | resume | set_lr | set_publish_interval | set {...} | checkpoint; others are not ours.
+    def close(self) -> None:
+        """Stop the sampling thread (its queued priorities are sent first), then close every socket."""
+        self.feeder.close()
+        self.control.close()
+        self.weights.close()
+        self.telemetry.close()
+        if self.own_ctx:
+            self.ctx.term()
 
-        Commands arrive checked: bad ones were refused and counted by the subscriber (``control_rejected_total``).
-        """
-        proto.dispatch(command, self.handlers)
 
-    def _on_pause(self, command: proto.Command[proto.PauseArgs]) -> None:
-        if not self.paused:
-            self.paused = self.feeder.paused = True
-            log.info("learner: paused by control command %d", command.seq)
-
-    def _on_resume(self, command: proto.Command[proto.ResumeArgs]) -> None:
-        if self.paused:
-            self.sampler.idle_since_now()
-            self.paused = self.feeder.paused = False
-            log.info("learner: resumed by control command %d", command.seq)
-
-    def _on_checkpoint(self, command: proto.Command[proto.CheckpointArgs]) -> None:
-        self.checkpoint(f"control command {command.seq}")
-
-    def _on_set_lr(self, command: proto.Command[proto.LrArgs]) -> None:
-        self.core.set_lr(command.args.lr)
-        log.info("learner: learning rate %.3g (control command %d)", command.args.lr, command.seq)
-
-    def _on_publish_interval(self, command: proto.Command[proto.PublishIntervalArgs]) -> None:
-        self.snapshots.set_interval(updates=command.args.updates, seconds=command.args.seconds)
-        log.info("learner: publishing weights every %d updates / %.3g s (control command %d)",
-                 self.snapshots.every_updates, self.snapshots.every_seconds, command.seq)
-
+def open_sockets(settings: LearnerSettings, core: LearnerCore, ctx: zmq.Context | None = None) -> LearnerSockets:
+    """The learner's parts that touch ZeroMQ, from ``settings`` (in ``ctx``, else a context of their own); raises
+    EndpointInUse, with nothing left open, when the weights address is taken."""
+    context = zmq.Context() if ctx is None else ctx
+    faults = FaultCounter(SERVICE)
+    opened: list[Feeder | ControlSubscriber | WeightsPublisher] = []
+    try:
+        feeder = open_feeder(settings, core, context, faults)
+        opened.append(feeder)
+        control = ControlSubscriber(context, settings.control_endpoint, SERVICE, settings.instance, faults)
+        opened.append(control)
+        weights = WeightsPublisher(context, settings.weights_bind, settings.weights_republish_s)
+        opened.append(weights)
+        telemetry = TelemetryReporter(context, settings.telemetry_endpoint, SERVICE, settings.instance,
+                                      settings.telemetry_interval_s)
+    except BaseException:
+        for part in reversed(opened):
+            part.close()
+        if ctx is None:
+            context.term()
+        raise
+    return LearnerSockets(feeder, control, weights, telemetry, faults, context, own_ctx=ctx is None)

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import logging
-import mmap
-import os
-import re
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import zmq
@@ -17,24 +13,15 @@ from flywheel import proto
 from flywheel.proto.messages import SampleRefused
 from flywheel.transport import FaultCounter, MessageTooLarge, connect, make_socket, receive
 
+from .client_shm import BadSlot, Segment, map_slot, open_segment
 from .refusals import Refused, check_fit
 
 log = logging.getLogger("flywheel.replay.client")
-SHM_DIR = "/dev/shm"
 TRANSPORTS = ("auto", "shm", "tcp")
-_SEGMENT_RE = re.compile(r"^flywheel-replay-[0-9]+-[0-9]+-[0-9a-f]{8}$")
-_DTYPES = {"uint8": np.uint8, "float32": np.float32}
 
 
 class ReplayClientError(RuntimeError):
     """The client cannot do what it was asked (e.g. shared memory required but not reachable)."""
-
-
-@dataclass
-class _Segment:
-    name: str
-    mm: mmap.mmap
-    size: int
 
 
 class ReplayClient:
@@ -90,7 +77,7 @@ class ReplayClient:
                                 max_msg_bytes=self.limits.max_total_bytes + (1 << 16))
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         connect(self.sock, endpoint)
-        self.segment: _Segment | None = None
+        self.segment: Segment | None = None
         self.shm_refused = transport == "tcp"
         self._outstanding: dict[int, float] = {}  # request id -> when it was sent
         self.held: dict[int, tuple[str, int]] = {}  # request id -> (segment, slot) of batches handed out
@@ -260,8 +247,8 @@ class ReplayClient:
         if isinstance(slot, int) and slot >= 0:
             try:
                 check_fit(batch, self.batch_size, self.obs_shape, self.limits.max_total_bytes, in_slot=True)
-                self._map_slot(batch)
-            except (ReplayClientError, proto.DecodeError) as exc:
+                map_slot(batch, self.segment, self.obs_shape)
+            except (BadSlot, proto.DecodeError) as exc:
                 self._refuse(exc, freed=True)
                 if ours:
                     self._to_release.append(slot)
@@ -325,60 +312,26 @@ class ReplayClient:
         if not freed and self._outstanding:
             self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
 
-    def _map_slot(self, batch: proto.SampleBatch) -> None:
-        shm, segment = batch.shm, self.segment
-        if segment is None or shm.get("segment") != segment.name:
-            raise ReplayClientError("the reply names a shared-memory segment this client has not attached")
-        dtype = _DTYPES.get(str(shm.get("dtype")))
-        try:
-            shape = tuple(int(d) for d in str(shm.get("shape")).split(","))
-            offsets = int(shm["offset"]), int(shm["next_offset"])
-        except (KeyError, ValueError):
-            raise ReplayClientError("malformed shared-memory slot description") from None
-        if dtype is None or not shape or any(d <= 0 for d in shape):
-            raise ReplayClientError(f"bad slot dtype {shm.get('dtype')!r} or shape {shm.get('shape')!r}")
-        if self.obs_shape is not None and shape != self.obs_shape:
-            raise ReplayClientError(f"slot observations {shape}, this client expects {self.obs_shape}")
-        full = (batch.action.shape[0], *shape)
-        nbytes = int(np.prod(full)) * np.dtype(dtype).itemsize
-        if any(off < 0 or off + nbytes > segment.size for off in offsets):
-            raise ReplayClientError("shared-memory slot lies outside the segment")
-        batch.obs = np.ndarray(full, dtype, buffer=segment.mm, offset=offsets[0])
-        batch.next_obs = np.ndarray(full, dtype, buffer=segment.mm, offset=offsets[1])
-
     def _attach(self, offer: dict) -> None:
-        name, size, token = offer.get("segment"), offer.get("size"), offer.get("token")
         try:
-            if not (isinstance(name, str) and _SEGMENT_RE.match(name) and isinstance(size, int) and size > 16):
-                raise OSError("malformed offer")
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                if os.fstat(fd).st_size != size:
-                    raise OSError("segment size differs from the offer")
-                mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-            finally:
-                os.close(fd)
-            if mm[:16].hex() != token:
-                mm.close()
-                raise OSError("token differs: another host's segment of the same name")
+            segment = open_segment(offer)
         except (OSError, ValueError, TypeError) as exc:
             if self.transport == "shm":
-                raise ReplayClientError(f"cannot attach the replay's shared memory {name!r}: {exc}; the replay "
-                                        "must run on this host and share its /dev/shm (sample transport shm)") from None
+                raise ReplayClientError(f"cannot attach the replay's shared memory {offer.get('segment')!r}: {exc}; "
+                                        "the replay must run on this host and share its /dev/shm (sample transport "
+                                        "shm)") from None
             log.info("replay %s offered shared memory, not reachable here (%s): sampling over TCP", self.endpoint, exc)
             self.shm_refused = True
             return
         self._drop_segment()
         self._to_release.clear()  # slots of an older segment mean nothing to the new one
-        self.segment = _Segment(name, mm, size)
-        log.info("replay %s: sampling through shared memory %s (%.1f MB)", self.endpoint, name, size / 1e6)
+        self.segment = segment
+        log.info("replay %s: sampling through shared memory %s (%.1f MB)", self.endpoint, segment.name,
+                 segment.size / 1e6)
 
     def _drop_segment(self) -> None:
         if self.segment is not None:
-            try:
-                self.segment.mm.close()
-            except BufferError:  # batches still held keep the mapping alive until they are gone
-                pass
+            self.segment.close()
             self.segment = None
 
     def shared(self, batch: proto.SampleBatch) -> bool:

@@ -1,4 +1,4 @@
-"""A learner service on real sockets with a tiny fake replay, a telemetry sink and a control publisher."""
+"""A learner loop on real sockets with a tiny fake replay, a telemetry sink and a control publisher."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from learner_helpers import make_batch
 from flywheel import proto
 from flywheel.services.learner.checkpoint import load_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
+from flywheel.services.learner.loop import LearnerLoop
 from flywheel.services.learner.settings import LearnerSettings
-from flywheel.services.learner.transport import LearnerService
+from flywheel.services.learner.transport import open_sockets
 from flywheel.transport import queued_frames, subscriber
 
 
@@ -55,7 +56,7 @@ class FakeReplay:
 
 
 class Harness:
-    """Learner service plus the peers it talks to, all bound to port 0 on 127.0.0.1 (the kernel picks)."""
+    """A learner loop plus the peers it talks to, all bound to port 0 on 127.0.0.1 (the kernel picks)."""
 
     def __init__(self, tmp_path: Path, **overrides: object) -> None:
         self.ctx = zmq.Context()
@@ -76,8 +77,9 @@ class Harness:
         self.start_version = 0
         if self.settings.resume:
             self.start_version = load_checkpoint(tmp_path, self.core).weight_version
-        self.service = LearnerService(self.settings, self.core, self.ctx, start_version=self.start_version)
-        self.sub = subscriber(self.ctx, self.service.weights_endpoint)  # the port the kernel picked
+        self.loop = LearnerLoop(self.settings, self.core, open_sockets(self.settings, self.core, self.ctx),
+                                start_version=self.start_version)
+        self.sub = subscriber(self.ctx, self.loop.weights_endpoint)  # the port the kernel picked
         self.versions: list[int] = []
         self.weights: list[proto.Weights] = []
         self.reports: list[proto.Telemetry] = []
@@ -93,7 +95,7 @@ class Harness:
         deadline = time.monotonic() + timeout
         while not until():
             assert time.monotonic() < deadline, "condition not reached in time"
-            self.service.step(5)
+            self.loop.step(5)
             self.replay.pump()
             self.collect()
 
@@ -106,7 +108,7 @@ class Harness:
         return self.reports[-1].counters.get(name, 0.0) if self.reports else 0.0
 
     def close(self) -> None:
-        self.service.close()
+        self.loop.close()
         for sock in (self.replay.sock, self.telemetry, self.control, self.sub):
             sock.close(0)
         self.ctx.term()

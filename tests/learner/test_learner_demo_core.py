@@ -92,7 +92,7 @@ def test_service_reports_demo_rows_and_margin_loss(harness, monkeypatch: pytest.
 
     monkeypatch.setattr(learner_harness, "make_batch", with_demo_rows)
     h = harness(metrics_interval_updates=5)
-    h.service.start()
+    h.loop.start()
     h.drive(lambda: h.counter("demo_samples_total") >= 64 and "margin_loss" in h.reports[-1].gauges, timeout=30)
     samples = h.counter("samples_total")
     assert h.counter("demo_samples_total") <= samples / 4 + 32  # a quarter of the rows, up to one unread batch
@@ -100,7 +100,7 @@ def test_service_reports_demo_rows_and_margin_loss(harness, monkeypatch: pytest.
 
 
 def test_spread_demos_gives_every_training_batch_its_share_of_demonstration_rows() -> None:
-    from flywheel.services.learner.feeder import spread_demos
+    from flywheel.services.learner.batches import spread_demos
 
     rows, size = 1024, 256
     is_demo = np.zeros(rows, np.uint8)

@@ -1,4 +1,4 @@
-"""The learner service fed by a real replay server over real sockets: shared memory on one host, TCP otherwise."""
+"""The learner loop fed by a real replay server over real sockets: shared memory on one host, TCP otherwise."""
 
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ import zmq
 
 from flywheel import proto
 from flywheel.services.learner.core import CoreConfig, LearnerCore
-from flywheel.services.learner.datapath import open_data_path
-from flywheel.services.learner.feeder import ReadyBatch
+from flywheel.services.learner.loop import LearnerLoop
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.staging import BatchStager
-from flywheel.services.learner.transport import LearnerService
+from flywheel.services.learner.transport import open_feeder, open_sockets
 from flywheel.services.replay.core import ReplayConfig, ReplayCore
 from flywheel.services.replay.shm import SHM_DIR, ShmSlots
 from flywheel.services.replay.transport import ReplayServer
@@ -70,8 +69,8 @@ def replay_server(shm: ShmSlots | None) -> Iterator[tuple[ReplayServer, str]]:
 
 
 def run_learner(endpoint: str, tmp_path: Path, transport: str, updates: int = 12,
-                ) -> tuple[LearnerService, int, str]:
-    """A learner service on ``endpoint`` until ``updates`` updates; returns it (closed), its exit code and the path
+                ) -> tuple[LearnerLoop, int, str]:
+    """A learner loop on ``endpoint`` until ``updates`` updates; returns it (closed), its exit code and the path
     its batches came by at the end."""
     torch.manual_seed(0)
     ctx = zmq.Context()
@@ -80,14 +79,15 @@ def run_learner(endpoint: str, tmp_path: Path, transport: str, updates: int = 12
         sample_endpoint=endpoint, sample_transport=transport, telemetry_endpoint="inproc://learner-telemetry",
         control_endpoint="inproc://learner-control", weights_bind="inproc://learner-weights",
         telemetry_interval_s=60, torch_threads=1)
-    service = LearnerService(settings, LearnerCore(OBS, 2, CoreConfig(lr=1e-3)), ctx)
+    core = LearnerCore(OBS, 2, CoreConfig(lr=1e-3))
+    loop = LearnerLoop(settings, core, open_sockets(settings, core, ctx))
     try:
-        code = service.run()
-        path = service.sampler.path
+        code = loop.run()
+        path = loop.sampler.path
     finally:
-        service.close()
+        loop.close()
         ctx.term()
-    return service, code, path
+    return loop, code, path
 
 
 def test_same_host_learner_trains_on_shared_memory_batches(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -145,30 +145,30 @@ def test_cpu_learner_trains_on_views_of_the_shared_slot_and_hands_it_back_after_
             instance="learner-test", env_id="pixels-test", batch_size=16, requests_in_flight=2,
             sample_endpoint=endpoint, sample_transport="shm", control_endpoint="inproc://learner-control")
         core = LearnerCore(OBS, 2, CoreConfig(lr=1e-3))
-        path = open_data_path(settings, core, ctx, FaultCounter("learner"), beta=0.4)
-        path.start()
+        feeder = open_feeder(settings, core, ctx, FaultCounter("learner"))
+        feeder.start()
         try:
             leased = None
             for _ in range(200):  # the first replies carry the offer inline; then batches come in slots
-                ready = path.take(1000)
-                assert isinstance(ready, ReadyBatch)
+                ready = feeder.take(1000)
+                assert ready is not None
                 if ready.lease is None:
-                    path.done(ready, torch.ones(16))
+                    feeder.done(ready, torch.ones(16))
                     continue
                 leased = ready
                 break
             assert leased is not None and leased.lease is not None
             batch = leased.lease.batch
             assert np.shares_memory(leased.tensors.obs.numpy(), batch.obs)  # trained on in place, no copy
-            assert batch.request_id in path.client.held  # the replay may not reuse the slot yet
+            assert batch.request_id in feeder.client.held  # the replay may not reuse the slot yet
             core.update(leased.tensors)
-            path.done(leased, torch.ones(16))
+            feeder.done(leased, torch.ones(16))
             deadline = time.monotonic() + 10
-            while batch.request_id in path.client.held and time.monotonic() < deadline:
+            while batch.request_id in feeder.client.held and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert batch.request_id not in path.client.held
+            assert batch.request_id not in feeder.client.held
         finally:
-            path.close()
+            feeder.close()
             ctx.term()
-        assert not path.client.held  # queued, never trained on: handed back at stop
+        assert not feeder.client.held  # queued, never trained on: handed back at stop
         assert replay.counters["shm_batches_total"] >= 1

@@ -17,54 +17,54 @@ def _distinct(versions: list[int]) -> list[int]:
 
 def test_publishes_by_time_only_while_training(harness) -> None:
     h = harness(publish_interval_updates=1_000_000, publish_interval_s=0.3, weights_republish_s=0.1)
-    h.service.start()
+    h.loop.start()
     h.drive(lambda: len(_distinct(h.versions)) >= 3, timeout=20)
     assert _distinct(h.versions)[:3] == [1, 2, 3]
     assert h.core.steps < 1_000_000
     h.replay.answer = False  # no more batches: the last trained weights go out once, then only repeats
-    h.drive(lambda: len(h.replay.pending) == 3 and h.service.waiting_batches == 0, timeout=10)
+    h.drive(lambda: len(h.replay.pending) == 3 and h.loop.waiting_batches == 0, timeout=10)
     trained = h.core.steps
-    h.drive(lambda: h.service.snapshots.steps_at_last == trained, timeout=5)
-    latest = h.service.version
+    h.drive(lambda: h.loop.snapshots.steps_at_last == trained, timeout=5)
+    latest = h.loop.version
     deadline = time.monotonic() + 1.0
     h.drive(lambda: time.monotonic() > deadline)
-    assert h.service.version == latest
+    assert h.loop.version == latest
     assert h.versions[-1] == latest and h.versions.count(latest) >= 2  # re-sent for late subscribers
 
 
 def test_publishes_every_k_updates_with_strictly_increasing_versions(harness) -> None:
     h = harness(publish_interval_updates=4, publish_interval_s=0)
-    h.service.start()
-    h.drive(lambda: h.core.steps >= 20 and h.service.version >= 6)
+    h.loop.start()
+    h.drive(lambda: h.core.steps >= 20 and h.loop.version >= 6)
     distinct = _distinct(h.versions)
     assert distinct == list(range(1, len(distinct) + 1))
-    assert h.service.version == 1 + h.core.steps // 4  # version 1 at start, then one per 4 updates
+    assert h.loop.version == 1 + h.core.steps // 4  # version 1 at start, then one per 4 updates
 
 
 def test_set_publish_interval_is_validated_applied_and_logged(harness, caplog: pytest.LogCaptureFixture) -> None:
     h = harness()
-    h.service.start()
+    h.loop.start()
     with caplog.at_level(logging.INFO, logger="flywheel.learner"):
         h.send_control("set_publish_interval", updates=3, seconds=0.5)
-        h.drive(lambda: h.service.snapshots.every_updates == 3)
-    assert h.service.snapshots.every_seconds == 0.5
+        h.drive(lambda: h.loop.snapshots.every_updates == 3)
+    assert h.loop.snapshots.every_seconds == 0.5
     assert any("publishing weights every 3 updates / 0.5 s" in r.getMessage() for r in caplog.records)
     h.send_control("set_publish_interval", seconds=2)
-    h.drive(lambda: h.service.snapshots.every_seconds == 2.0)
-    assert h.service.snapshots.every_updates == 3  # the part not given stays
+    h.drive(lambda: h.loop.snapshots.every_seconds == 2.0)
+    assert h.loop.snapshots.every_updates == 3  # the part not given stays
     bad = [{"updates": 0}, {"updates": True}, {"updates": 2.5}, {"seconds": -1.0}, {"seconds": float("inf")},
            {}, {"updates": 5, "bogus": 1}, {"updates": 5, "seconds": "soon"}]
     for args in bad:
         h.send_control("set_publish_interval", **args)
-    h.drive(lambda: h.service.control.rejected >= len(bad))
-    assert (h.service.snapshots.every_updates, h.service.snapshots.every_seconds) == (3, 2.0)
-    assert h.service.faults.counts["control:bad_args"] == len(bad)
+    h.drive(lambda: h.loop.control.rejected >= len(bad))
+    assert (h.loop.snapshots.every_updates, h.loop.snapshots.every_seconds) == (3, 2.0)
+    assert h.loop.faults.counts["control:bad_args"] == len(bad)
     h.send_control("set_lr", lr=2e-4)
     h.send_control("set_lr", rate=2e-4)
     h.send_control("launch")  # no such command
-    h.drive(lambda: h.service.control.rejected >= len(bad) + 2 and h.core.lr == pytest.approx(2e-4))
-    assert h.service.faults.counts["control:bad_args"] == len(bad) + 1
-    assert h.service.faults.counts["control:unknown_command"] == 1
+    h.drive(lambda: h.loop.control.rejected >= len(bad) + 2 and h.core.lr == pytest.approx(2e-4))
+    assert h.loop.faults.counts["control:bad_args"] == len(bad) + 1
+    assert h.loop.faults.counts["control:unknown_command"] == 1
     h.drive(lambda: h.counter("control_rejected_total") == len(bad) + 2)
     assert h.reports[-1].counters['rejected_total{where="control",reason="bad_args"}'] == len(bad) + 1
 
@@ -72,7 +72,7 @@ def test_set_publish_interval_is_validated_applied_and_logged(harness, caplog: p
 def test_data_wait_is_measured_when_starved(harness) -> None:
     h = harness(telemetry_interval_s=0.2)
     h.replay.answer = False
-    h.service.start()
+    h.loop.start()
     start = len(h.reports)
     h.drive(lambda: len(h.reports) >= start + 3)
     last = h.reports[-1]
@@ -89,16 +89,16 @@ def test_data_wait_is_measured_when_starved(harness) -> None:
 
 def test_metrics_are_read_from_the_device_every_n_updates(harness) -> None:
     h = harness(metrics_interval_updates=5, telemetry_interval_s=60)
-    h.service.start()
+    h.loop.start()
     h.drive(lambda: h.core.steps >= 12)
     h.replay.answer = False
-    assert h.service.window.batches == 10  # read at update 5 and 10, not per update
+    assert h.loop.window.batches == 10  # read at update 5 and 10, not per update
     assert h.core.drain_metrics().batches == h.core.steps - 10
 
 
 def test_priorities_reach_the_replay_for_every_batch(harness) -> None:
     h = harness()
-    h.service.start()
+    h.loop.start()
     h.drive(lambda: h.core.steps >= 15)
     h.replay.answer = False
     h.drive(lambda: sum(len(u.index) for u in h.replay.priorities) >= 32 * h.core.steps)
@@ -110,8 +110,8 @@ def test_priorities_reach_the_replay_for_every_batch(harness) -> None:
 
 def test_one_batch_per_request_when_asked(harness) -> None:
     h = harness(batches_per_request=1)
-    h.service.start()
-    assert h.service.group == 1
+    h.loop.start()
+    assert h.loop.group == 1
     h.drive(lambda: h.core.steps >= 10 and sum(len(u.index) for u in h.replay.priorities) >= 320)
     assert all(len(sent) == 32 for sent in h.replay.sent_index.values())  # one training batch per request
     assert all(len(u.index) % 32 == 0 for u in h.replay.priorities)
@@ -128,9 +128,9 @@ def test_failed_sampling_stops_the_learner_with_a_checkpoint(harness, tmp_path, 
     def broken_check(batch: proto.SampleBatch) -> None:
         raise MemoryError("simulated failure while checking a batch")
 
-    h.service.feeder.check = broken_check
+    h.loop.feeder.check = broken_check
     codes: list[int] = []
-    thread = threading.Thread(target=lambda: codes.append(h.service.run()))
+    thread = threading.Thread(target=lambda: codes.append(h.loop.run()))
     with caplog.at_level(logging.ERROR, logger="flywheel.learner"):
         thread.start()
         deadline = time.monotonic() + 20

@@ -18,9 +18,9 @@ from flywheel.services.learner.core import CoreConfig, LearnerCore
 
 def test_trains_keeps_requests_in_flight_and_sends_priorities(harness) -> None:
     h = harness()
-    h.service.start()
+    h.loop.start()
     h.drive(lambda: h.core.updates >= 20 and len(h.replay.priorities) >= 2)
-    assert h.service.group == 32  # auto: 32 batches of 32 per request for vectors (~4096 transitions, at most 32)
+    assert h.loop.group == 32  # auto: 32 batches of 32 per request for vectors (~4096 transitions, at most 32)
     assert h.replay.max_pending == 3  # requests_in_flight, never more
     sent = np.concatenate(list(h.replay.sent_index.values()))
     for update in h.replay.priorities:  # each message: whole training batches of one or more requests
@@ -37,7 +37,7 @@ def test_trains_keeps_requests_in_flight_and_sends_priorities(harness) -> None:
 
 def test_telemetry_reports_contract_metrics(harness) -> None:
     h = harness()
-    h.service.start()
+    h.loop.start()
     h.drive(lambda: h.counter("updates_total") >= 10)
     last = h.reports[-1]
     assert (last.service, last.instance) == ("learner", "learner-test")
@@ -53,14 +53,14 @@ def test_telemetry_reports_contract_metrics(harness) -> None:
 
 def test_control_pause_resume_set_and_checkpoint(harness, tmp_path: Path) -> None:
     h = harness()
-    h.service.start()
+    h.loop.start()
     h.drive(lambda: h.core.updates >= 3)
     h.send_control("set_lr", lr=5e-4)
     h.send_control("set_publish_interval", updates=2)
-    h.drive(lambda: h.core.lr == pytest.approx(5e-4) and h.service.publish_interval == 2)
+    h.drive(lambda: h.core.lr == pytest.approx(5e-4) and h.loop.publish_interval == 2)
     h.drive(lambda: bool(h.reports) and h.reports[-1].gauges["lr"] == pytest.approx(5e-4))
     h.send_control("pause")
-    h.drive(lambda: h.service.paused)
+    h.drive(lambda: h.loop.paused)
     frozen = h.core.updates
     deadline = time.monotonic() + 0.5
     h.drive(lambda: time.monotonic() > deadline)
@@ -70,16 +70,24 @@ def test_control_pause_resume_set_and_checkpoint(harness, tmp_path: Path) -> Non
     h.drive(lambda: h.core.updates >= frozen + 5)
     h.send_control("set_lr", lr="fast")  # wrong type: counted, ignored
     h.send_control("set", lr=1e-3)  # the generic form is gone: an unknown command, counted, ignored
-    h.drive(lambda: h.service.faults.total >= 2)
-    h.drive(lambda: h.service.faults.total >= 1)
+    h.drive(lambda: h.loop.faults.total >= 2)
+    h.drive(lambda: h.loop.faults.total >= 1)
     assert h.core.lr == pytest.approx(5e-4)
     h.send_control("checkpoint")
     h.drive(lambda: (tmp_path / CHECKPOINT_FILE).exists())
 
 
+def test_control_is_read_by_the_loop_from_its_socket_not_by_the_sampling_thread(harness) -> None:
+    h = harness()  # not started: no sampling thread runs, no request goes out
+    h.send_control("set_lr", lr=7e-4)
+    h.send_control("pause")
+    h.drive(lambda: h.core.lr == pytest.approx(7e-4) and h.loop.paused)
+    assert h.replay.requests == 0 and h.loop.feeder.delivered == 0
+
+
 def test_bad_replies_are_counted_and_dropped(harness) -> None:
     h = harness()
-    h.service.start()
+    h.loop.start()
     h.drive(lambda: h.core.updates >= 2)
     h.replay.answer = False
     h.drive(lambda: len(h.replay.pending) == 3)
@@ -88,7 +96,7 @@ def test_bad_replies_are_counted_and_dropped(harness) -> None:
     identity, req = h.replay.pending.pop()
     wrong = make_batch(h.replay.rng, 32, obs_shape=(5,), request_id=req.request_id)
     h.replay.sock.send_multipart([identity, *proto.encode(wrong)])
-    h.drive(lambda: h.service.faults.total >= 2)
+    h.drive(lambda: h.loop.faults.total >= 2)
     h.replay.answer = True
     before = h.core.updates
     h.drive(lambda: h.core.updates >= before + 5 and h.counter("messages_rejected_total") >= 2)
@@ -98,7 +106,7 @@ def test_bad_replies_are_counted_and_dropped(harness) -> None:
 def test_unanswered_requests_are_resent_after_the_timeout(harness) -> None:
     h = harness(request_timeout_s=0.3)
     h.replay.answer = False
-    h.service.start()
+    h.loop.start()
     h.drive(lambda: h.replay.requests >= 6)
     assert h.core.updates == 0
 
@@ -106,7 +114,7 @@ def test_unanswered_requests_are_resent_after_the_timeout(harness) -> None:
 def test_max_updates_checkpoint_and_resume_continue_versions(harness, tmp_path: Path) -> None:
     h = harness(max_updates=12)
     codes: list[int] = []
-    thread = threading.Thread(target=lambda: codes.append(h.service.run()))
+    thread = threading.Thread(target=lambda: codes.append(h.loop.run()))
     thread.start()
     deadline = time.monotonic() + 20
     while thread.is_alive() and time.monotonic() < deadline:
@@ -116,9 +124,9 @@ def test_max_updates_checkpoint_and_resume_continue_versions(harness, tmp_path: 
     thread.join(timeout=5)
     assert codes == [0]
     saved = load_checkpoint(tmp_path, LearnerCore((4,), 2, CoreConfig()))
-    assert saved.updates == 12 and saved.weight_version == h.service.version >= 3
+    assert saved.updates == 12 and saved.weight_version == h.loop.version >= 3
     h2 = harness(resume=True, max_updates=0)
     assert h2.core.updates == 12
-    h2.service.start()
+    h2.loop.start()
     h2.drive(lambda: len(h2.versions) >= 1)
     assert h2.versions[0] == saved.weight_version + 1

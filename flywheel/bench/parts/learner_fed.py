@@ -25,7 +25,7 @@ from flywheel.bench.peers.replay_data import mario_frames
 from flywheel.bench.peers.replay_harness import ReplayService, cpu_split
 from flywheel.bench.runner import BenchContext, BenchError, Row, median
 from flywheel.services.learner.core import AMP_DTYPES, CoreConfig
-from flywheel.services.learner.transport import LearnerService
+from flywheel.services.learner.loop import LearnerLoop
 
 FED_OPTIONS = {
     "fed": "also run the learner service fed by a real replay of recorded Mario frames, over shared memory and "
@@ -71,7 +71,7 @@ def fed_rows(ctx: BenchContext, device: torch.device, config: CoreConfig, thread
         try:
             notes.append(f"Fed cases: one `flywheel replay` holding {fill:,} Mario transitions ({source}, 16 streams "
                          f"per actor, 3-step rows, filled as the replay suite fills it; resident "
-                         f"{replay.rss() / 2**30:.2f} GiB) feeds two real LearnerServices, sample_transport shm and "
+                         f"{replay.rss() / 2**30:.2f} GiB) feeds two real learner services, sample_transport shm and "
                          "tcp (4 requests in flight), which run in turns with the bare loop of the same case in "
                          "this process, every run; ratios are the median of per-run ratios. The replay is not "
                          "pinned: it shares the machine's cores with the learner, as one host running both would.")
@@ -99,7 +99,7 @@ def _fed_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
     ctx.progress(f"{label}: learner services over shm and tcp fed by the {fill:,}-transition replay, bare loop "
                  f"beside them: {n} updates per loop and run, {ctx.warmup} warm-up + {ctx.runs} runs")
     bare = BareLoop(case, device, AMP_DTYPES.get(config.precision), ctx.seed)
-    services: dict[str, LearnerService] = {}
+    services: dict[str, LearnerLoop] = {}
     waits = {transport: [0.0, 0.0] for transport, _ in TRANSPORTS}  # this run: elapsed, waiting for data
     runs: dict[str, list[float]] = {name: [] for name in ("bare", *waits)}
     wait_runs: dict[str, list[float]] = {transport: [] for transport in waits}

@@ -14,8 +14,9 @@ from torch.nn import functional as F
 from flywheel.bench.runner import BenchError
 from flywheel.nets import build_q_network
 from flywheel.services.learner.core import CoreConfig, LearnerCore
+from flywheel.services.learner.loop import LearnerLoop
 from flywheel.services.learner.settings import LearnerSettings
-from flywheel.services.learner.transport import LearnerService
+from flywheel.services.learner.transport import open_sockets
 
 ROUNDS = 20  # chunks per run, alternating between the loops (finer: load swings hit every loop alike)
 
@@ -100,8 +101,8 @@ class BareLoop:
 
 
 def start_learner(case: Case, config: CoreConfig, device: torch.device, endpoint: str, ctx: zmq.Context,
-                  threads: int, seed: int, transport: str = "tcp") -> LearnerService:
-    """A started LearnerService sampling ``case.batch`` from the replay at ``endpoint`` over ``transport``."""
+                  threads: int, seed: int, transport: str = "tcp") -> LearnerLoop:
+    """A started learner loop sampling ``case.batch`` from the replay at ``endpoint`` over ``transport``."""
     settings = LearnerSettings.model_validate({
         "instance": "bench-learner", "env_id": "bench", "batch_size": case.batch, "lr": LR, "adam_eps": ADAM_EPS,
         "grad_clip_norm": CLIP, "sample_endpoint": endpoint, "sample_transport": transport,
@@ -110,12 +111,12 @@ def start_learner(case: Case, config: CoreConfig, device: torch.device, endpoint
         "requests_in_flight": 4})
     torch.manual_seed(seed)
     core = LearnerCore(case.obs_shape, case.n_actions, config, device)
-    service = LearnerService(settings, core, ctx)
+    service = LearnerLoop(settings, core, open_sockets(settings, core, ctx))
     service.start()
     return service
 
 
-def service_seconds(service: LearnerService, n: int) -> tuple[float, float]:
+def service_seconds(service: LearnerLoop, n: int) -> tuple[float, float]:
     """(wall time, time spent waiting for data) of ``n`` updates of the running service."""
     core = service.core
     goal = core.steps + n

@@ -33,13 +33,14 @@ SAMPLING_NOTES = (
     "cramjam into one buffer, then gathers the stacks); the learner's 'unpacked frames' row asks for plain "
     "frames from the same replay (sample_packed=false), as the TCP path ran before packing. Shared-memory "
     "rows never touch the packed copy.",
-    "Learner data path rows: the learner service's own sampling code (services/learner/datapath.py, built from "
-    "LearnerSettings: batch 512, requests_in_flight 4, sample_transport shm or tcp, CPU device, Mario's "
+    "Learner data path rows: the learner service's own sampling code (open_feeder in "
+    "services/learner/transport.py, built from LearnerSettings: batch 512, requests_in_flight 4, "
+    "sample_transport shm or tcp, CPU device, Mario's "
     "(4, 84, 84) network shape) in one pinned process: ReplayClient, the Feeder's I/O thread, core.check_batch "
     "and the CPU stager (on a CPU the tensors are views of the shared-memory slot, leased until the batch's "
     "priorities go back; TCP batches come compact and are rebuilt with one gather). Ready batches are taken "
     "from the feeder as the update loop takes them and random priorities go back at once through "
-    "DataPath.done: no training, so these rows measure the learner's "
+    "Feeder.done: no training, so these rows measure the learner's "
     "sampling path alone (the bare rows use a ReplayClient poll/release loop).",
     "ZeroMQ alone: a ROUTER answering each request with one prebuilt buffer of a whole 512-batch's obs and "
     "next_obs (28.9 MB) and a DEALER receiving it without a copy, 4 in flight, pinned like the others "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import queue
 import time
 from typing import Any
 
@@ -21,10 +20,10 @@ WARMUP_BATCHES = 3  # the first replies carry the shared-memory offer
 def learner_settings(endpoint: str, transport: str, batch: int, inflight: int, packed: bool = True
                      ) -> LearnerSettings:
     """LearnerSettings of a CPU learner sampling ``batch``-row batches from ``endpoint`` over ``transport``; its
-    control endpoint is an in-process one nobody publishes on (the feeder still polls it, as in the service)."""
+    other endpoints are in-process ones nobody uses (the data path opens only the replay client)."""
     return LearnerSettings.model_validate({
         "instance": "bench-learner-path", "env_id": "bench", "batch_size": batch, "requests_in_flight": inflight,
-        "sample_endpoint": endpoint, "sample_transport": transport, "control_endpoint": "inproc://bench-control",
+        "sample_endpoint": endpoint, "sample_transport": transport, "control_endpoint": "inproc://unused-control",
         "telemetry_endpoint": "inproc://unused", "weights_bind": "inproc://unused-weights", "device": "cpu",
         "torch_threads": 1, "sample_packed": packed})
 
@@ -32,16 +31,15 @@ def learner_settings(endpoint: str, transport: str, batch: int, inflight: int, p
 def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float, cpus: list[int], result: Any,
                       inflight: int = 4, side_pids: tuple[int, ...] = (), obs_shape: tuple[int, ...] = MARIO_OBS,
                       n_actions: int = MARIO_ACTIONS, packed: bool = True) -> None:
-    """Sample for ``seconds`` through the learner service's data path (datapath.open_data_path: ReplayClient,
+    """Sample for ``seconds`` through the learner service's data path (transport.open_feeder: ReplayClient,
     Feeder with its I/O thread for pixels, core.check_batch, the CPU stager), taking ready batches as the update
     loop does and handing back random |TD| priorities at once, with no training in between. CPU-seconds are
     those of this process (every thread) and ``side_pids`` (the replay) over the same window."""
     import torch
     import zmq
 
-    from flywheel.services.learner.core import CoreConfig, LearnerCore, beta_at
-    from flywheel.services.learner.datapath import open_data_path
-    from flywheel.services.learner.feeder import ReadyBatch
+    from flywheel.services.learner.core import CoreConfig, LearnerCore
+    from flywheel.services.learner.transport import open_feeder
     from flywheel.transport import FaultCounter
 
     if cpus and hasattr(os, "sched_setaffinity"):
@@ -51,29 +49,25 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
     core = LearnerCore(obs_shape, n_actions, CoreConfig(), "cpu")  # its check_batch and stager, as the service's
     ctx = zmq.Context()
     faults = FaultCounter("learner")
-    path = open_data_path(settings, core, ctx, faults,
-                          beta=beta_at(0, settings.beta_start, settings.beta_end, settings.beta_anneal_updates))
+    feeder = open_feeder(settings, core, ctx, faults)  # beta_start, the annealed beta at update 0
     rng = np.random.default_rng(0)
     clock = SideClock([os.getpid(), *side_pids])
     counts = {"batches": 0, "rows": 0}
 
     def turn(timeout_ms: int) -> bool:
         """One update-loop turn without the update: a ready batch gets random priorities back at once."""
-        if path.feeder.error is not None:
-            raise SystemExit(f"the learner's sampling failed: {path.feeder.error}")
-        try:
-            item = path.take(timeout_ms)
-        except queue.Empty:
-            item = None
-        if isinstance(item, ReadyBatch):
-            rows = int(item.index.shape[0])
-            path.done(item, torch.from_numpy(rng.uniform(0.1, 2, rows).astype(np.float32)))
+        if feeder.error is not None:
+            raise SystemExit(f"the learner's sampling failed: {feeder.error}")
+        ready = feeder.take(timeout_ms)
+        if ready is not None:
+            rows = int(ready.index.shape[0])
+            feeder.done(ready, torch.from_numpy(rng.uniform(0.1, 2, rows).astype(np.float32)))
             counts["batches"] += 1
             counts["rows"] += rows
-        return isinstance(item, ReadyBatch)
+        return ready is not None
 
     try:
-        path.start()
+        feeder.start()
         deadline = time.monotonic() + 60
         warm = 0
         while warm < WARMUP_BATCHES:
@@ -85,11 +79,11 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
         clock.start()
         while time.monotonic() - start < seconds:
             turn(100)
-        rates = clock.rates(counts["batches"]) | {"path": path.client.path}  # closing drops the segment
+        rates = clock.rates(counts["batches"]) | {"path": feeder.client.path}  # closing drops the segment
     finally:
-        path.close()  # the priorities still queued are sent first
+        feeder.close()  # the priorities still queued are sent first
         ctx.term()
-    c = path.client.counters
+    c = feeder.client.counters
     result.put(rates | {"shm": c["shm_batches"], "tcp": c["tcp_batches"], "compact": c["compact_batches"],
                         "packed": c["packed_batches"],
                         "rows": counts["rows"], "priority_messages": c["priority_updates"],

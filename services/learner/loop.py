@@ -1,0 +1,285 @@
+"""The learning loop: batches in, updates, priorities out; weights, metrics, checkpoints and control; owns its parts."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from flywheel import proto
+
+from .batches import ReadyBatch
+from .best import BestKeeper, evaluable
+from .checkpoint import reserve_versions, save_checkpoint
+from .core import LearnerCore, beta_at
+from .metrics import GpuProbe, MetricsWindow, flops_per_update
+from .publishing import WeightsSnapshots
+from .settings import LearnerSettings
+from .transport import LearnerSockets
+
+log = logging.getLogger("flywheel.learner")
+MAX_POLL_MS = 100
+CONTROL_EVERY_S = 0.01  # while training, commands are read at most this often (a read costs microseconds)
+
+
+class LearnerLoop:
+    """One learner at run time: its core, the sockets it learns through and the state control commands change.
+
+    ``run`` turns ``step`` until stopped (``stop``, safe from a signal handler) or ``max_updates``; each turn trains
+    on a ready batch, hands its priorities to the sampling thread and publishes weights every K updates or T
+    seconds. Control commands are read from the control socket here, as the actor's loop and the replay read
+    theirs, and go through a table of handlers, one per kind the learner obeys. ``close`` closes every part.
+    """
+
+    def __init__(self, settings: LearnerSettings, core: LearnerCore, sockets: LearnerSockets, *,
+                 start_version: int = 0, resumed: bool = False) -> None:
+        self.settings, self.core, self.sockets = settings, core, sockets
+        self.feeder, self.control, self.faults = sockets.feeder, sockets.control, sockets.faults
+        self.sampler, self.group = self.feeder.client, self.feeder.group
+        self.weights, self.telemetry = sockets.weights, sockets.telemetry
+        self.weights_endpoint = self.weights.endpoint
+        self.snapshots = WeightsSnapshots(core.online, core.name, start_version=start_version,
+                                          every_updates=settings.publish_interval_updates,
+                                          every_seconds=settings.publish_interval_s,
+                                          reserve=self._reserve_versions if settings.checkpoint_dir else None)
+        self.paused = False
+        K = proto.CommandKind
+        self.handlers: proto.CommandHandlers = {
+            K.PAUSE: self._on_pause, K.RESUME: self._on_resume, K.CHECKPOINT: self._on_checkpoint,
+            K.SET_LR: self._on_set_lr, K.SET_PUBLISH_INTERVAL: self._on_publish_interval,
+        }
+        self._stop = False
+        self._next_control = 0.0
+        self._metrics_step = core.steps
+        self._skipped_total = 0
+        self._next_checkpoint = time.monotonic() + settings.checkpoint_interval_s
+        self.counters = {"updates_total": 0.0, "samples_total": 0.0, "weights_published_total": 0.0,
+                         "messages_rejected_total": 0.0, "skipped_updates_total": 0.0,
+                         "data_wait_seconds_total": 0.0, "checkpoints_total": 0.0,
+                         "control_rejected_total": 0.0, "demo_samples_total": 0.0}
+        self.replay_size = 0.0
+        self.window = MetricsWindow()
+        self.gpu = GpuProbe(core.device)
+        self._flops_per_update = flops_per_update(core, settings.batch_size) if self.gpu.enabled else 0
+        self.last_gauges: dict[str, float] = {}
+        self.best = BestKeeper(settings.checkpoint_dir, settings.env_id, interval_s=settings.best_eval_interval_s,
+                               episodes=settings.best_eval_episodes, seed=settings.best_eval_seed,
+                               max_steps=settings.best_eval_max_steps or None, resumed=resumed) if (
+            settings.checkpoint_dir and settings.best_eval_interval_s > 0 and evaluable(settings.env_id)) else None
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The last published weight version (0 = none yet)."""
+        return self.snapshots.version
+
+    @property
+    def publish_interval(self) -> int:
+        return self.snapshots.every_updates
+
+    def stop(self) -> None:
+        """Ask the loop to finish (safe from a signal handler)."""
+        self._stop = True
+
+    @property
+    def beta(self) -> float:
+        s = self.settings
+        return beta_at(self.core.steps, s.beta_start, s.beta_end, s.beta_anneal_updates)
+
+    @property
+    def waiting_batches(self) -> int:
+        """Batches received and checked but not yet trained on."""
+        return self.feeder.delivered - self.feeder.taken
+
+    def run(self) -> int:
+        """Loop until stopped or max_updates; then leave a checkpoint (if configured) and return 0.
+
+        If the sampling thread dies, the learner stops with one error line, still leaving its checkpoint (1).
+        """
+        self.start()
+        code = 0
+        while not self._stop:
+            if self.settings.max_updates and self.core.steps >= self.settings.max_updates:
+                log.info("learner: reached max_updates=%d, stopping", self.settings.max_updates)
+                break
+            if self.feeder.error is not None:
+                log.error("learner: stopping, sampling failed: %s", self.feeder.error)
+                code = 1
+                break
+            self.step(MAX_POLL_MS)
+        self.finish()
+        return code
+
+    def start(self) -> None:
+        """Publish the starting weights (so actors get some early) and start sampling."""
+        self.snapshots.begin(self.core.steps)
+        self._publish_ready(wait=True)
+        self.feeder.beta = self.beta
+        self.feeder.start()
+
+    def finish(self) -> None:
+        """Send the last priorities and telemetry and leave a checkpoint when a directory is set."""
+        self.feeder.stop()
+        self.send_telemetry()
+        if self.settings.checkpoint_dir:
+            self.checkpoint("stop")
+
+    def step(self, timeout_ms: int) -> None:
+        """One turn: control commands, then a ready batch trained on (waiting up to ``timeout_ms`` for one; while
+        paused, waiting that long for a command instead, as the actor does), weights and timers."""
+        if self.paused:
+            self.control.sock.poll(timeout_ms)  # batches that arrive meanwhile wait in the feeder's queue
+            self.take_control()
+        else:
+            now = time.monotonic()
+            if now >= self._next_control:
+                self._next_control = now + CONTROL_EVERY_S
+                self.take_control()
+        if not self.paused:
+            start = time.monotonic()
+            ready = self.feeder.take(timeout_ms)
+            waited = time.monotonic() - start
+            self.window.wait_s += waited
+            self.counters["data_wait_seconds_total"] += waited
+            if ready is not None:
+                self.train(ready)
+        self._publish_ready(wait=False)
+        self._timers()
+
+    def close(self) -> None:
+        if self.best is not None:
+            self.best.close()  # also when the loop died before finish() (idempotent)
+        self.sockets.close()
+
+    # ---- data path -------------------------------------------------------------------------------------------
+    def train(self, ready: ReadyBatch) -> None:
+        """Update on one batch; hand its priorities to the sampling thread; publish weights when due."""
+        self.feeder.beta = self.beta
+        result = self.core.update(ready.tensors)
+        self.feeder.done(ready, result.td_abs)
+        self.replay_size = float(ready.replay_size)
+        self.counters["samples_total"] += result.batch_size
+        self.window.samples += result.batch_size
+        if not result.stepped:
+            return
+        self.window.steps += 1
+        steps = self.core.steps
+        if steps - self._metrics_step >= self.settings.metrics_interval_updates:
+            self._read_metrics()
+        if self.snapshots.due(steps, time.monotonic()):
+            self.snapshots.begin(steps)
+
+    def _read_metrics(self) -> None:
+        """One device read: loss/TD/Q sums since the last read and the skipped-step total."""
+        sums = self.core.drain_metrics()
+        self.window.add_sums(sums)
+        self.counters["demo_samples_total"] += sums.demo_rows
+        self._skipped_total = sums.skipped_total
+        self._metrics_step = self.core.steps
+
+    def _publish_ready(self, *, wait: bool) -> None:
+        msg = self.snapshots.take(time.monotonic(), wait=wait)
+        if msg is None:
+            return
+        self.weights.publish(msg)
+        self.counters["weights_published_total"] += 1
+        if self.counters["weights_published_total"] == 1:
+            log.info("learner: published weights version %d (%s)", msg.version, self.core.name)
+
+    def _reserve_versions(self, upto: int) -> None:
+        """Note in the checkpoint directory that versions up to ``upto`` may go out (read by --resume)."""
+        assert self.settings.checkpoint_dir is not None
+        try:
+            reserve_versions(self.settings.checkpoint_dir, upto)
+        except OSError as exc:
+            log.error("learner: cannot note weight versions up to %d in %s (%s); a resume after a crash may "
+                      "publish versions the actors refuse as stale", upto, self.settings.checkpoint_dir, exc)
+
+    # ---- timers, telemetry, control, checkpoints -------------------------------------------------------------
+    def _timers(self) -> None:
+        now = time.monotonic()
+        if not self.paused and self.snapshots.due(self.core.steps, now):
+            self.snapshots.begin(self.core.steps)  # the T-seconds timer
+        if self.telemetry.due(now):
+            self.send_telemetry()
+        self.weights.tick(now)  # the same version again, for subscribers that joined late
+        if self.settings.checkpoint_dir and now >= self._next_checkpoint:
+            self.checkpoint("periodic")
+        if self.best is not None and not self.paused:
+            self.best.tick(now, self.core, self.version)
+
+    def send_telemetry(self) -> None:
+        self._read_metrics()
+        now = time.monotonic()
+        self.counters["updates_total"] = float(self.core.steps - self._skipped_total)
+        self.counters["skipped_updates_total"] = float(self._skipped_total)
+        self.counters["messages_rejected_total"] = float(self.faults.total)
+        self.counters["control_rejected_total"] = float(self.control.rejected)  # refused by the subscriber
+        counters = {**self.counters, **self.sampler.metrics(), **self.faults.as_counters(),
+                    **(self.best.counters() if self.best is not None else {})}
+        gauges = {
+            **self.window.gauges(now, self.paused),
+            "weight_version": float(self.version), "beta": self.beta, "lr": self.core.lr,
+            "paused": float(self.paused), "requests_in_flight": float(self.sampler.outstanding),
+            "batches_waiting": float(self.waiting_batches),
+            "update_step": float(self.core.steps), "replay_size": self.replay_size,
+            "publish_interval_updates": float(self.snapshots.every_updates),
+            "publish_interval_seconds": float(self.snapshots.every_seconds),
+            **self.gpu.gauges(), **(self.best.gauges() if self.best is not None else {}),
+        }
+        if self.gpu.enabled:  # what the GPU computes: convolutions and matmuls of the updates, in TFLOPS
+            gauges["achieved_tflops"] = gauges["updates_per_second"] * self._flops_per_update / 1e12
+        gauges = {k: v for k, v in gauges.items() if np.isfinite(v)}
+        info = {"device": str(self.core.device), "network": self.core.name, "env_id": self.settings.env_id,
+                "state": "paused" if self.paused else "running", "precision": self.core.config.precision,
+                "compile": self.core.compile_state, "sample_path": self.sampler.path}
+        self.telemetry.send(counters, gauges, info)
+        self.last_gauges = gauges  # what was last reported; for tests and the CLI's progress line
+        self.window.reset(now)
+
+    def checkpoint(self, why: str) -> Path | None:
+        if not self.settings.checkpoint_dir:
+            log.warning("learner: checkpoint requested (%s) but no --checkpoint-dir is set", why)
+            return None
+        self._next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
+        try:
+            path = save_checkpoint(self.settings.checkpoint_dir, self.core, self.version)
+        except OSError as exc:
+            log.error("learner: checkpoint (%s) failed: %s", why, exc)
+            return None
+        self.counters["checkpoints_total"] += 1
+        log.info("learner: checkpoint (%s) at update %d, weight version %d -> %s",
+                 why, self.core.steps, self.version, path)
+        return path
+
+    def take_control(self) -> None:
+        """Run the pending commands: pause | resume | set_lr | set_publish_interval | checkpoint; others are not
+        ours. Commands arrive checked: bad ones were refused and counted by the subscriber
+        (``control_rejected_total``)."""
+        for command in self.control.drain():
+            proto.dispatch(command, self.handlers)
+
+    def _on_pause(self, command: proto.Command[proto.PauseArgs]) -> None:
+        if not self.paused:
+            self.paused = self.feeder.paused = True
+            log.info("learner: paused by control command %d", command.seq)
+
+    def _on_resume(self, command: proto.Command[proto.ResumeArgs]) -> None:
+        if self.paused:
+            self.sampler.idle_since_now()
+            self.paused = self.feeder.paused = False
+            log.info("learner: resumed by control command %d", command.seq)
+
+    def _on_checkpoint(self, command: proto.Command[proto.CheckpointArgs]) -> None:
+        self.checkpoint(f"control command {command.seq}")
+
+    def _on_set_lr(self, command: proto.Command[proto.LrArgs]) -> None:
+        self.core.set_lr(command.args.lr)
+        log.info("learner: learning rate %.3g (control command %d)", command.args.lr, command.seq)
+
+    def _on_publish_interval(self, command: proto.Command[proto.PublishIntervalArgs]) -> None:
+        self.snapshots.set_interval(updates=command.args.updates, seconds=command.args.seconds)
+        log.info("learner: publishing weights every %d updates / %.3g s (control command %d)",
+                 self.snapshots.every_updates, self.snapshots.every_seconds, command.seq)
