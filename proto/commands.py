@@ -7,13 +7,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from enum import StrEnum
-from typing import Any, ClassVar, Generic, Self, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from .errors import CommandError, UnknownCommand
 from .messages import Control
 
 TAG_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$"
-_TAG_RE = re.compile(TAG_PATTERN)
 
 
 class CommandKind(StrEnum):
@@ -42,36 +41,63 @@ def _number(name: str, value: Any, low: float, high: float, low_open: bool = Fal
     return number
 
 
-def _whole(name: str, value: Any, low: int, high: int) -> int:
-    number = _number(name, value, low, high)
-    if not number.is_integer():
-        raise CommandError(f"{name} must be a whole number, got {value!r:.60}")
-    return int(number)
+def _plain(bound: float) -> int | float:
+    """A bound as the JSON schema writes it: 1, not 1.0."""
+    return int(bound) if float(bound).is_integer() else bound
 
 
-Check = Callable[[str, Any], Any]
-"""Checks and normalises one argument's value (given its name, for the message); raises CommandError."""
+class Check(Protocol):
+    """Checks and normalises one argument's value (given its name, for the message), and says what it accepts."""
+
+    def __call__(self, name: str, value: Any) -> Any:
+        """The value, normalised; raises CommandError."""
+
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON schema of exactly the values this check accepts."""
 
 
-def _number_in(low: float, high: float, *, low_open: bool = False) -> Check:
-    """A finite number in [low, high] ((low, high] with ``low_open``), as a float."""
-    return lambda name, value: _number(name, value, low, high, low_open)
+@dataclass(frozen=True)
+class NumberIn:
+    """A finite number in [low, high] ((low, high] with ``low_open``), as a float; a whole one, as an int."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    whole: bool = False
+
+    def __call__(self, name: str, value: Any) -> float | int:
+        number = _number(name, value, self.low, self.high, self.low_open)
+        if not self.whole:
+            return number
+        if not number.is_integer():
+            raise CommandError(f"{name} must be a whole number, got {value!r:.60}")
+        return int(number)
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "integer" if self.whole else "number",
+                "exclusiveMinimum" if self.low_open else "minimum": _plain(self.low), "maximum": _plain(self.high)}
 
 
-def _whole_in(low: int, high: int) -> Check:
-    return lambda name, value: _whole(name, value, low, high)
+@dataclass(frozen=True)
+class Matches:
+    """A string that matches ``pattern``; ``rule`` says which in the error message."""
+
+    pattern: str
+    rule: str
+
+    def __call__(self, name: str, value: Any) -> str:
+        if not isinstance(value, str) or not re.match(self.pattern, value):
+            raise CommandError(f"{name} must be {self.rule}")
+        return value
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": self.pattern}
 
 
-def _tag(name: str, value: Any) -> str:
-    if not isinstance(value, str) or not _TAG_RE.match(value):
-        raise CommandError(f"{name} must be 1-64 characters of letters, digits, '-', '_' or '.', not starting "
-                           "with '.' or '-'")
-    return value
-
-
-_LR = _number_in(0.0, 1.0, low_open=True)
-_UPDATES = _whole_in(1, 1_000_000_000)
-_SECONDS = _number_in(0.0, 86_400.0, low_open=True)
+_TAG = Matches(TAG_PATTERN, "1-64 characters of letters, digits, '-', '_' or '.', not starting with '.' or '-'")
+_LR = NumberIn(0.0, 1.0, low_open=True)
+_UPDATES = NumberIn(1, 1_000_000_000, whole=True)
+_SECONDS = NumberIn(0.0, 86_400.0, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -83,14 +109,42 @@ class CommandArgs:
     HINT: ClassVar[str] = "it takes no arguments"
     CHECKS: ClassVar[Mapping[str, Check]] = {}  # per argument; an optional one (default None) only when given
     NEED_ONE: ClassVar[str] = ""  # when set, at least one argument must be given, and this message says which
+    # when set, the arguments given must all come from one of these groups, and MIXED says why not
+    GROUPS: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    MIXED: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        if self.NEED_ONE and all(getattr(self, f.name) is None for f in fields(self)):
+        given = {f.name for f in fields(self) if getattr(self, f.name) is not None}
+        if sum(1 for group in self.GROUPS if given.intersection(group)) > 1:
+            raise CommandError(self.MIXED)
+        if self.NEED_ONE and not given:
             raise CommandError(self.NEED_ONE)
         for f in fields(self):
             value, check = getattr(self, f.name), self.CHECKS.get(f.name)
             if check is not None and (value is not None or f.default is not None):
                 object.__setattr__(self, f.name, check(f.name, value))
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """The JSON schema of the args map: exactly what ``from_wire`` accepts from JSON (which has no NaN)."""
+        groups = cls.GROUPS or (tuple(f.name for f in fields(cls)),)
+        alternatives = [cls._object_schema(group) for group in groups]
+        return alternatives[0] if len(alternatives) == 1 else {"oneOf": alternatives}
+
+    @classmethod
+    def _object_schema(cls, names: tuple[str, ...]) -> dict[str, Any]:
+        schema: dict[str, Any] = {"type": "object", "properties": {name: cls.CHECKS[name].json_schema()
+                                                                   for name in names},
+                                  "additionalProperties": False}
+        required = [f.name for f in fields(cls)
+                    if f.name in names and f.default is MISSING and f.default_factory is MISSING]
+        if required:
+            schema["required"] = required
+        if not names:
+            schema["maxProperties"] = 0
+        elif cls.NEED_ONE and not required:
+            schema["minProperties"] = 1
+        return schema
 
     @classmethod
     def from_wire(cls, raw: Mapping[str, Any]) -> Self:
@@ -134,16 +188,13 @@ class ExplorationArgs(CommandArgs):
     HINT: ClassVar[str] = "use epsilon, or base and alpha"
     NEED_ONE: ClassVar[str] = "give epsilon (a fixed value for the targets) or base and/or alpha (the Ape-X schedule)"
     CHECKS: ClassVar[Mapping[str, Check]] = {
-        "epsilon": _number_in(0.0, 1.0), "base": _number_in(0.0, 1.0, low_open=True), "alpha": _number_in(0.0, 100.0),
+        "epsilon": NumberIn(0.0, 1.0), "base": NumberIn(0.0, 1.0, low_open=True), "alpha": NumberIn(0.0, 100.0),
     }
+    GROUPS: ClassVar[tuple[tuple[str, ...], ...]] = (("epsilon",), ("base", "alpha"))
+    MIXED: ClassVar[str] = "epsilon fixes exploration and cannot be combined with base or alpha"
     epsilon: float | None = None
     base: float | None = None
     alpha: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.epsilon is not None and (self.base is not None or self.alpha is not None):
-            raise CommandError("epsilon fixes exploration and cannot be combined with base or alpha")
-        super().__post_init__()
 
 
 @dataclass(frozen=True)
@@ -164,7 +215,7 @@ class ReplayRatioArgs(CommandArgs):
     HINT: ClassVar[str] = "use samples_per_insert (sampled transitions per inserted one, > 0) and optionally " \
                           "error_buffer"
     CHECKS: ClassVar[Mapping[str, Check]] = {
-        "samples_per_insert": _number_in(0.0, 1e6, low_open=True), "error_buffer": _number_in(0.0, 1e12),
+        "samples_per_insert": NumberIn(0.0, 1e6, low_open=True), "error_buffer": NumberIn(0.0, 1e12),
     }
     samples_per_insert: float
     error_buffer: float | None = None
@@ -188,7 +239,7 @@ class CheckpointArgs(CommandArgs):
 
     KIND: ClassVar[CommandKind] = CommandKind.CHECKPOINT
     HINT: ClassVar[str] = "only tag is allowed"
-    CHECKS: ClassVar[Mapping[str, Check]] = {"tag": _tag}
+    CHECKS: ClassVar[Mapping[str, Check]] = {"tag": _TAG}
     tag: str | None = None
 
 

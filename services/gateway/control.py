@@ -11,7 +11,6 @@ from typing import Any
 
 from flywheel import proto
 from flywheel.proto import CommandError, CommandKind, UnknownCommand
-from flywheel.proto.commands import TAG_PATTERN
 
 TARGET_MAX = 128
 TARGET_PATTERN = r"^[^\x00-\x1f\x7f]{1,128}$"
@@ -25,31 +24,25 @@ class TooManyRetained(CommandError):
     """Retaining the command would exceed the book's bound on distinct (group, target) pairs."""
 
 
-def _obj(properties: dict[str, Any], required: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
-    if required:
-        schema["required"] = list(required)
-    return {**schema, **extra}
-
-
-_NO_ARGS = {"type": "object", "additionalProperties": False, "maxProperties": 0}
-
-
 @dataclass(frozen=True)
 class CommandSpec:
     """One command as the HTTP API offers it: which state it sets (None for one-shot commands), its usual target.
 
-    The arguments are checked by the command's proto argument class, the rule every service decodes with;
-    ``schema`` is their JSON schema (it goes into the OpenAPI document and says exactly what ``check`` accepts);
-    ``examples`` are request bodies for the documentation.
+    The arguments are checked by the command's proto argument class, the rule every service decodes with, and
+    ``schema``, their JSON schema in the OpenAPI document, is derived from the same class; ``examples`` are
+    request bodies for the documentation.
     """
 
     kind: CommandKind
     group: str | None
     default_target: str
     help: str
-    schema: dict[str, Any] = field(default_factory=lambda: dict(_NO_ARGS))
     examples: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema of the request body: exactly what ``check`` accepts."""
+        return proto.COMMAND_ARGS[self.kind].json_schema()
 
     def parse(self, args: dict[str, Any]) -> proto.CommandArgs:
         """The typed arguments; raises CommandError."""
@@ -66,31 +59,20 @@ COMMANDS: dict[str, CommandSpec] = {
     "resume": CommandSpec(CommandKind.RESUME, "run_state", "*", "undo pause"),
     "set_exploration": CommandSpec(
         CommandKind.SET_EXPLORATION, "exploration", "actor", "actors: fixed epsilon, or Ape-X base/alpha for eps_i",
-        {"oneOf": [
-            _obj({"epsilon": {"type": "number", "minimum": 0, "maximum": 1}}, ("epsilon",)),
-            _obj({"base": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-                  "alpha": {"type": "number", "minimum": 0, "maximum": 100}}, minProperties=1),
-        ]},
         {"fixed": {"epsilon": 0.01}, "apex": {"base": 0.4, "alpha": 7}}),
     "set_lr": CommandSpec(
         CommandKind.SET_LR, "lr", "learner", "learner: new learning rate",
-        _obj({"lr": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, ("lr",)),
         {"lower": {"lr": 1e-4}}),
     "set_replay_ratio": CommandSpec(
         CommandKind.SET_REPLAY_RATIO, "replay_ratio", "replay",
         "replay: rate limiter's samples per insert (and optionally its error buffer)",
-        _obj({"samples_per_insert": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},
-              "error_buffer": {"type": "number", "minimum": 0, "maximum": 1e12}}, ("samples_per_insert",)),
         {"ratio": {"samples_per_insert": 4}, "with_buffer": {"samples_per_insert": 8, "error_buffer": 2000}}),
     "set_publish_interval": CommandSpec(
         CommandKind.SET_PUBLISH_INTERVAL, "publish_interval", "learner",
         "learner: publish weights every N updates and/or at least every S seconds",
-        _obj({"updates": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
-              "seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86_400}}, minProperties=1),
         {"updates": {"updates": 50}, "both": {"updates": 100, "seconds": 2.5}}),
     "checkpoint": CommandSpec(
         CommandKind.CHECKPOINT, None, "*", "replay and learner: write a checkpoint now",
-        _obj({"tag": {"type": "string", "pattern": TAG_PATTERN}}),
         {"now": {}, "tagged": {"tag": "before-lr-change"}}),
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flywheel import proto
@@ -27,7 +28,8 @@ class LeaseTable:
     at its next renewal, which actors do every ttl/3.
     """
 
-    def __init__(self, ttl_s: float = 10.0, max_leases: int = 10_000, clock=time.monotonic) -> None:
+    def __init__(self, ttl_s: float = 10.0, max_leases: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s, self.max_leases, self.clock = ttl_s, max_leases, clock
         self.by_instance: dict[str, Lease] = {}
         self.slots: list[str] = []

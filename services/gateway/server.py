@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from types import FrameType
 
 from flywheel.transport import EndpointInUse
 
@@ -44,7 +45,7 @@ def server_class() -> type:
     class Server(uvicorn.Server):
         """uvicorn re-raises SIGINT/SIGTERM after a graceful shutdown; a clean stop exits 0 like every service."""
 
-        def handle_exit(self, sig: int, frame: object) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             super().handle_exit(sig, frame)
             captured = getattr(self, "_captured_signals", None)
             if isinstance(captured, list):

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -81,7 +81,9 @@ class GatewayService:
             for sock in socks:
                 sock.close(0)
             raise
-        self.telemetry_sock, self.control_sock, self.lease_sock = tel, ctl, lease
+        # sockets of an asyncio context are asyncio sockets (make_socket is typed for any context)
+        self.telemetry_sock, self.control_sock, self.lease_sock = (
+            cast(zmq.asyncio.Socket, tel), cast(zmq.asyncio.Socket, ctl), cast(zmq.asyncio.Socket, lease))
 
     async def start(self) -> None:
         self.bind()

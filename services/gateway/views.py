@@ -1,8 +1,7 @@
-"""What the gateway shows: /metrics in Prometheus text, /status and /history as JSON."""
+"""What the gateway shows: /metrics in Prometheus text, /status and /history as JSON, and the join document."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from flywheel import __version__, security
 from flywheel.transport import ProcessStats
 
 from .metrics import InstanceState, MetricsWriter, render_instances
+from .models import JoinDocument
 from .transport import GatewayService
 
 _OWN_PROCESS = ProcessStats()
@@ -207,12 +207,11 @@ def history(gw: GatewayService, since: float | None) -> dict[str, Any]:
     return {"interval_s": gw.curve.interval_s, "thinned": gw.curve.thinned, "points": points}
 
 
-def join_document(path: Path | None) -> dict[str, Any] | None:
+def join_document(path: Path | None) -> JoinDocument | None:
     """The run's join document (flywheel/remote.py), or None when there is none or it cannot be read."""
     if path is None:
         return None
     try:
-        document = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return JoinDocument.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
-    return document if isinstance(document, dict) else None
