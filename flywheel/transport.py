@@ -15,6 +15,7 @@ import zmq
 import zmq.asyncio
 
 from flywheel import __version__, proto, security
+from flywheel.metrics_spec import CURVE_HANDSHAKES_REFUSED, REJECTED, ProcessCounters, ProcessGauges
 
 log = logging.getLogger("flywheel.transport")
 M = TypeVar("M", bound=proto.Message)
@@ -215,7 +216,7 @@ class FaultCounter:
         out: dict[str, float] = {}
         for key, count in self.counts.items():
             where, _, fault = key.partition(":")
-            out[f'rejected_total{{where="{where}",reason="{fault}"}}'] = float(count)
+            out[REJECTED.key(where, fault)] = float(count)
         return out
 
 
@@ -259,11 +260,11 @@ class ProcessStats:
                 continue  # exited between the listing and the reading
         self._exited_cpu += sum(last for pid, last in self._children.items() if pid not in seen)
         self._children = seen
-        counters = {"process_cpu_seconds_total": float(cpu.user + cpu.system),
-                    "process_children_cpu_seconds_total": self._exited_cpu + sum(seen.values())}
-        gauges = {"process_resident_memory_bytes": float(rss), "process_threads": float(threads),
-                  "process_children_resident_memory_bytes": float(kids_rss), "process_children": float(running)}
-        return counters, gauges
+        counters = ProcessCounters(process_cpu_seconds_total=cpu.user + cpu.system,
+                                   process_children_cpu_seconds_total=self._exited_cpu + sum(seen.values()))
+        gauges = ProcessGauges(process_resident_memory_bytes=rss, process_threads=threads,
+                               process_children_resident_memory_bytes=kids_rss, process_children=running)
+        return counters.as_dict(), gauges.as_dict()
 
 
 class TelemetryReporter:
@@ -288,6 +289,8 @@ class TelemetryReporter:
         return (now if now is not None else time.monotonic()) >= self._next
 
     def send(self, counters: dict[str, float], gauges: dict[str, float], info: dict[str, str] | None = None) -> None:
+        """One report; ``counters`` and ``gauges`` by telemetry key (the ``as_dict()`` of flywheel.metrics_spec parts,
+        with ``Family`` keys such as ``FaultCounter.as_counters()``)."""
         self._next = time.monotonic() + self.interval_s
         self.seq += 1
         info = {"version": __version__, **(info or {})}
@@ -296,8 +299,7 @@ class TelemetryReporter:
             counters = {**proc_counters, **counters}
             gauges = {**proc_gauges, **gauges}
         if security.active() is not None:
-            refused = {f'curve_handshakes_refused_total{{reason="{why}"}}': float(n)
-                       for why, n in security.refused_counts().items()}
+            refused = {CURVE_HANDSHAKES_REFUSED.key(why): float(n) for why, n in security.refused_counts().items()}
             counters = {**refused, **counters}
             info["curve"] = "on"
         msg = proto.Telemetry(self.service, self.instance, self.seq, time.time(), counters, gauges, info)

@@ -49,11 +49,6 @@ class TimeSplit:
     inference: float = 0.0  # the batched forward passes
     other: float = 0.0  # n-step returns, priorities, epsilon-greedy choice, copies
 
-    def as_counters(self) -> dict[str, float]:
-        """Telemetry counter names."""
-        return {"env_seconds_total": self.env, "inference_seconds_total": self.inference,
-                "bookkeeping_seconds_total": self.other}
-
 
 class ActorCore:
     """Steps a :class:`VectorEnv` with one policy (its Q-network), one slot group per call.

@@ -126,12 +126,11 @@ class ActorLoop:
             return
         counters, gauges = actor_report(self.core, self.sender, self.weights, self.lease, paused=self.paused,
                                         rate=self.rate, now=now)
-        counters.update(self.faults.as_counters())
-        counters["telemetry_dropped_total"] = self.telemetry.dropped
+        counters.telemetry_dropped_total = self.telemetry.dropped
         if self.clips is not None:
-            counters.update(clips_sent_total=self.clips.sent, clips_failed_total=self.clips.failed,
-                            clip_seconds_total=self.clips.seconds)
-        self.telemetry.send(counters, gauges, self.info)
+            counters.clips_sent_total, counters.clips_failed_total = self.clips.sent, self.clips.failed
+            counters.clip_seconds_total = self.clips.seconds
+        self.telemetry.send({**counters.as_dict(), **self.faults.as_counters()}, gauges.as_dict(), self.info)
 
     def close(self) -> None:
         """Send what is buffered (without waiting), give the lease back and close every socket and the filmer."""

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flywheel.metrics_spec import ActorCounters, ActorGauges
+
 from .core import ActorCore
 from .transport import LeaseClient, TransitionSender, WeightsReceiver
 
@@ -33,40 +35,38 @@ class StepRate:
 
 
 def actor_report(core: ActorCore, sender: TransitionSender, weights: WeightsReceiver, lease: LeaseClient, *,
-                 paused: bool, rate: StepRate, now: float) -> tuple[dict[str, float], dict[str, float]]:
-    """Counters and gauges of one report."""
+                 paused: bool, rate: StepRate, now: float) -> tuple[ActorCounters, ActorGauges]:
+    """Counters and gauges of one report (the loop adds what its other parts count)."""
     stats = core.stats
-    gauges = {
-        "epsilon": core.epsilon, "epsilon_min": float(core.epsilons.min()), "epsilon_max": float(core.epsilons.max()),
-        "exploration_slots": core.slots, "weight_version": weights.version,
-        "weight_version_newest": weights.newest_seen,
-        "policy_lag_versions": weights.lag, "weight_age_seconds": now - weights.updated_at,
-        "env_steps_per_second": rate.update(core.env_steps, now), "episode_return_mean": _mean(stats.returns),
-        "episode_length_mean": _mean(stats.lengths), "lease_index": lease.index, "lease_slots": lease.count,
-        "paused": float(paused), "send_blocked_seconds": sender.blocked_s, "num_envs": core.num_envs,
-        "slot_groups": len(core.groups),
-    }
+    gauges = ActorGauges(
+        epsilon=core.epsilon, epsilon_min=float(core.epsilons.min()), epsilon_max=float(core.epsilons.max()),
+        exploration_slots=core.slots, weight_version=weights.version, weight_version_newest=weights.newest_seen,
+        policy_lag_versions=weights.lag, weight_age_seconds=now - weights.updated_at,
+        env_steps_per_second=rate.update(core.env_steps, now), episode_return_mean=_mean(stats.returns),
+        episode_length_mean=_mean(stats.lengths), lease_index=lease.index, lease_slots=lease.count,
+        paused=float(paused), send_blocked_seconds=sender.blocked_s, num_envs=core.num_envs,
+        slot_groups=len(core.groups),
+    )
     if stats.returns:
-        gauges["episode_return_last"] = stats.returns[-1]
+        gauges.episode_return_last = stats.returns[-1]
     if stats.distances:
-        gauges["mario_distance_mean"] = _mean(stats.distances)
-        gauges["mario_distance_max"] = max(stats.distances)
+        gauges.mario_distance_mean = _mean(stats.distances)
+        gauges.mario_distance_max = max(stats.distances)
     if stats.flags:
-        gauges["mario_flag_rate"] = _mean(stats.flags)
-    for key in ("world", "stage"):
-        if key in stats.last_metrics:
-            gauges[f"mario_{key}_last"] = stats.last_metrics[key]
+        gauges.mario_flag_rate = _mean(stats.flags)
+    gauges.mario_world_last = stats.last_metrics.get("world")
+    gauges.mario_stage_last = stats.last_metrics.get("stage")
     if stats.eval_returns:
-        gauges["eval_return_mean"] = _mean(stats.eval_returns)
-        gauges["eval_return_last"] = stats.eval_returns[-1]
-    counters = {
-        "env_steps_total": core.env_steps, "episodes_total": stats.episodes,
-        "eval_episodes_total": stats.eval_episodes, "transitions_sent_total": sender.sent,
-        "transitions_dropped_total": sender.dropped, "weights_received_total": weights.received,
-        "weights_rejected_total": weights.rejected, "weights_stale_total": weights.stale,
-        "messages_rejected_total": weights.faults.total, "send_seconds_total": sender.send_s,
-        "send_blocked_seconds_total": sender.blocked_s, "send_reconnects_total": sender.reconnects,
-        "weights_load_seconds_total": weights.load_s,
-        **core.times.as_counters(),
-    }
+        gauges.eval_return_mean = _mean(stats.eval_returns)
+        gauges.eval_return_last = stats.eval_returns[-1]
+    times = core.times
+    counters = ActorCounters(
+        env_steps_total=core.env_steps, episodes_total=stats.episodes, eval_episodes_total=stats.eval_episodes,
+        transitions_sent_total=sender.sent, transitions_dropped_total=sender.dropped,
+        weights_received_total=weights.received, weights_rejected_total=weights.rejected,
+        weights_stale_total=weights.stale, messages_rejected_total=weights.faults.total,
+        send_seconds_total=sender.send_s, send_blocked_seconds_total=sender.blocked_s,
+        send_reconnects_total=sender.reconnects, weights_load_seconds_total=weights.load_s,
+        env_seconds_total=times.env, inference_seconds_total=times.inference, bookkeeping_seconds_total=times.other,
+    )
     return counters, gauges

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flywheel import proto
+from flywheel import metrics_spec, proto
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _KEY_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)(?:\{(.*)\})?$")
@@ -339,7 +339,8 @@ class MetricsWriter:
 
 
 def render_instances(registry: Registry, writer: MetricsWriter, now: float) -> None:
-    """Every instance's counters and gauges as ``flywheel_<service>_<key>``, labelled service and instance.
+    """Every instance's counters and gauges as ``flywheel_<service>_<key>``, labelled service and instance; the HELP
+    line of a declared key is its help text in flywheel.metrics_spec.
 
     Keys that are not valid metric names, or that Prometheus's lint would refuse (a gauge ending in _total, a
     _count suffix, ...), are skipped (``registry.invalid_keys`` says why), so /metrics stays clean under
@@ -360,7 +361,8 @@ def render_instances(registry: Registry, writer: MetricsWriter, now: float) -> N
                         bad += 1
                         continue
                     name, suffix, extra = resolved
-                    writer.add(name, kind, f"{suffix} reported by {service} instances",
+                    declared = metrics_spec.help_text(service, kind, suffix)
+                    writer.add(name, kind, declared or f"{suffix} reported by {service} instances",
                                (("service", service), ("instance", s.instance), *extra), value)
             if s.info:
                 labels = [("service", service), ("instance", s.instance)]

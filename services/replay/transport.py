@@ -11,6 +11,7 @@ import psutil
 import zmq
 
 from flywheel import proto
+from flywheel.metrics_spec import ReplayCounters, ReplayGauges
 from flywheel.proto.messages import SampleRefused
 from flywheel.transport import (
     ControlSubscriber,
@@ -74,15 +75,7 @@ class ReplayServer:
         K = proto.CommandKind
         self.handlers: proto.CommandHandlers = {K.CHECKPOINT: self._on_checkpoint, K.PAUSE: self._on_pause,
                                                 K.RESUME: self._on_resume, K.SET_REPLAY_RATIO: self._on_ratio}
-        self.counters: dict[str, float] = {
-            "transitions_received_total": 0, "batches_received_total": 0, "transitions_rejected_total": 0,
-            "samples_total": 0, "sample_batches_total": 0, "demo_samples_total": 0, "priority_updates_total": 0,
-            "sample_requests_dropped_total": 0, "rate_limiter_sample_wait_seconds_total": 0.0,
-            "rate_limiter_insert_wait_seconds_total": 0.0, "checkpoints_total": 0, "checkpoint_failures_total": 0,
-            "shm_batches_total": 0, "socket_batches_total": 0, "shm_slots_exhausted_total": 0,
-            "compact_batches_total": 0, "packed_batches_total": 0,
-            "control_commands_total": 0,
-        }
+        self.counters = ReplayCounters()
         self.max_turn_during_checkpoint_s = 0.0
         self._process = psutil.Process()
         self._rate_window = (time.monotonic(), 0.0, 0.0)
@@ -109,7 +102,7 @@ class ReplayServer:
             if not accept_inserts and insert_wait_since is None:
                 insert_wait_since = turn_start
             elif accept_inserts and insert_wait_since is not None:
-                self.counters["rate_limiter_insert_wait_seconds_total"] += turn_start - insert_wait_since
+                self.counters.rate_limiter_insert_wait_seconds_total += turn_start - insert_wait_since
                 insert_wait_since = None
             timeout = 50 if self.snapshotter is not None and self.snapshotter.in_progress else 100
             events = dict(poller.poll(timeout=timeout))
@@ -134,7 +127,10 @@ class ReplayServer:
             self.max_turn_during_checkpoint_s = max(self.max_turn_during_checkpoint_s, turn_s)
             finished = snap.poll()
             if finished is not None:
-                self.counters["checkpoints_total" if finished else "checkpoint_failures_total"] += 1
+                if finished:
+                    self.counters.checkpoints_total += 1
+                else:
+                    self.counters.checkpoint_failures_total += 1
         if now >= self._next_checkpoint:
             self.checkpoint_now("periodic")
             self._next_checkpoint = now + self.checkpoint_interval_s
@@ -150,17 +146,17 @@ class ReplayServer:
                 return
             except MessageTooLarge as exc:
                 self.faults.record("transitions", exc)
-                self.counters["transitions_rejected_total"] += 1
+                self.counters.transitions_rejected_total += 1
                 continue
             try:
                 batch = proto.decode(frames, proto.TransitionBatch, limits=self.limits)
                 inserted = self.core.insert(batch)
             except (proto.DecodeError, SchemaMismatch, InsertRejected) as exc:
                 self.faults.record("transitions", exc)
-                self.counters["transitions_rejected_total"] += 1
+                self.counters.transitions_rejected_total += 1
                 continue
-            self.counters["transitions_received_total"] += inserted
-            self.counters["batches_received_total"] += 1
+            self.counters.transitions_received_total += inserted
+            self.counters.batches_received_total += 1
             if not self.core.can_insert(1):
                 return
 
@@ -180,7 +176,7 @@ class ReplayServer:
                 self.faults.record("sample", exc)
                 continue
             if isinstance(msg, proto.PriorityUpdate):
-                self.counters["priority_updates_total"] += self.core.update_priorities(msg.index, msg.priority)
+                self.counters.priority_updates_total += self.core.update_priorities(msg.index, msg.priority)
                 continue
             assert isinstance(msg, proto.SampleRequest)
             shm_refused = self.shm is not None and msg.shm and not peer_is_local(frames[0])
@@ -202,7 +198,7 @@ class ReplayServer:
                     "(FLYWHEEL_REPLAY_MAX_BATCH_SIZE)")))
                 continue
             if len(self.pending) >= self.max_pending:
-                self.counters["sample_requests_dropped_total"] += 1
+                self.counters.sample_requests_dropped_total += 1
                 continue
             self.pending.append((identity, msg, time.monotonic(), shm_refused))
 
@@ -213,7 +209,7 @@ class ReplayServer:
         try:
             self.router.send_multipart([identity, *proto.encode(reply)], flags=zmq.NOBLOCK)
         except zmq.Again:
-            self.counters["sample_requests_dropped_total"] += 1
+            self.counters.sample_requests_dropped_total += 1
 
     def _serve_pending(self) -> None:
         while self.pending and not self.paused:
@@ -221,22 +217,22 @@ class ReplayServer:
             if not self.core.can_sample(request.batch_size):
                 return
             self.pending.popleft()
-            self.counters["rate_limiter_sample_wait_seconds_total"] += time.monotonic() - since
+            self.counters.rate_limiter_sample_wait_seconds_total += time.monotonic() - since
             reply, held = self._sample(identity, request)
             if shm_refused:
                 reply.shm = {"refused": "peer"}  # the client stops asking (ReplayClient) or stops with a clear error
             try:
                 self.router.send_multipart([identity, *proto.encode(reply)], flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                self.counters["sample_requests_dropped_total"] += 1
+                self.counters.sample_requests_dropped_total += 1
                 if held is not None:
                     held[0].release(held[1])
                 continue
             rows = request.batch_size
-            self.counters["samples_total"] += rows
-            self.counters["sample_batches_total"] += 1
+            self.counters.samples_total += rows
+            self.counters.sample_batches_total += 1
             if reply.is_demo is not None:
-                self.counters["demo_samples_total"] += int(reply.is_demo.sum())
+                self.counters.demo_samples_total += int(reply.is_demo.sum())
 
     def _sample(self, identity: bytes, request: proto.SampleRequest,
                 ) -> tuple[proto.SampleBatch, tuple[SlotSegment, int] | None]:
@@ -253,7 +249,7 @@ class ReplayServer:
                     parts = core.sample_into(rows, request.beta, obs, next_obs)
                     del obs, next_obs
                     placeholder = np.empty((rows, 0), dtype)
-                    self.counters["shm_batches_total"] += 1
+                    self.counters.shm_batches_total += 1
                     reply = proto.SampleBatch(
                         request_id=request.request_id, replay_size=parts.replay_size, obs=placeholder,
                         action=parts.action, reward=parts.reward, discount=parts.discount, next_obs=placeholder,
@@ -261,23 +257,23 @@ class ReplayServer:
                         is_demo=parts.is_demo if core.demos is not None else None,
                         shm={**segment.offer(), **where})
                     return reply, (segment, slot)
-                self.counters["shm_slots_exhausted_total"] += 1
+                self.counters.shm_slots_exhausted_total += 1
         if request.compact and core.compact_ready:  # each distinct frame once; the client rebuilds the stacks
             packed = request.packed and core.packed_ready  # and LZ4-packed, when kept so and the client unpacks
             batch = core.sample_compact(rows, request.beta, request.request_id, packed)
-            self.counters["compact_batches_total"] += 1
-            self.counters["packed_batches_total"] += int(packed)
+            self.counters.compact_batches_total += 1
+            self.counters.packed_batches_total += int(packed)
         else:
             batch = core.sample(rows, request.beta, request.request_id)
         if segment is not None:
             batch.shm = segment.offer()
-        self.counters["socket_batches_total"] += 1
+        self.counters.socket_batches_total += 1
         return batch, None
 
     def _take_control(self) -> None:
         """Commands arrive checked (bad ones were counted by the subscriber); run the ones the replay obeys."""
         for command in self.control.drain():
-            self.counters["control_commands_total"] += 1
+            self.counters.control_commands_total += 1
             proto.dispatch(command, self.handlers)
 
     def _on_checkpoint(self, command: proto.Command[proto.CheckpointArgs]) -> None:
@@ -306,48 +302,48 @@ class ReplayServer:
         """Wait for a running checkpoint, then write a final one in this process (shutdown)."""
         if self.snapshotter is not None:
             self.snapshotter.write_now(why)
-            self.counters["checkpoints_total"] += 1
+            self.counters.checkpoints_total += 1
 
     def _report(self, now: float) -> None:
         since, inserted, sampled = self._rate_window
         span = now - since
         if span >= 1.0:
             self._rates = (
-                (self.counters["transitions_received_total"] - inserted) / span,
-                (self.counters["samples_total"] - sampled) / span,
+                (self.counters.transitions_received_total - inserted) / span,
+                (self.counters.samples_total - sampled) / span,
             )
-            self._rate_window = (now, self.counters["transitions_received_total"], self.counters["samples_total"])
+            self._rate_window = (now, self.counters.transitions_received_total, self.counters.samples_total)
         if self.shm is not None:
             self.shm.expire(now)
-        counters = dict(self.counters)
-        counters["messages_rejected_total"] = self.faults.total
-        counters.update(self.faults.as_counters())
-        counters["telemetry_dropped_total"] = self.telemetry.dropped
-        counters["stale_priority_updates_total"] = self.core.stale_priority_updates
+        counters = self.counters  # what is only read here is brought up to date here
+        counters.messages_rejected_total = self.faults.total
+        counters.telemetry_dropped_total = self.telemetry.dropped
+        counters.stale_priority_updates_total = self.core.stale_priority_updates
         storage, snap = self.core.storage, self.snapshotter
-        gauges = {
-            "size_transitions": self.core.size,
-            "capacity_transitions": self.core.config.capacity,
-            "demo_size_transitions": self.core.demos.size if self.core.demos is not None else 0,
-            "memory_bytes": storage.nbytes,
-            "resident_bytes": self._process.memory_info().rss,
-            "shm_bytes": self.shm.nbytes if self.shm is not None else 0,
-            "frames_per_transition": storage.frames_stored / storage.size if storage.size else 0.0,
-            "evicted_for_frames_transitions": storage.frames_evicted,
-            "unpackable_frames": storage.frames.frames_unpackable if storage.frames is not None else 0,
-            "insert_rate_per_second": self._rates[0],
-            "sample_rate_per_second": self._rates[1],
-            "pending_sample_requests": len(self.pending),
-            "samples_per_insert": self.core.limiter.samples_per_insert,
-            "error_buffer": self.core.limiter.error_buffer,
-            "checkpoint_in_progress": float(snap is not None and snap.in_progress),
-            "checkpoint_duration_seconds": snap.last_duration_s if snap else 0.0,
-            "checkpoint_max_pause_seconds": snap.max_pause_s if snap else 0.0,
-            "checkpoint_max_loop_turn_seconds": self.max_turn_during_checkpoint_s,
-            "paused": float(self.paused),
-        }
-        self.telemetry.send(counters, gauges, {"prioritized": str(self.core.tree is not None).lower(),
-                                               "frame_dedup": str(storage.frames is not None).lower()})
+        gauges = ReplayGauges(
+            size_transitions=self.core.size,
+            capacity_transitions=self.core.config.capacity,
+            demo_size_transitions=self.core.demos.size if self.core.demos is not None else 0,
+            memory_bytes=storage.nbytes,
+            resident_bytes=self._process.memory_info().rss,
+            shm_bytes=self.shm.nbytes if self.shm is not None else 0,
+            frames_per_transition=storage.frames_stored / storage.size if storage.size else 0.0,
+            evicted_for_frames_transitions=storage.frames_evicted,
+            unpackable_frames=storage.frames.frames_unpackable if storage.frames is not None else 0,
+            insert_rate_per_second=self._rates[0],
+            sample_rate_per_second=self._rates[1],
+            pending_sample_requests=len(self.pending),
+            samples_per_insert=self.core.limiter.samples_per_insert,
+            error_buffer=self.core.limiter.error_buffer,
+            checkpoint_in_progress=float(snap is not None and snap.in_progress),
+            checkpoint_duration_seconds=snap.last_duration_s if snap else 0.0,
+            checkpoint_max_pause_seconds=snap.max_pause_s if snap else 0.0,
+            checkpoint_max_loop_turn_seconds=self.max_turn_during_checkpoint_s,
+            paused=float(self.paused),
+        )
+        info = {"prioritized": str(self.core.tree is not None).lower(),
+                "frame_dedup": str(storage.frames is not None).lower()}
+        self.telemetry.send({**counters.as_dict(), **self.faults.as_counters()}, gauges.as_dict(), info)
 
     def close(self) -> None:
         for sock in (self.pull, self.router):

@@ -205,6 +205,5 @@ def test_time_split_accounts_for_the_loop() -> None:
         collect(core, 200)
         t = core.times
         assert t.env > 0 and t.inference > 0 and t.other > 0
-        assert set(t.as_counters()) == {"env_seconds_total", "inference_seconds_total", "bookkeeping_seconds_total"}
     finally:
         core.close()

@@ -114,6 +114,10 @@ def test_acts_obeys_control_and_refuses_bad_commands_without_stopping(rig: Rig) 
     assert counters['rejected_total{where="control",reason="bad_args"}'] == 1  # the one label, in telemetry
     assert counters['rejected_total{where="control",reason="unknown_command"}'] == 1
     assert gauges["epsilon_max"] == 0.05 and reports[0].info["env_id"] == "CartPole-v1"
+    # the time split, under its telemetry names; no clips filmed, so no clip counters
+    assert counters["env_seconds_total"] > 0 and counters["inference_seconds_total"] > 0
+    assert counters["bookkeeping_seconds_total"] > 0 and counters["env_steps_total"] == frozen
+    assert "clips_sent_total" not in counters and counters["telemetry_dropped_total"] >= 0
 
     resume, schedule = rig.command("resume"), rig.command("set_exploration", base=0.5)
     rig.drive(lambda: not loop.paused and core.env_steps >= frozen + 40, resend=[resume, schedule])

@@ -48,10 +48,10 @@ def actor_report() -> tuple[dict[str, float], dict[str, float]]:
         weights = WeightsReceiver(ctx, nowhere, policy, faults)
         lease = LeaseClient(ctx, nowhere, "actor-0", faults)
         now = time.monotonic()
-        report = report_of(core, sender, weights, lease, paused=False, rate=StepRate(now), now=now)
+        counters, gauges = report_of(core, sender, weights, lease, paused=False, rate=StepRate(now), now=now)
         for part in (sender, weights, lease):
             part.close()
-        return report
+        return counters.as_dict(), gauges.as_dict()
     finally:
         ctx.destroy(linger=0)
         core.close()

@@ -97,8 +97,8 @@ def test_same_host_learner_trains_on_shared_memory_batches(tmp_path: Path, caplo
         assert code == 0 and service.core.steps == 12
         assert got["shm_batches_total"] >= 8 and got["tcp_batches_total"] <= 4  # the offer comes inline first
         assert got["sample_batches_total"] == got["shm_batches_total"] + got["tcp_batches_total"]
-        assert replay.counters["shm_batches_total"] >= got["shm_batches_total"]
-        assert replay.counters["shm_slots_exhausted_total"] == 0  # 2 x requests_in_flight slots suffice
+        assert replay.counters.shm_batches_total >= got["shm_batches_total"]
+        assert replay.counters.shm_slots_exhausted_total == 0  # 2 x requests_in_flight slots suffice
         assert any("sampling through shared memory" in r.getMessage() for r in caplog.records)
         assert path == "shm" and not service.sampler.held  # every batch handed back
 
@@ -171,4 +171,4 @@ def test_cpu_learner_trains_on_views_of_the_shared_slot_and_hands_it_back_after_
             feeder.close()
             ctx.term()
         assert not feeder.client.held  # queued, never trained on: handed back at stop
-        assert replay.counters["shm_batches_total"] >= 1
+        assert replay.counters.shm_batches_total >= 1

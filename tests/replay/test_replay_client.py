@@ -51,10 +51,10 @@ def test_shared_memory_batches_are_zero_copy_views_and_slots_recycle() -> None:
             client.update_priorities(batch.index, np.full(32, 2.0, np.float32))
             client.release(batch)
         assert client.counters["shm_batches"] >= 9  # the first replies carry the offer, inline
-        assert rs.server.counters["shm_slots_exhausted_total"] == 0
+        assert rs.server.counters.shm_slots_exhausted_total == 0
         segment = shm.clients[next(iter(shm.clients))].segment
         assert segment.slots == 3 and len(segment.busy) <= 3
-        wait_for(lambda: rs.server.counters["priority_updates_total"] >= 11 * 32, "priority updates")
+        wait_for(lambda: rs.server.counters.priority_updates_total >= 11 * 32, "priority updates")
         with pytest.raises(ValueError, match="released twice"):
             client.release(batch)
     assert not segment.path.exists()  # the server removes its segments when it closes
@@ -176,7 +176,7 @@ def test_set_replay_ratio_control_is_applied_or_refused_and_counted() -> None:
         wait_for(lambda: rs.server.control.rejected == 5, "the refusals")
         assert rs.faults.counts["control:bad_args"] == 4 and rs.faults.counts["control:unknown_command"] == 1
         assert rs.faults.as_counters()['rejected_total{where="control",reason="bad_args"}'] == 4  # in telemetry
-        assert rs.server.counters["control_commands_total"] == 1  # only the good one reached the replay
+        assert rs.server.counters.control_commands_total == 1  # only the good one reached the replay
         assert rs.server.running
 
 
@@ -190,7 +190,7 @@ def test_pending_requests_wait_for_the_limiter_then_flow(tmp_path: Path) -> None
         push.send_multipart(proto.encode(transitions(0, 12)))
         for _ in range(3):
             client.release(next_batch(client))
-        assert rs.server.counters["rate_limiter_sample_wait_seconds_total"] > 0
+        assert rs.server.counters.rate_limiter_sample_wait_seconds_total > 0
         push.close(0)
 
 

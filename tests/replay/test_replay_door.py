@@ -56,7 +56,7 @@ def test_out_of_range_actions_are_refused_at_the_door_and_nothing_else_lost(
             action[3] = bad_action
             push.send_multipart(proto.encode(dataclasses.replace(good, seq=1, action=action)))
         push.send_multipart(proto.encode(dataclasses.replace(good, seq=2)))
-        wait_for(lambda: rs.server.counters["transitions_rejected_total"] == 3 and core.size == 16, "the batches")
+        wait_for(lambda: rs.server.counters.transitions_rejected_total == 3 and core.size == 16, "the batches")
         assert rs.faults.counts["transitions:action"] == 3 and rs.server.running
         assert int(core.storage.small(np.arange(core.size))["action"].max()) == 3
         assert rs.faults.as_counters()['rejected_total{where="transitions",reason="action"}'] == 3.0
@@ -89,7 +89,7 @@ def test_the_first_peer_cannot_choose_what_the_replay_stores(ctx: zmq.Context) -
         push.send_multipart(proto.encode(transitions(0, 8, obs_shape=(3,))))  # another width
         push.send_multipart(proto.encode(transitions(0, 8, dtype="uint8")))  # another dtype
         push.send_multipart(proto.encode(transitions(1, 8)))  # the real actor's batch
-        wait_for(lambda: core.size == 8 and rs.server.counters["transitions_rejected_total"] == 2, "the batches")
+        wait_for(lambda: core.size == 8 and rs.server.counters.transitions_rejected_total == 2, "the batches")
         assert rs.faults.counts["transitions:shape"] == 2 and core.obs_schema == ((4,), np.dtype("float32"))
     with pytest.raises(SchemaMismatch, match="the env gives"):
         core.expect_obs((84, 84), "uint8")  # a restored checkpoint of another env is refused at start

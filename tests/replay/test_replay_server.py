@@ -46,7 +46,7 @@ def test_inserts_then_in_flight_requests_are_answered(ctx: zmq.Context) -> None:
         for request_id in (11, 12, 13):
             learner.send_multipart(proto.encode(proto.SampleRequest(request_id, 8, 0.4)))
         push.send_multipart(proto.encode(transitions(0, 10)))
-        wait_for(lambda: rs.server.counters["transitions_received_total"] == 10, "first insert")
+        wait_for(lambda: rs.server.counters.transitions_received_total == 10, "first insert")
         wait_for(lambda: len(rs.server.pending) == 3, "requests queued")
         assert learner.poll(200) == 0  # below min size: nothing served yet
         push.send_multipart(proto.encode(transitions(10, 10, seq=1)))
@@ -59,10 +59,10 @@ def test_inserts_then_in_flight_requests_are_answered(ctx: zmq.Context) -> None:
         # Priority updates are applied to the live positions.
         learner.send_multipart(proto.encode(proto.PriorityUpdate(
             index=np.array([3, 4, 500], dtype=np.int64), priority=np.array([50.0, 0.0, 1.0], dtype=np.float32))))
-        wait_for(lambda: rs.server.counters["priority_updates_total"] == 2, "priority update")
+        wait_for(lambda: rs.server.counters.priority_updates_total == 2, "priority update")
         assert core.tree.get([3])[0] == pytest.approx((50.0 + 1e-6) ** 0.6)
         assert core.stale_priority_updates == 1
-        assert rs.server.counters["sample_batches_total"] == 3
+        assert rs.server.counters.sample_batches_total == 3
         push.close()
         learner.close()
 
@@ -101,7 +101,7 @@ def test_bad_traffic_is_counted_and_valid_traffic_still_arrives(ctx: zmq.Context
         push.send_multipart(proto.encode(proto.SampleRequest(1, 4, 0.4)))  # wrong kind on this socket
         push.send_multipart(good)
         wait_for(lambda: core.size == 10, "valid batch after garbage")
-        wait_for(lambda: rs.server.counters["transitions_rejected_total"] == 6, "rejections counted")
+        wait_for(lambda: rs.server.counters.transitions_rejected_total == 6, "rejections counted")
         assert rs.faults.counts["transitions:shape"] == 1
         assert sum(v for k, v in rs.faults.counts.items() if k.startswith("transitions:")) == 6
         for name, array in snapshot.items():  # stored rows untouched, new rows correct
@@ -143,7 +143,7 @@ def test_block_inserts_holds_actors_until_learner_samples(ctx: zmq.Context) -> N
         learner.send_multipart(proto.encode(proto.SampleRequest(2, 4, 0.4)))
         assert receive(learner).request_id == 2
         wait_for(lambda: core.size == 16, "the last batch after the second sample")
-        assert rs.server.counters["transitions_received_total"] == 16
+        assert rs.server.counters.transitions_received_total == 16
         push.close()
         learner.close()
 
@@ -192,7 +192,7 @@ def test_checkpoint_during_traffic_keeps_inserts_and_samples_flowing(ctx: zmq.Co
         size_at_request = core.size
         rs.send_control("checkpoint", {"tag": "t1"})
         wait_for(lambda: snap.in_progress, "the checkpoint to start")
-        inserted_before = rs.server.counters["transitions_received_total"]
+        inserted_before = rs.server.counters.transitions_received_total
         sampled_during = 0
         while snap.in_progress:
             push.send_multipart(proto.encode(streams.batch(20)))
@@ -201,8 +201,8 @@ def test_checkpoint_during_traffic_keeps_inserts_and_samples_flowing(ctx: zmq.Co
                 sampled_during += int(snap.in_progress)
                 client.release(batch)
         assert sampled_during > 0
-        assert rs.server.counters["transitions_received_total"] > inserted_before
-        wait_for(lambda: rs.server.counters["checkpoints_total"] == 1, "the checkpoint to be reaped")
+        assert rs.server.counters.transitions_received_total > inserted_before
+        wait_for(lambda: rs.server.counters.checkpoints_total == 1, "the checkpoint to be reaped")
         assert snap.max_pause_s > 0 and rs.server.max_turn_during_checkpoint_s > 0
         push.close(0)
     restored = make_core(2000)
@@ -229,7 +229,7 @@ def test_bad_pixel_inserts_are_counted_and_storage_stays_intact(ctx: zmq.Context
             push.send_multipart(proto.encode(bad))
         frames = proto.encode(good)
         push.send_multipart([frames[0], *frames[1:2], b"short", *frames[3:]])  # a truncated array
-        wait_for(lambda: rs.server.counters["transitions_rejected_total"] == 4, "rejections")
+        wait_for(lambda: rs.server.counters.transitions_rejected_total == 4, "rejections")
         assert rs.faults.counts["transitions:shape"] == 2 and rs.faults.counts["transitions:values"] == 1
         assert core.size == streams.position - len(good)
         streams.position -= len(good)  # the rejected rows never got positions: resend them as fresh rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,10 @@ def test_sigterm_checkpoints_and_a_restart_restores(tmp_path: Path) -> None:
         push.connect(ep["transitions"])
         for _ in range(4):
             push.send_multipart(proto.encode(streams.batch(30)))
-        first = sample_one(ep["sample"])
+        first = sample_one(ep["sample"])  # may be answered before every batch is in: stop only once all are
+        deadline = time.monotonic() + 20
+        while first.replay_size < streams.position and time.monotonic() < deadline:
+            first = sample_one(ep["sample"])
         push.close(0)
         ctx.term()
     finally:
