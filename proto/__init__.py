@@ -35,7 +35,6 @@ from .errors import (
 )
 from .messages import (
     CLIP_CHUNK_BYTES,
-    SCHEMA_VERSION,
     ClipChunk,
     Control,
     LeaseReply,
@@ -45,8 +44,20 @@ from .messages import (
     SampleBatch,
     SampleRequest,
     Telemetry,
-    TransitionBatch,
     Weights,
+)
+from .schema import SCHEMA_VERSION
+from .transition import (
+    FRAME_INDEX_DTYPE,
+    OBS_DTYPES,
+    OBSERVATION_FIELDS,
+    SCALAR_FIELDS,
+    TRANSITION_FIELDS,
+    TRANSITION_NAMES,
+    FieldSpec,
+    Transition,
+    TransitionBatch,
+    array_fields,
 )
 
 __all__ = [
@@ -58,6 +69,9 @@ __all__ = [
     "COMMAND_ARGS", "CheckpointArgs", "Command", "CommandArgs", "CommandError", "CommandHandlers", "CommandKind",
     "ExplorationArgs", "LrArgs", "PauseArgs", "PublishIntervalArgs", "ReplayRatioArgs", "ResumeArgs",
     "UnknownCommand", "command_kind", "dispatch", "parse_args",
+    # the transition record and its field specs (proto/transition.py)
+    "FRAME_INDEX_DTYPE", "OBSERVATION_FIELDS", "OBS_DTYPES", "SCALAR_FIELDS", "TRANSITION_FIELDS", "TRANSITION_NAMES",
+    "FieldSpec", "Transition", "array_fields",
     # LZ4-packed frames (proto/packing.py)
     "packing",
 ]

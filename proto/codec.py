@@ -21,19 +21,8 @@ from .errors import (
     VersionMismatch,
     WrongKind,
 )
-from .messages import (
-    BOOL,
-    FLOAT,
-    FLOAT_MAP,
-    INT,
-    MESSAGE_TYPES,
-    SCALAR_MAP,
-    SCHEMA_VERSION,
-    STR,
-    STR_MAP,
-    ArraySpec,
-    Message,
-)
+from .messages import MESSAGE_TYPES
+from .schema import BOOL, FLOAT, FLOAT_MAP, INT, SCALAR_MAP, SCHEMA_VERSION, STR, STR_MAP, ArraySpec, Message
 
 Frame = Any  # bytes, memoryview, numpy array or zmq.Frame
 _ALLOWED_DTYPES = {"uint8", "int64", "float32", "float16"}

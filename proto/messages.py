@@ -1,4 +1,4 @@
-"""Typed wire messages: one dataclass per kind, with the schema every decoder enforces."""
+"""Typed wire messages: one dataclass per kind, with the schema every decoder enforces (transitions: transition.py)."""
 
 from __future__ import annotations
 
@@ -11,97 +11,21 @@ import numpy as np
 
 from .errors import BadShape, OversizedMessage
 from .packing import CODEC, MAX_EXPANDED_BYTES, MAX_UNPACKED_BYTES, parse_shape, unpack_frames
-
-SCHEMA_VERSION = 1
-
-# Scalar type tags understood by the codec.
-INT, FLOAT, STR, BOOL, FLOAT_MAP, STR_MAP, SCALAR_MAP = (
-    "int", "float", "str", "bool", "float_map", "str_map", "scalar_map",
+from .schema import (
+    BATCH_F32,
+    BATCH_I64,
+    BOOL,
+    FLOAT,
+    FLOAT_MAP,
+    INT,
+    SCALAR_MAP,
+    STR,
+    STR_MAP,
+    ArraySpec,
+    Message,
+    batch_size,
 )
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """What an array field may look like on the wire."""
-
-    dtypes: tuple[str, ...]
-    min_ndim: int = 1
-    max_ndim: int = 1
-    optional: bool = False
-
-
-@dataclass
-class Message:
-    """Base class: subclasses declare KIND, SCALARS and ARRAYS (or DYNAMIC_ARRAYS)."""
-
-    KIND: ClassVar[str] = ""
-    SCALARS: ClassVar[dict[str, str]] = {}
-    ARRAYS: ClassVar[dict[str, ArraySpec]] = {}
-    # When set, arrays are free-named entries of this dict attribute, each checked against the spec.
-    DYNAMIC_ARRAYS: ClassVar[tuple[str, ArraySpec] | None] = None
-
-    def validate(self) -> None:
-        """Cross-field checks after decoding (and before encoding); raise BadShape."""
-
-
-PIXELS_OR_VECTORS = ArraySpec(("uint8", "float32"), 2, 4)
-BATCH_F32 = ArraySpec(("float32",))
-BATCH_I64 = ArraySpec(("int64",))
-
-
-def _batch_size(msg: Message, names: tuple[str, ...]) -> int:
-    sizes = {name: getattr(msg, name).shape[0] for name in names if getattr(msg, name) is not None}
-    distinct = set(sizes.values())
-    if len(distinct) != 1:
-        raise BadShape(f"{msg.KIND}: arrays disagree on batch size: {sizes}")
-    size = distinct.pop()
-    if size < 1:
-        raise BadShape(f"{msg.KIND}: empty batch")
-    return size
-
-
-def _same_obs(msg: Message) -> None:
-    obs, next_obs = msg.obs, msg.next_obs  # type: ignore[attr-defined]
-    if obs.shape != next_obs.shape or obs.dtype != next_obs.dtype:
-        raise BadShape(
-            f"{msg.KIND}: obs {obs.dtype}{obs.shape} and next_obs {next_obs.dtype}{next_obs.shape} differ"
-        )
-
-
-@dataclass
-class TransitionBatch(Message):
-    """Actor -> replay: n-step transitions with the weight version that produced them."""
-
-    KIND: ClassVar[str] = "transitions"
-    SCALARS: ClassVar[dict[str, str]] = {"actor": STR, "weight_version": INT, "seq": INT}
-    ARRAYS: ClassVar[dict[str, ArraySpec]] = {
-        "obs": PIXELS_OR_VECTORS,
-        "action": BATCH_I64,
-        "reward": BATCH_F32,
-        "discount": BATCH_F32,
-        "next_obs": PIXELS_OR_VECTORS,
-        "priority": ArraySpec(("float32",), optional=True),
-        "stream": ArraySpec(("int64",), optional=True),
-    }
-    actor: str
-    weight_version: int
-    seq: int
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    next_obs: np.ndarray
-    priority: np.ndarray | None = None
-    # The actor's environment slot of each row: (actor, stream) names one sequence of consecutive env steps,
-    # which lets replay store each frame of a stack once. Absent: replay stores every stack whole.
-    stream: np.ndarray | None = None
-
-    def validate(self) -> None:
-        _batch_size(self, ("obs", "action", "reward", "discount", "next_obs", "priority", "stream"))
-        _same_obs(self)
-
-    def __len__(self) -> int:
-        return int(self.action.shape[0])
+from .transition import TRANSITION_ARRAYS, TRANSITION_NAMES, Transition, TransitionBatch, check_observations
 
 
 @dataclass
@@ -142,18 +66,14 @@ class SampleRequest(Message):
 
 
 @dataclass
-class SampleBatch(Message):
+class SampleBatch(Transition[np.ndarray], Message):
     """Replay -> learner: a ready-to-use batch with replay indices and importance weights."""
 
     KIND: ClassVar[str] = "sample_batch"
     SCALARS: ClassVar[dict[str, str]] = {"request_id": INT, "replay_size": INT, "shm": SCALAR_MAP,
                                          "packing": SCALAR_MAP}
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {
-        "obs": PIXELS_OR_VECTORS,
-        "action": BATCH_I64,
-        "reward": BATCH_F32,
-        "discount": BATCH_F32,
-        "next_obs": PIXELS_OR_VECTORS,
+        **TRANSITION_ARRAYS,
         "index": BATCH_I64,
         "weight": BATCH_F32,
         "is_demo": ArraySpec(("uint8",), optional=True),
@@ -165,11 +85,6 @@ class SampleBatch(Message):
     }
     request_id: int
     replay_size: int
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    next_obs: np.ndarray
     index: np.ndarray
     weight: np.ndarray
     # 1 for rows drawn from the demonstrations table (DQfD); None means no row is a demonstration.
@@ -192,9 +107,8 @@ class SampleBatch(Message):
     packed_sizes: np.ndarray | None = None
 
     def validate(self) -> None:
-        _batch_size(self, ("obs", "action", "reward", "discount", "next_obs", "index", "weight", "is_demo",
-                           "obs_idx", "next_idx"))
-        _same_obs(self)
+        batch_size(self, (*TRANSITION_NAMES, "index", "weight", "is_demo", "obs_idx", "next_idx"))
+        check_observations(self)
         slot = self.shm.get("slot", -1)
         placeholders = self.obs.shape[1:] == (0,) and self.next_obs.shape[1:] == (0,)
         in_slot = isinstance(slot, int) and slot >= 0
@@ -314,7 +228,7 @@ class PriorityUpdate(Message):
     priority: np.ndarray
 
     def validate(self) -> None:
-        _batch_size(self, ("index", "priority"))
+        batch_size(self, ("index", "priority"))
 
 
 @dataclass
@@ -432,6 +346,12 @@ class ClipChunk(Message):
         if not self.data.shape[0] <= self.total_bytes <= self.count * CLIP_CHUNK_BYTES:
             raise BadShape(f"clip_chunk: total_bytes {self.total_bytes} does not fit {self.count} pieces")
 
+
+__all__ = [
+    "BOOL", "CLIP_CHUNK_BYTES", "FLOAT", "FLOAT_MAP", "INT", "MESSAGE_TYPES", "SCALAR_MAP", "STR",
+    "STR_MAP", "ArraySpec", "ClipChunk", "Control", "LeaseReply", "LeaseRequest", "Message", "PriorityUpdate",
+    "SampleBatch", "SampleRefused", "SampleRequest", "Telemetry", "TransitionBatch", "Weights",
+]
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.KIND: cls

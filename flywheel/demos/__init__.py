@@ -3,7 +3,6 @@
 from .format import (
     FORMAT,
     VERSION,
-    DemoEpisode,
     DemoFileError,
     DemoFrames,
     DemoSet,
@@ -12,5 +11,5 @@ from .format import (
     open_demos,
 )
 
-__all__ = ["FORMAT", "VERSION", "DemoEpisode", "DemoFileError", "DemoFrames", "DemoSet", "DemoWriter",
+__all__ = ["FORMAT", "VERSION", "DemoFileError", "DemoFrames", "DemoSet", "DemoWriter",
            "nstep_transitions", "open_demos"]

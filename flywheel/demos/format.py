@@ -13,7 +13,8 @@ manifest.json::
      "episodes": [{"file": "episode-000000.npz", "steps": 412, "transitions": 412, "return": 801.0,
                    "terminated": true, "bytes": 1830211, "crc32": 2934857123}, ...]}
 
-Each episode file holds the episode as played and its n-step transitions, in the shape actors send them:
+Each episode file holds the episode as played and its n-step transitions (``proto.Transition``'s fields, each
+observation field as a column of row numbers into ``observations``, named by its ``frame_index``):
 
     observations (T+1, *obs_shape) obs_dtype  o_0 .. o_T, o_T being the final observation
     actions      (T,) int64                   rewards (T,) float32 (one per step, as the env gave them)
@@ -40,14 +41,19 @@ from typing import Any
 
 import numpy as np
 
+from flywheel import proto
+from flywheel.proto import OBS_DTYPES
+
 FORMAT = "flywheel-demos"
 VERSION = 1
-OBS_DTYPES = ("uint8", "float32")
 # NumPy parses .npy headers with ast.literal_eval, and CPython 3.11's AST builder keeps one recursion counter per
 # interpreter, so two threads parsing at once can fail with "AST constructor recursion depth mismatch"
 # (python/cpython#106905). Episodes load in parallel threads, so header parses take turns; data reads do not.
 _NPY_HEADER_LOCK = threading.Lock()
-_EPISODE_ARRAYS = ("observations", "actions", "rewards", "obs_index", "next_index", "action", "reward", "discount")
+# The transition columns of an episode file: each observation field's row numbers first, then the per-row fields.
+_COLUMNS = {spec.frame_index: spec for spec in proto.OBSERVATION_FIELDS} | {
+    spec.name: spec for spec in proto.SCALAR_FIELDS}
+_EPISODE_ARRAYS = ("observations", "actions", "rewards", *_COLUMNS)
 
 
 class DemoFileError(ValueError):
@@ -55,26 +61,30 @@ class DemoFileError(ValueError):
 
 
 @dataclass
-class DemoEpisode:
-    """One episode's n-step transitions with stacked observations, ready for a replay table."""
-
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    next_obs: np.ndarray
-
-
-@dataclass
 class DemoFrames:
-    """One episode as stored: observations o_0..o_T once, transitions as row indices into them."""
+    """Transitions as stored: observations once, and ``rows``, whose observation fields hold row numbers into them."""
 
     observations: np.ndarray
-    obs_index: np.ndarray
-    next_index: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
+    rows: proto.Transition[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def take(self, rows: np.ndarray | slice = slice(None)) -> proto.Transition[np.ndarray]:
+        """Transitions ``rows`` (all by default) with their observations gathered."""
+        picked = self.rows.select(rows)
+        return proto.Transition(**{spec.name: self.observations[value] if spec.observation else value
+                                   for spec, value in zip(proto.TRANSITION_FIELDS, picked.arrays().values(),
+                                                          strict=True)})
+
+    @staticmethod
+    def concatenate(parts: list[DemoFrames]) -> DemoFrames:
+        """One DemoFrames of several (episodes): observations one after another, row numbers shifted to match."""
+        offsets = np.cumsum([0] + [len(p.observations) for p in parts[:-1]])
+        columns = {spec.name: np.concatenate([getattr(p.rows, spec.name) + (o if spec.observation else 0)
+                                              for p, o in zip(parts, offsets, strict=True)])
+                   for spec in proto.TRANSITION_FIELDS}
+        return DemoFrames(np.concatenate([p.observations for p in parts]), proto.Transition(**columns))
 
 
 def nstep_transitions(rewards: np.ndarray, terminated: bool, n_step: int, gamma: float,
@@ -162,9 +172,11 @@ class DemoWriter:
             raise DemoFileError("rewards and observations must be finite")
         obs_index, next_index, ret, discount = nstep_transitions(rewards, terminated, self.manifest["n_step"],
                                                                  self.manifest["gamma"])
+        rows = proto.Transition(obs=obs_index, action=actions.astype(np.int64)[obs_index], reward=ret,
+                                discount=discount, next_obs=next_index)
         arrays = {"observations": observations, "actions": actions.astype(np.int64),
-                  "rewards": rewards.astype(np.float32), "obs_index": obs_index, "next_index": next_index,
-                  "action": actions.astype(np.int64)[obs_index], "reward": ret, "discount": discount}
+                  "rewards": rewards.astype(np.float32),
+                  **{column: getattr(rows, spec.name) for column, spec in _COLUMNS.items()}}
         number = max([int(e["file"][8:14]) + 1 for e in self.manifest["episodes"]], default=0)
         name = f"episode-{number:06d}.npz"
         tmp = self.path / f".{name}.tmp-{os.getpid()}"
@@ -253,19 +265,14 @@ class DemoSet:
     def __len__(self) -> int:
         return self.count
 
-    def episodes(self) -> Iterator[DemoEpisode]:
+    def episodes(self) -> Iterator[proto.Transition[np.ndarray]]:
         """Each episode's transitions with observations stacked, validated against the manifest."""
         for entry in self.manifest["episodes"]:
-            yield self._load(entry)
+            yield self._read(entry).take()
 
     def episode_frames(self, number: int) -> DemoFrames:
         """Episode ``number`` (0-based, in manifest order) as played, validated; observations are not duplicated."""
         return self._read(self.manifest["episodes"][number])
-
-    def _load(self, entry: dict[str, Any]) -> DemoEpisode:
-        f = self._read(entry)
-        return DemoEpisode(obs=f.observations[f.obs_index], action=f.action, reward=f.reward, discount=f.discount,
-                           next_obs=f.observations[f.next_index])
 
     def _read(self, entry: dict[str, Any]) -> DemoFrames:
         file = self.path / entry["file"]
@@ -287,21 +294,18 @@ class DemoSet:
         if obs.shape != (steps + 1, *self.obs_shape) or obs.dtype != self.obs_dtype:
             raise DemoFileError(f"{file}: observations are {obs.dtype}{obs.shape}, the manifest says "
                                 f"{self.obs_dtype}{(steps + 1, *self.obs_shape)}")
-        expected = {"obs_index": np.int64, "next_index": np.int64, "action": np.int64, "reward": np.float32,
-                    "discount": np.float32}
-        for name, dtype in expected.items():
+        for name, spec in _COLUMNS.items():
+            dtype = np.dtype(proto.FRAME_INDEX_DTYPE if spec.observation else spec.dtype)
             if arrays[name].shape != (count,) or arrays[name].dtype != dtype:
                 raise DemoFileError(f"{file}: {name} is {arrays[name].dtype}{arrays[name].shape}, expected "
-                                    f"{np.dtype(dtype)}({count},)")
-        for name in ("obs_index", "next_index"):
-            if count and (arrays[name].min() < 0 or arrays[name].max() > steps):
+                                    f"{dtype}({count},)")
+            if spec.observation and count and (arrays[name].min() < 0 or arrays[name].max() > steps):
                 raise DemoFileError(f"{file}: {name} points outside the episode")
-        discount, reward = arrays["discount"], arrays["reward"]
-        if not (np.all((discount >= 0) & (discount <= 1)) and np.all(np.isfinite(reward))
-                and np.all(arrays["action"] >= 0)):
+        rows = proto.Transition(**{spec.name: arrays[name] for name, spec in _COLUMNS.items()})
+        if not (np.all((rows.discount >= 0) & (rows.discount <= 1)) and np.all(np.isfinite(rows.reward))
+                and np.all(rows.action >= 0)):
             raise DemoFileError(f"{file}: rewards, discounts or actions out of range")
-        return DemoFrames(observations=obs, obs_index=arrays["obs_index"], next_index=arrays["next_index"],
-                          action=arrays["action"], reward=reward, discount=discount)
+        return DemoFrames(observations=obs, rows=rows)
 
 
 def open_demos(path: Path | str) -> DemoSet:

@@ -380,8 +380,9 @@ def _real_traffic_flows(cluster: Cluster, ctx: zmq.Context) -> dict[str, float]:
     obs = np.zeros((64, OBS_WIDTH), np.float32)
     for seq in range(8):
         push.send_multipart(proto.encode(proto.TransitionBatch(
-            "fuzz-probe", 1, seq, obs, np.arange(64, dtype=np.int64) % 2, np.ones(64, np.float32),
-            np.full(64, 0.99, np.float32), obs + 1, np.ones(64, np.float32))))
+            actor="fuzz-probe", weight_version=1, seq=seq, obs=obs, action=np.arange(64, dtype=np.int64) % 2,
+            reward=np.ones(64, np.float32), discount=np.full(64, 0.99, np.float32), next_obs=obs + 1,
+            priority=np.ones(64, np.float32))))
     cluster.wait(lambda: cluster.value("replay-0", "transitions_received_total") >= rows_before + 512, 60,
                  "the probe's transitions to arrive after the fuzz", alive=list(NAMES))
     try:

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from flywheel import proto
+
 
 @dataclass
-class Emitted:
-    """Transitions ready to send (one row each)."""
+class Emitted(proto.Transition[np.ndarray]):
+    """Transitions ready to send (one row each), with their initial priorities."""
 
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    next_obs: np.ndarray
-    priority: np.ndarray
-    stream: np.ndarray | None = None  # env slot of each row (rows of one slot come in step order)
-
-    def __len__(self) -> int:
-        return int(self.action.shape[0])
+    priority: np.ndarray = field(metadata={"dtype": "float32"})
+    # env slot of each row (rows of one slot come in step order)
+    stream: np.ndarray | None = field(default=None, metadata={"dtype": "int64"})
 
 
 class NStepAccumulator:
@@ -157,10 +152,4 @@ class NStepAccumulator:
 
 
 def _take(rows: Emitted, mask: np.ndarray) -> Emitted:
-    if mask.all():  # the common case (no episode ended): no copy
-        return rows
-    return Emitted(
-        obs=rows.obs[mask], action=rows.action[mask], reward=rows.reward[mask], discount=rows.discount[mask],
-        next_obs=rows.next_obs[mask], priority=rows.priority[mask],
-        stream=None if rows.stream is None else rows.stream[mask],
-    )
+    return rows if mask.all() else rows.select(mask)  # the common case (no episode ended): no copy

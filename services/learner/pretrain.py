@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flywheel import proto
 from flywheel.demos.format import DemoFileError, DemoFrames, DemoSet
 
 from .core import LearnerCore
@@ -34,34 +35,12 @@ PretrainLog = Callable[["PretrainProgress"], None]
 
 
 @dataclass
-class DemoData:
-    """Every transition of a set in host memory: frames once, transitions as indices into ``frames``."""
+class DemoData(DemoFrames):
+    """Every transition of a set in host memory: observations once, transitions as row numbers into them."""
 
     env_id: str
-    frames: np.ndarray
-    obs_index: np.ndarray
-    next_index: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
     episodes: int
     load_seconds: float
-
-    def __len__(self) -> int:
-        return int(self.action.shape[0])
-
-
-@dataclass
-class DemoBatch:
-    """A minibatch of demonstrations in the shape the core's stager takes (every row a demonstration)."""
-
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    next_obs: np.ndarray
-    weight: np.ndarray
-    is_demo: np.ndarray
 
 
 @dataclass
@@ -90,18 +69,12 @@ def load_demos(path: str | Path, obs_shape: tuple[int, ...], n_actions: int, *, 
     threads = max(1, min(workers or os.cpu_count() or 1, count))
     with ThreadPoolExecutor(threads, thread_name_prefix="demos-load") as pool:
         parts: list[DemoFrames] = list(pool.map(demos.episode_frames, range(count)))
-    offsets = np.cumsum([0] + [len(p.observations) for p in parts[:-1]])
-    action = np.concatenate([p.action for p in parts])
+    whole = DemoFrames.concatenate(parts)
+    action = whole.rows.action
     if action.size and int(action.max()) >= n_actions:
         raise DemoFileError(f"{path} has action {int(action.max())}; this learner's network has {n_actions} actions")
-    data = DemoData(
-        env_id=demos.env_id, frames=np.concatenate([p.observations for p in parts]),
-        obs_index=np.concatenate([p.obs_index + o for p, o in zip(parts, offsets, strict=True)]),
-        next_index=np.concatenate([p.next_index + o for p, o in zip(parts, offsets, strict=True)]),
-        action=action, reward=np.concatenate([p.reward for p in parts]),
-        discount=np.concatenate([p.discount for p in parts]), episodes=count, load_seconds=0.0)
-    data.load_seconds = time.monotonic() - start
-    return data
+    return DemoData(whole.observations, whole.rows, env_id=demos.env_id, episodes=count,
+                    load_seconds=time.monotonic() - start)
 
 
 class BatchPrefetcher:
@@ -110,17 +83,18 @@ class BatchPrefetcher:
     def __init__(self, data: DemoData, batch_size: int, batches: int, seed: int | None = None) -> None:
         self.data, self.batch_size, self.batches = data, min(batch_size, len(data)), batches
         self.rng = np.random.default_rng(seed)
-        self.queue: queue.Queue[DemoBatch] = queue.Queue(PREFETCH_BATCHES)
+        self.queue: queue.Queue[proto.SampleBatch] = queue.Queue(PREFETCH_BATCHES)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demos-prefetch", daemon=True)
         self._thread.start()
 
-    def gather(self, rows: np.ndarray) -> DemoBatch:
-        d = self.data
+    def gather(self, rows: np.ndarray) -> proto.SampleBatch:
+        """The batch of transitions ``rows``, every one a demonstration of weight 1 (index: the replay's name for
+        demonstration row r, -1 - r)."""
         size = len(rows)
-        return DemoBatch(obs=d.frames[d.obs_index[rows]], action=d.action[rows], reward=d.reward[rows],
-                         discount=d.discount[rows], next_obs=d.frames[d.next_index[rows]],
-                         weight=np.ones(size, np.float32), is_demo=np.ones(size, np.uint8))
+        return proto.SampleBatch(request_id=0, replay_size=len(self.data), index=-1 - rows.astype(np.int64),
+                                 weight=np.ones(size, np.float32), is_demo=np.ones(size, np.uint8),
+                                 **self.data.take(rows).arrays())
 
     def _run(self) -> None:
         for _ in range(self.batches):
@@ -151,7 +125,7 @@ class DemoPrefetchIter:
     def __iter__(self) -> DemoPrefetchIter:
         return self
 
-    def __next__(self) -> DemoBatch:
+    def __next__(self) -> proto.SampleBatch:
         if self.left <= 0:
             raise StopIteration
         self.left -= 1
@@ -180,10 +154,10 @@ class Pretrainer:
         fn = quantile_td_loss if core.config.head == "quantile" else q_td_loss
         return fn(out, action, reward, discount, next_target, next_online, core.config.huber_kappa)
 
-    def step(self, batch: DemoBatch) -> torch.Tensor:
+    def step(self, batch: proto.SampleBatch) -> torch.Tensor:
         """One update; returns (loss, margin loss, expert agreement) as a device tensor (read it when logging)."""
         core = self.core
-        b = core.stager.stage(batch)  # type: ignore[arg-type]  # pinned buffers + side stream on CUDA
+        b = core.stager.stage(batch)  # pinned buffers + side stream on CUDA
         b.use_on_current_stream()
         out = core.online.outputs(b.obs)
         margin = large_margin_loss(out, b.action, self.margin)
@@ -252,7 +226,7 @@ def pretrain_from_settings(core: LearnerCore, path: str, updates: int, batch_siz
     data = load_demos(path, core.obs_shape, core.n_actions, workers=workers)
     log.info("learner: loaded %d demonstration transitions (%d episodes of %s, %.1f MB) from %s in %.1f s; "
              "pretraining %d updates of %s (batch %d, margin %.2f x %.2f)", len(data), data.episodes, data.env_id,
-             data.frames.nbytes / 1e6, path, data.load_seconds, updates, loss, batch_size, margin, margin_weight)
+             data.observations.nbytes / 1e6, path, data.load_seconds, updates, loss, batch_size, margin, margin_weight)
     trainer = Pretrainer(core, loss=loss, margin=margin, margin_weight=margin_weight)
     result = trainer.run(data, updates, batch_size, report=log_progress, seed=seed)
     log.info("learner: pretraining done: %d updates in %.1f s; greedy = expert on %.1f%% of the last demo rows",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+
+from flywheel import proto
 
 
 def _silence_read_only_warning() -> None:
@@ -22,45 +24,27 @@ def _silence_read_only_warning() -> None:
 STAGING_SLOTS = 3  # batches whose host->device copies may be in flight at once
 
 
-class Batch(Protocol):
-    """What an update needs; proto.SampleBatch has exactly these arrays."""
-
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    next_obs: np.ndarray
-    weight: np.ndarray
-
-
-FIELDS = ("obs", "action", "reward", "discount", "next_obs", "weight")
+Batch = proto.SampleBatch  # what an update takes: transitions with importance weights (and, optionally, is_demo)
 
 
 @dataclass
-class DeviceBatch:
+class DeviceBatch(proto.Transition[torch.Tensor]):
     """A batch as tensors on the learner's device (pixels stay uint8; they are scaled inside the network)."""
 
-    obs: torch.Tensor
-    action: torch.Tensor
-    reward: torch.Tensor
-    discount: torch.Tensor
-    next_obs: torch.Tensor
-    weight: torch.Tensor
+    weight: torch.Tensor = field(metadata={"dtype": "float32"})
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream once the tensors are there
-    is_demo: torch.Tensor | None = None  # uint8, 1 for rows from the replay's demonstrations table (DQfD)
+    # uint8, 1 for rows from the replay's demonstrations table (DQfD)
+    is_demo: torch.Tensor | None = field(default=None, metadata={"dtype": "uint8"})
 
     @property
     def size(self) -> int:
-        return int(self.action.shape[0])
+        return len(self)
 
     def split(self, size: int) -> list[DeviceBatch]:
         """Consecutive sub-batches of ``size`` rows (views, no copies; the last may be smaller)."""
         if self.size <= size:
             return [self]
-        names = ("obs", "action", "reward", "discount", "next_obs", "weight")
-        return [DeviceBatch(**{n: getattr(self, n)[i:i + size] for n in names}, ready=self.ready,
-                            is_demo=None if self.is_demo is None else self.is_demo[i:i + size])
-                for i in range(0, self.size, size)]
+        return [self.select(slice(i, i + size)) for i in range(0, self.size, size)]
 
     def use_on_current_stream(self) -> None:
         """CUDA: make the current stream wait for the copies (on the GPU, not the host) and tell the caching
@@ -69,11 +53,14 @@ class DeviceBatch:
             return
         stream = torch.cuda.current_stream()
         stream.wait_event(self.ready)
-        for tensor in (self.obs, self.action, self.reward, self.discount, self.next_obs, self.weight):
-            tensor.record_stream(stream)
-        if self.is_demo is not None:
-            self.is_demo.record_stream(stream)
+        for tensor in self.arrays().values():
+            if tensor is not None:
+                tensor.record_stream(stream)
         self.ready = None
+
+
+STAGED = tuple(spec.name for spec in proto.array_fields(DeviceBatch))  # the transition's, weight and is_demo
+OBSERVED = tuple(spec.name for spec in proto.OBSERVATION_FIELDS)  # views of a shared-memory slot, when ``shared``
 
 
 class BatchStager:
@@ -107,24 +94,23 @@ class BatchStager:
         shared-memory slot), so they are copied here; on CUDA the pinned buffers copy anyway.
         """
         self.staged += 1
-        is_demo = getattr(batch, "is_demo", None)
+        arrays = {name: getattr(batch, name, None) for name in STAGED}
+        arrays = {name: array for name, array in arrays.items() if array is not None}  # is_demo may be absent
+        tensors: dict[str, Any] = {}
         if not self.cuda:  # zero-copy views; the update never writes to its inputs
-            obs, next_obs = (np.array(batch.obs), np.array(batch.next_obs)) if shared else (batch.obs, batch.next_obs)
-            return DeviceBatch(obs=torch.from_numpy(obs), action=torch.from_numpy(batch.action),
-                               reward=torch.from_numpy(batch.reward), discount=torch.from_numpy(batch.discount),
-                               next_obs=torch.from_numpy(next_obs), weight=torch.from_numpy(batch.weight),
-                               is_demo=None if is_demo is None else torch.from_numpy(is_demo))
+            if shared:
+                arrays |= {name: np.array(arrays[name]) for name in OBSERVED}
+            tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
+            return DeviceBatch(**tensors)
         slot = self._next
         self._next = (slot + 1) % len(self._slots)
         event = self._events[slot]
         if event is not None:
             event.synchronize()  # the copies out of this slot's buffers were enqueued `slots` batches ago
         buffers = self._slots[slot]
-        tensors: dict[str, torch.Tensor] = {}
-        names = FIELDS if is_demo is None else (*FIELDS, "is_demo")
         with torch.cuda.stream(self._stream):
-            for name in names:
-                array = np.asarray(getattr(batch, name))
+            for name, given in arrays.items():
+                array = np.asarray(given)
                 pinned = buffers.get(name)
                 if pinned is None or tuple(pinned.shape) != array.shape or pinned.numpy().dtype != array.dtype:
                     pinned = buffers[name] = torch.empty(array.shape, dtype=_torch_dtype(array.dtype),

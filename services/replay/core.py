@@ -60,30 +60,6 @@ class ReplayConfig:
     max_abs_value: float = _default("max_abs_value")  # largest |reward| and |float observation| stored
 
 
-@dataclass
-class SampleParts:
-    """A sampled batch apart from its observations, which ``sample_into`` writes into the caller's buffers."""
-
-    index: np.ndarray
-    weight: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    is_demo: np.ndarray
-    replay_size: int
-
-
-@dataclass
-class DemoRows:
-    """One chunk of demonstration transitions (one episode), as the demonstrations reader yields them."""
-
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    next_obs: np.ndarray
-
-
 class ReplayCore:
     """Inserts transition batches, samples batches (proportional or uniform), updates priorities."""
 
@@ -157,8 +133,7 @@ class ReplayCore:
         if priority is not None and (not np.all(np.isfinite(priority)) or np.any(priority < 0)):
             priority = None  # an actor's garbage priorities must not poison the tree: use the max
         keys = np.broadcast_to(stream_keys(batch.actor, batch.stream), (len(batch),))
-        inserted = self.main.insert(batch.obs, batch.action, batch.reward, batch.discount, batch.next_obs, keys,
-                                    priority, streamed=batch.stream is not None)
+        inserted = self.main.insert(batch, keys, priority, streamed=batch.stream is not None)
         self.limiter.record_insert(len(batch))
         return inserted
 
@@ -178,8 +153,9 @@ class ReplayCore:
         self.expected_obs = (tuple(shape), np.dtype(dtype))
 
     def load_demos(self, count: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str,
-                   episodes: Iterable[DemoRows]) -> int:
-        """Fill the demonstrations table (never evicted) with ``count`` transitions; returns how many."""
+                   episodes: Iterable[proto.Transition[np.ndarray]]) -> int:
+        """Fill the demonstrations table (never evicted) with ``count`` transitions, given one episode at a time;
+        returns how many."""
         dtype = np.dtype(obs_dtype)
         schema = self.obs_schema
         if schema is not None and (schema[0] != tuple(obs_shape) or schema[1] != dtype):
@@ -191,21 +167,23 @@ class ReplayCore:
                             frame_capacity=frames, pack_frames=self.config.pack_frames)
         table.storage.allocate(tuple(obs_shape), dtype)
         for episode, rows in enumerate(episodes):
-            keys = np.full(len(rows.action), episode, np.uint64)
-            table.insert(rows.obs, rows.action, rows.reward, rows.discount, rows.next_obs, keys, None)
+            table.insert(rows, np.full(len(rows), episode, np.uint64), None)
         if table.size != count:
             raise ValueError(f"demonstrations table holds {table.size} transitions, expected {count}")
         self.demos = table
         return table.size
 
-    def _draw(self, batch_size: int, beta: float) -> tuple[np.ndarray, np.ndarray | None, SampleParts]:
-        """Rows of both tables for one batch: (main slots, demo slots or None, everything but observations)."""
-        if self.size == 0:
+    def _draw(self, batch_size: int, beta: float, request_id: int
+              ) -> tuple[np.ndarray, np.ndarray | None, proto.SampleBatch]:
+        """Rows of both tables for one batch: (main slots, demo slots or None, the batch with everything but its
+        observations, which are (B, 0) placeholders)."""
+        schema = self.obs_schema
+        if schema is None or self.size == 0:
             raise ValueError("cannot sample from an empty replay")
         demo_count = self.demo_rows(batch_size)
         main_count = batch_size - demo_count
         slots, probs = self.main.sample(main_count, self.rng)
-        small = self.main.storage.small(slots)
+        small: dict[str, Any] = self.main.storage.small(slots)
         index = self.main.storage.positions_of(slots)
         total_size = self.size
         demo_slots = None
@@ -224,18 +202,22 @@ class ReplayCore:
         is_demo = np.zeros(batch_size, np.uint8)
         is_demo[main_count:] = 1
         self.limiter.record_sample(main_count)
-        return slots, demo_slots, SampleParts(index=index, weight=weights, is_demo=is_demo,
-                                              replay_size=self.size, **small)
+        placeholder = np.empty((batch_size, 0), schema[1])
+        return slots, demo_slots, proto.SampleBatch(
+            request_id=request_id, replay_size=self.size, obs=placeholder, next_obs=placeholder, index=index,
+            weight=weights, is_demo=is_demo if self.demos is not None else None, **small)
 
-    def sample_into(self, batch_size: int, beta: float, obs_out: np.ndarray, next_out: np.ndarray) -> SampleParts:
-        """Sample ``batch_size`` rows, writing observations into the outputs; the caller checks ``can_sample``."""
-        slots, demo_slots, parts = self._draw(batch_size, beta)
+    def sample_into(self, batch_size: int, beta: float, obs_out: np.ndarray, next_out: np.ndarray,
+                    request_id: int = 0) -> proto.SampleBatch:
+        """Sample ``batch_size`` rows, writing observations into the outputs; returns the batch with (B, 0)
+        placeholders for them. The caller checks ``can_sample``."""
+        slots, demo_slots, batch = self._draw(batch_size, beta, request_id)
         main_count = len(slots)
         self.main.storage.gather(slots, obs_out[:main_count], next_out[:main_count], self.helper)
         if demo_slots is not None:
             assert self.demos is not None
             self.demos.storage.gather(demo_slots, obs_out[main_count:], next_out[main_count:])
-        return parts
+        return batch
 
     @property
     def compact_ready(self) -> bool:
@@ -256,7 +238,7 @@ class ReplayCore:
         when ``compact_ready``. The caller checks ``can_sample``."""
         schema = self.obs_schema
         assert schema is not None and self.compact_ready and (self.packed_ready or not packed)
-        slots, demo_slots, parts = self._draw(batch_size, beta)
+        slots, demo_slots, batch = self._draw(batch_size, beta, request_id)
         refs = self.main.storage.frame_refs(slots, packed)
         if demo_slots is not None:
             assert self.demos is not None
@@ -264,13 +246,10 @@ class ReplayCore:
         obs_idx, next_idx = refs.obs_idx, refs.next_idx
         if len(schema[0]) == 2:  # single-frame observations: one frame per row, no stack axis
             obs_idx, next_idx = obs_idx[:, 0], next_idx[:, 0]
-        placeholder = np.empty((batch_size, 0), schema[1])
-        packing = {"codec": "lz4", "shape": ",".join(str(side) for side in schema[0][-2:])} if packed else {}
-        return proto.SampleBatch(
-            request_id=request_id, replay_size=parts.replay_size, obs=placeholder, action=parts.action,
-            reward=parts.reward, discount=parts.discount, next_obs=placeholder, index=parts.index,
-            weight=parts.weight, is_demo=parts.is_demo if self.demos is not None else None, frames=refs.frames,
-            obs_idx=obs_idx, next_idx=next_idx, packing=packing, packed=refs.packed, packed_sizes=refs.packed_sizes)
+        batch.packing = {"codec": "lz4", "shape": ",".join(str(side) for side in schema[0][-2:])} if packed else {}
+        batch.frames, batch.obs_idx, batch.next_idx = refs.frames, obs_idx, next_idx
+        batch.packed, batch.packed_sizes = refs.packed, refs.packed_sizes
+        return batch
 
     def sample(self, batch_size: int, beta: float, request_id: int = 0) -> proto.SampleBatch:
         """A ready-to-use batch in fresh arrays; the caller checks ``can_sample`` first."""
@@ -279,12 +258,9 @@ class ReplayCore:
             raise ValueError("cannot sample from an empty replay")
         obs = np.empty((batch_size, *schema[0]), schema[1])
         next_obs = np.empty_like(obs)
-        parts = self.sample_into(batch_size, beta, obs, next_obs)
-        return proto.SampleBatch(
-            request_id=request_id, replay_size=parts.replay_size, obs=obs, action=parts.action, reward=parts.reward,
-            discount=parts.discount, next_obs=next_obs, index=parts.index, weight=parts.weight,
-            is_demo=parts.is_demo if self.demos is not None else None,
-        )
+        batch = self.sample_into(batch_size, beta, obs, next_obs, request_id)
+        batch.obs, batch.next_obs = obs, next_obs
+        return batch
 
     def update_priorities(self, index: np.ndarray, priorities: np.ndarray) -> int:
         """Apply learner priorities (negative indices name demonstration rows); returns how many applied."""

@@ -8,9 +8,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flywheel import proto
+
 from .frames import FrameStore
 
-SMALL_FIELDS = ("action", "reward", "discount")
+SMALL_FIELDS = tuple(spec.name for spec in proto.SCALAR_FIELDS)  # stored per row as they come
+WHOLE_FIELDS = tuple(spec.name for spec in proto.OBSERVATION_FIELDS)  # observations stored whole (no frame ring)
 FRAME_FIELDS = ("obs_ref", "next_ref", "min_ref", "ins_head")
 _NO_FLOOR = np.iinfo(np.int64).max
 PARALLEL_GATHER_BYTES = 4 << 20  # a helper thread pays off above a few MB of observations
@@ -79,13 +82,11 @@ class TransitionStorage:
         """Allocate for this schema; pixels go to a frame ring when ``frames`` and ``dedup_frames`` allow it."""
         cap = self.capacity
         self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
-        self.arrays = {"action": np.zeros(cap, np.int64), "reward": np.zeros(cap, np.float32),
-                       "discount": np.zeros(cap, np.float32)}
         layout = frame_layout(self.obs_shape, self.obs_dtype) if self.dedup_frames and frames else None
+        stored = proto.SCALAR_FIELDS + (proto.OBSERVATION_FIELDS if layout is None else ())
+        self.arrays = {spec.name: spec.zeros(cap, self.obs_shape, self.obs_dtype) for spec in stored}
         if layout is None:
             self.frames = None
-            self.arrays["obs"] = np.zeros((cap, *self.obs_shape), self.obs_dtype)
-            self.arrays["next_obs"] = np.zeros((cap, *self.obs_shape), self.obs_dtype)
             return
         self.depth, frame_shape = layout
         self.frames = FrameStore(self.frame_ring_size(self.depth), frame_shape, pack=self.pack_frames)
@@ -123,40 +124,40 @@ class TransitionStorage:
             raise SchemaMismatch(f"observations {obs.dtype}{tuple(obs.shape[1:])} do not match stored "
                                  f"{self.obs_dtype}{self.obs_shape}")
 
-    def insert(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, discount: np.ndarray,
-               next_obs: np.ndarray, keys: np.ndarray, streamed: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """Store rows (the newest ``capacity`` of them); returns (their slots, slots evicted early).
+    def insert(self, rows: proto.Transition[np.ndarray], keys: np.ndarray,
+               streamed: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Store transitions (the newest ``capacity`` of them); returns (their slots, slots evicted early).
 
         The first insert fixes the layout: pixel rows that name their stream (``streamed``) go to the frame
         ring; without it (rows that need not be consecutive env steps) stacks are stored whole.
         """
-        self.check(obs)
-        if len(action) == 0:  # e.g. an empty demonstrations episode: nothing to store, nothing to evict
+        self.check(rows.obs)
+        count = len(rows)
+        if count == 0:  # e.g. an empty demonstrations episode: nothing to store, nothing to evict
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         if self.obs_shape is None:
-            self.allocate(tuple(obs.shape[1:]), obs.dtype, frames=streamed)
-        skip = max(0, len(action) - self.capacity)
-        rows = slice(skip, None)
+            self.allocate(tuple(rows.obs.shape[1:]), rows.obs.dtype, frames=streamed)
+        skip = max(0, count - self.capacity)
         self.next_position += skip  # rows that would be evicted by their own batch take a position, no slot
         self.oldest = max(self.oldest, self.next_position - self.capacity)
+        if skip:
+            rows, keys = rows.select(slice(skip, None)), keys[skip:]
         if self.frames is None:
-            return self._append(action[rows], reward[rows], discount[rows], obs=obs[rows], next_obs=next_obs[rows]), \
-                np.zeros(0, np.int64)
-        return self._insert_frames(obs[rows], action[rows], reward[rows], discount[rows], next_obs[rows], keys[rows])
+            return self._append(rows.arrays()), np.zeros(0, np.int64)
+        return self._insert_frames(rows, keys)
 
-    def _insert_frames(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, discount: np.ndarray,
-                       next_obs: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _insert_frames(self, rows: proto.Transition[np.ndarray], keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         store = self.frames
         assert store is not None
         depth, frame_shape = self.depth, store.frame_shape
         chunk = max(1, store.max_insert // (2 * depth))
         slots_out, evicted = [], [np.zeros(0, np.int64)]
-        for lo in range(0, len(action), chunk):
-            hi = min(lo + chunk, len(action))
+        for lo in range(0, len(rows), chunk):
+            hi = min(lo + chunk, len(rows))
             n = hi - lo
             row_keys = np.repeat(keys[lo:hi], depth)
-            next_frames = next_obs[lo:hi].reshape(n * depth, *frame_shape)
-            obs_frames = obs[lo:hi].reshape(n * depth, *frame_shape)
+            next_frames = rows.next_obs[lo:hi].reshape(n * depth, *frame_shape)
+            obs_frames = rows.obs[lo:hi].reshape(n * depth, *frame_shape)
             head = store.head
             refs = []
             for frames, reserve in ((next_frames, 2 * n * depth), (obs_frames, n * depth)):
@@ -164,18 +165,19 @@ class TransitionStorage:
                 refs.append(store.add(frames, frame_keys, reserve,
                                       lambda limit: evicted.append(self._make_room(limit))).reshape(n, depth))
             next_ref, obs_ref = refs
-            slots = self._append(action[lo:hi], reward[lo:hi], discount[lo:hi], obs_ref=obs_ref, next_ref=next_ref,
-                                 min_ref=np.minimum(obs_ref.min(axis=1), next_ref.min(axis=1)),
-                                 ins_head=np.full(n, head, np.int64))
+            slots = self._append({name: getattr(rows, name)[lo:hi] for name in SMALL_FIELDS} | {
+                "obs_ref": obs_ref, "next_ref": next_ref, "ins_head": np.full(n, head, np.int64),
+                "min_ref": np.minimum(obs_ref.min(axis=1), next_ref.min(axis=1))})
             self._floor = min(self._floor, int(self.arrays["min_ref"][slots].min()))
             slots_out.append(slots)
         return np.concatenate(slots_out), np.concatenate(evicted)
 
-    def _append(self, action: np.ndarray, reward: np.ndarray, discount: np.ndarray, **rest: np.ndarray) -> np.ndarray:
-        count = len(action)
+    def _append(self, columns: dict[str, np.ndarray]) -> np.ndarray:
+        """Write one array per stored column (every one of them) at the next positions; returns their slots."""
+        count = len(next(iter(columns.values())))
         positions = np.arange(self.next_position, self.next_position + count, dtype=np.int64)
         slots = positions % self.capacity
-        for name, values in (("action", action), ("reward", reward), ("discount", discount), *rest.items()):
+        for name, values in columns.items():
             self.arrays[name][slots] = values
         self.next_position += count
         self.oldest = max(self.oldest, self.next_position - self.capacity)
@@ -307,21 +309,22 @@ class TransitionStorage:
         layout = frame_layout(shape, dtype) if "frames.range" in state else None
         if "frames.range" in state and (layout is None or not self.dedup_frames):
             raise ValueError("checkpoint keeps frames deduplicated: start with --dedup-frames true to restore it")
-        names = set(SMALL_FIELDS) | (set(FRAME_FIELDS) if layout else {"obs", "next_obs"})
+        names = set(SMALL_FIELDS) | set(FRAME_FIELDS if layout else WHOLE_FIELDS)
         missing = names - set(state)
         if missing:
             raise ValueError(f"checkpoint lacks {sorted(missing)}: it was written with other frame settings")
         live = np.arange(oldest, next_position, dtype=np.int64) % self.capacity
         depth = layout[0] if layout else 0
-        expected_arrays = {"action": (np.int64, ()), "reward": (np.float32, ()), "discount": (np.float32, ()),
-                           "obs": (dtype, shape), "next_obs": (dtype, shape), "obs_ref": (np.int64, (depth,)),
-                           "next_ref": (np.int64, (depth,)), "min_ref": (np.int64, ()), "ins_head": (np.int64, ())}
+        cap, int64 = self.capacity, np.dtype(np.int64)
+        expected_arrays = {spec.name: (spec.dtype_of(dtype), spec.shape_of(cap, shape))
+                           for spec in proto.TRANSITION_FIELDS}
+        expected_arrays |= {"obs_ref": (int64, (cap, depth)), "next_ref": (int64, (cap, depth)),
+                            "min_ref": (int64, (cap,)), "ins_head": (int64, (cap,))}
         for name in names:
             want_dtype, want_shape = expected_arrays[name]
-            if state[name].shape != (self.capacity, *want_shape) or state[name].dtype != want_dtype:
+            if state[name].shape != want_shape or state[name].dtype != want_dtype:
                 raise ValueError(f"array {name} is {state[name].dtype}{state[name].shape}, this replay needs "
-                                 f"{np.dtype(want_dtype)}{(self.capacity, *want_shape)}: same capacity and "
-                                 "observation shape required")
+                                 f"{want_dtype}{want_shape}: same capacity and observation shape required")
         first = head = 0
         frames = np.zeros(0, np.uint8)
         if layout is not None:

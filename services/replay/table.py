@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from flywheel import proto
+
 from .storage import TransitionStorage
 from .sumtree import SumTree
 
@@ -29,11 +31,11 @@ class ReplayTable:
     def capacity(self) -> int:
         return self.storage.capacity
 
-    def insert(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, discount: np.ndarray,
-               next_obs: np.ndarray, keys: np.ndarray, priority: np.ndarray | None, streamed: bool = True) -> int:
+    def insert(self, rows: proto.Transition[np.ndarray], keys: np.ndarray, priority: np.ndarray | None,
+               streamed: bool = True) -> int:
         """Store rows; new rows get their priority, or the largest so far when ``priority`` is None."""
         storage = self.storage
-        slots, evicted = storage.insert(obs, action, reward, discount, next_obs, keys, streamed)
+        slots, evicted = storage.insert(rows, keys, streamed)
         if self.tree is not None:
             positions = storage.next_position - slots.size + np.arange(slots.size)
             live = positions >= storage.oldest

@@ -164,4 +164,4 @@ def test_episodes_read_in_parallel_threads_are_exact(tmp_path: Path, compress: b
     with ThreadPoolExecutor(8) as pool:
         for _ in range(25):
             for (obs, actions, _), frames in zip(episodes, pool.map(demos.episode_frames, range(24)), strict=True):
-                assert np.array_equal(frames.observations, obs) and np.array_equal(frames.action, actions)
+                assert np.array_equal(frames.observations, obs) and np.array_equal(frames.rows.action, actions)

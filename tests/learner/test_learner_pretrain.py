@@ -85,11 +85,11 @@ def test_load_demos_reads_every_transition_with_frames_once(demos_dir: Path) -> 
     data = load_demos(demos_dir, (4,), 2, workers=2)
     episodes = list(DemoSet(demos_dir).episodes())
     assert len(data) == sum(len(e.action) for e in episodes) == 600 and data.episodes == 3
-    assert data.frames.shape == (603, 4)  # 201 observations per episode, each stored once
-    np.testing.assert_array_equal(data.frames[data.obs_index], np.concatenate([e.obs for e in episodes]))
-    np.testing.assert_array_equal(data.frames[data.next_index], np.concatenate([e.next_obs for e in episodes]))
-    np.testing.assert_array_equal(data.action, np.concatenate([e.action for e in episodes]))
-    np.testing.assert_allclose(data.discount, np.concatenate([e.discount for e in episodes]))
+    assert data.observations.shape == (603, 4)  # 201 observations per episode, each stored once
+    np.testing.assert_array_equal(data.observations[data.rows.obs], np.concatenate([e.obs for e in episodes]))
+    np.testing.assert_array_equal(data.observations[data.rows.next_obs], np.concatenate([e.next_obs for e in episodes]))
+    np.testing.assert_array_equal(data.rows.action, np.concatenate([e.action for e in episodes]))
+    np.testing.assert_allclose(data.rows.discount, np.concatenate([e.discount for e in episodes]))
 
 
 def test_load_demos_refuses_a_set_for_another_network(demos_dir: Path) -> None:
@@ -115,10 +115,10 @@ def test_prefetcher_hands_out_exactly_the_batches_asked_for(demos_dir: Path) -> 
 def test_pretraining_clones_the_expert(demos_dir: Path, loss: str) -> None:
     data = load_demos(demos_dir, (4,), 2)
     core = LearnerCore((4,), 2, CoreConfig(lr=1e-3, hidden=64, tau=0.01))
-    states = data.frames[data.obs_index]
-    before = float((core.q_values(states).argmax(1) == data.action).mean())
+    states = data.observations[data.rows.obs]
+    before = float((core.q_values(states).argmax(1) == data.rows.action).mean())
     progress = Pretrainer(core, loss=loss).run(data, 1500, 128, seed=0)
-    after = float((core.q_values(states).argmax(1) == data.action).mean())
+    after = float((core.q_values(states).argmax(1) == data.rows.action).mean())
     assert progress.updates == 1500 and np.isfinite(progress.loss)
     assert after >= 0.8 and after > before + 0.1, (before, after)
     for target, online in zip(core.target.parameters(), core.online.parameters(), strict=True):

@@ -148,7 +148,7 @@ TB_SCALARS = {"actor": "actor-0", "weight_version": 3, "seq": 9}
 
 
 def valid_tb(n: int = 3) -> TransitionBatch:
-    return TransitionBatch("actor-0", 3, 9, **dict(tb_arrays(n)), priority=np.ones(n, np.float32))
+    return TransitionBatch(**dict(tb_arrays(n)), **TB_SCALARS, priority=np.ones(n, np.float32))
 
 
 # --------------------------------------------------------------------------------------------- zmq
@@ -218,8 +218,9 @@ def transition_batches(draw: st.DrawFn) -> TransitionBatch:
     obs, next_obs = draw(obs_pairs(n))
     priority = draw(st.none() | batch_array(np.float32, (n,)))
     return TransitionBatch(
-        draw(text), draw(int64), draw(int64), obs, draw(batch_array(np.int64, (n,))),
-        draw(batch_array(np.float32, (n,))), draw(batch_array(np.float32, (n,))), next_obs, priority,
+        actor=draw(text), weight_version=draw(int64), seq=draw(int64), obs=obs,
+        action=draw(batch_array(np.int64, (n,))), reward=draw(batch_array(np.float32, (n,))),
+        discount=draw(batch_array(np.float32, (n,))), next_obs=next_obs, priority=priority,
     )
 
 
@@ -228,9 +229,9 @@ def sample_batches(draw: st.DrawFn) -> SampleBatch:
     n = draw(st.integers(1, 6))
     obs, next_obs = draw(obs_pairs(n))
     return SampleBatch(
-        draw(int64), draw(int64), obs, draw(batch_array(np.int64, (n,))), draw(batch_array(np.float32, (n,))),
-        draw(batch_array(np.float32, (n,))), next_obs, draw(batch_array(np.int64, (n,))),
-        draw(batch_array(np.float32, (n,))),
+        request_id=draw(int64), replay_size=draw(int64), obs=obs, action=draw(batch_array(np.int64, (n,))),
+        reward=draw(batch_array(np.float32, (n,))), discount=draw(batch_array(np.float32, (n,))),
+        next_obs=next_obs, index=draw(batch_array(np.int64, (n,))), weight=draw(batch_array(np.float32, (n,))),
     )
 
 
@@ -323,9 +324,10 @@ def test_transition_batch_over_a_real_socket(
     obs: np.ndarray, with_priority: bool, pipe: tuple[zmq.Socket, zmq.Socket],
 ) -> None:
     n = obs.shape[0]
-    msg = TransitionBatch("actor-7", 12, 345, obs, np.arange(n, dtype=np.int64), np.ones(n, np.float32),
-                          np.full(n, 0.9, np.float32), obs[::-1].copy(),
-                          np.linspace(0, 1, n, dtype=np.float32) if with_priority else None)
+    msg = TransitionBatch(actor="actor-7", weight_version=12, seq=345, obs=obs,
+                          action=np.arange(n, dtype=np.int64), reward=np.ones(n, np.float32),
+                          discount=np.full(n, 0.9, np.float32), next_obs=obs[::-1].copy(),
+                          priority=np.linspace(0, 1, n, dtype=np.float32) if with_priority else None)
     frames = over_zmq(pipe, encode(msg))
     got = decode(frames, expect=(SampleBatch, TransitionBatch))
     assert_same_message(got, msg)
@@ -352,8 +354,8 @@ def test_encode_normalises_layout_and_byte_order() -> None:
     got = decode(as_bytes(encode(msg)))
     assert got.index.dtype == np.int64 and got.index.tolist() == [0, 1, 2]
     assert got.priority.dtype == np.float32 and got.priority.tolist() == [1.0, 2.0, 3.0]
-    tb = TransitionBatch("a", 0, 0, obs, np.zeros(4, np.int64), np.zeros(4, np.float32), np.zeros(4, np.float32),
-                         obs.copy())
+    tb = TransitionBatch(actor="a", weight_version=0, seq=0, obs=obs, action=np.zeros(4, np.int64),
+                         reward=np.zeros(4, np.float32), discount=np.zeros(4, np.float32), next_obs=obs.copy())
     assert np.array_equal(decode(as_bytes(encode(tb))).obs, obs)
 
 
@@ -396,10 +398,10 @@ def test_peek_kind_reads_only_the_header() -> None:
 
 
 @pytest.mark.parametrize("make", [
-    lambda: TransitionBatch("a", 0, 0, *(a for _, a in tb_arrays(3, reward=np.ones(2, np.float32)))),
-    lambda: TransitionBatch("a", 0, 0, *(a for _, a in tb_arrays(0))),
-    lambda: TransitionBatch("a", 0, 0, *(a for _, a in tb_arrays(3, next_obs=np.zeros((3, 5), np.float32)))),
-    lambda: TransitionBatch("a", 0, 0, *(a for _, a in tb_arrays(3, next_obs=np.zeros((3, 4), np.uint8)))),
+    lambda: TransitionBatch(**TB_SCALARS, **dict(tb_arrays(3, reward=np.ones(2, np.float32)))),
+    lambda: TransitionBatch(**TB_SCALARS, **dict(tb_arrays(0))),
+    lambda: TransitionBatch(**TB_SCALARS, **dict(tb_arrays(3, next_obs=np.zeros((3, 5), np.float32)))),
+    lambda: TransitionBatch(**TB_SCALARS, **dict(tb_arrays(3, next_obs=np.zeros((3, 4), np.uint8)))),
     lambda: dataclasses.replace(valid_tb(), priority=np.ones(4, np.float32)),
     lambda: SampleRequest(1, 0), lambda: SampleRequest(1, 65537), lambda: SampleRequest(1, 8, beta=1.5),
     lambda: PriorityUpdate(np.arange(3), np.ones(2, np.float32)),

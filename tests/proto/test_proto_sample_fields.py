@@ -15,8 +15,9 @@ from flywheel.proto import BadShape, DecodeError, SampleBatch, SampleRequest, de
 def batch(n: int = 4, *, is_demo: np.ndarray | None = None, shm: dict | None = None,
           obs: np.ndarray | None = None) -> SampleBatch:
     obs = np.arange(n * 8, dtype=np.uint8).reshape(n, 2, 4) if obs is None else obs
-    return SampleBatch(1, 100, obs, np.arange(n, dtype=np.int64), np.ones(n, np.float32), np.ones(n, np.float32),
-                       obs.copy(), np.arange(n, dtype=np.int64), np.ones(n, np.float32), is_demo=is_demo,
+    return SampleBatch(request_id=1, replay_size=100, obs=obs, action=np.arange(n, dtype=np.int64),
+                       reward=np.ones(n, np.float32), discount=np.ones(n, np.float32), next_obs=obs.copy(),
+                       index=np.arange(n, dtype=np.int64), weight=np.ones(n, np.float32), is_demo=is_demo,
                        shm=shm or {})
 
 

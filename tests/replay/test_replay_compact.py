@@ -12,7 +12,6 @@ from replay_helpers import ActorStreams, assert_demo_and_actor_rows, first_reply
 
 from flywheel import proto
 from flywheel.services.replay.client import ReplayClient
-from flywheel.services.replay.core import DemoRows
 from flywheel.services.replay.shm import ShmSlots
 from flywheel.transport import FaultCounter
 
@@ -68,8 +67,9 @@ def test_demonstration_rows_index_their_own_frames() -> None:
     rng = np.random.default_rng(5)
     demo_obs = rng.integers(0, 256, (12, 4, 8, 8), dtype=np.uint8)
     demo_next = rng.integers(0, 256, (12, 4, 8, 8), dtype=np.uint8)
-    core.load_demos(12, (4, 8, 8), np.uint8, [DemoRows(demo_obs, np.arange(12) + 1000, np.zeros(12, np.float32),
-                                                       np.full(12, 0.9, np.float32), demo_next)])
+    core.load_demos(12, (4, 8, 8), np.uint8, [proto.Transition(
+        obs=demo_obs, action=np.arange(12) + 1000, reward=np.zeros(12, np.float32),
+        discount=np.full(12, 0.9, np.float32), next_obs=demo_next)])
     assert core.compact_ready
     assert_demo_and_actor_rows(round_trip(core.sample_compact(16, beta=0.4)), demo_obs, demo_next, streams, demos=4)
 

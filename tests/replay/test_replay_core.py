@@ -13,7 +13,7 @@ from flywheel.services.replay.storage import SchemaMismatch, TransitionStorage
 
 def insert_rows(storage: TransitionStorage, batch: proto.TransitionBatch) -> np.ndarray:
     keys = np.zeros(len(batch), np.uint64)
-    slots, evicted = storage.insert(batch.obs, batch.action, batch.reward, batch.discount, batch.next_obs, keys)
+    slots, evicted = storage.insert(batch, keys)
     assert evicted.size == 0  # vector observations are stored whole: only FIFO eviction
     return slots
 

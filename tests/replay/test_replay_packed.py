@@ -13,7 +13,7 @@ from replay_helpers import ActorStreams, assert_demo_and_actor_rows, first_reply
 
 from flywheel import proto
 from flywheel.services.replay.client import ReplayClient
-from flywheel.services.replay.core import DemoRows, ReplayCore
+from flywheel.services.replay.core import ReplayCore
 from flywheel.services.replay.settings import ReplaySettings
 from flywheel.transport import FaultCounter
 
@@ -124,8 +124,9 @@ def test_demonstration_frames_are_packed_too() -> None:
     demo_obs = np.full((12, 4, 8, 8), 3, np.uint8)
     demo_obs[:, :, 0, 0] = rng.integers(0, 256, (12, 4), dtype=np.uint8)
     demo_next = rng.integers(0, 256, (12, 4, 8, 8), dtype=np.uint8)
-    core.load_demos(12, (4, 8, 8), np.uint8, [DemoRows(demo_obs, np.arange(12) + 1000, np.zeros(12, np.float32),
-                                                       np.full(12, 0.9, np.float32), demo_next)])
+    core.load_demos(12, (4, 8, 8), np.uint8, [proto.Transition(
+        obs=demo_obs, action=np.arange(12) + 1000, reward=np.zeros(12, np.float32),
+        discount=np.full(12, 0.9, np.float32), next_obs=demo_next)])
     assert core.packed_ready
     batch = round_trip(core.sample_compact(16, beta=0.4, packed=True))
     assert_demo_and_actor_rows(batch, demo_obs, demo_next, streams, demos=4)
