@@ -90,9 +90,8 @@ class TransitionSender:
             lambda name: getattr(parts[0], name))
         streams = None if any(p.stream is None for p in parts) else cat("stream")
         msg = proto.TransitionBatch(
-            actor=self.actor, weight_version=weight_version, seq=self.seq, obs=cat("obs"), action=cat("action"),
-            reward=cat("reward"), discount=cat("discount"), next_obs=cat("next_obs"), priority=cat("priority"),
-            stream=streams,
+            actor=self.actor, weight_version=weight_version, seq=self.seq, priority=cat("priority"), stream=streams,
+            **{name: cat(name) for name in proto.TRANSITION_NAMES},
         )
         frames = proto.encode(msg)
         self.seq += 1

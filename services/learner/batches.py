@@ -12,7 +12,7 @@ from flywheel import proto
 
 from .staging import DeviceBatch
 
-ROW_FIELDS = ("obs", "action", "reward", "discount", "next_obs", "index", "weight", "is_demo")
+ROW_FIELDS = (*proto.TRANSITION_NAMES, "index", "weight", "is_demo")  # what a reply has per row
 
 
 def spread_demos(batch: proto.SampleBatch, size: int) -> proto.SampleBatch:

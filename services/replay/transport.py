@@ -1,4 +1,4 @@
-"""The replay event loop: the only part that touches ZeroMQ; one thread, no locks."""
+"""The replay server: its event loop and sockets; one thread, no locks (ARCHITECTURE.md: modules on ZeroMQ)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import logging
 import time
 from collections import deque
 
-import numpy as np
 import psutil
 import zmq
 
@@ -246,16 +245,10 @@ class ReplayServer:
                 slot = segment.acquire()
                 if slot is not None:
                     obs, next_obs, where = segment.views(slot, rows, shape, dtype)
-                    parts = core.sample_into(rows, request.beta, obs, next_obs)
+                    reply = core.sample_into(rows, request.beta, obs, next_obs, request.request_id)
                     del obs, next_obs
-                    placeholder = np.empty((rows, 0), dtype)
                     self.counters.shm_batches_total += 1
-                    reply = proto.SampleBatch(
-                        request_id=request.request_id, replay_size=parts.replay_size, obs=placeholder,
-                        action=parts.action, reward=parts.reward, discount=parts.discount, next_obs=placeholder,
-                        index=parts.index, weight=parts.weight,
-                        is_demo=parts.is_demo if core.demos is not None else None,
-                        shm={**segment.offer(), **where})
+                    reply.shm = {**segment.offer(), **where}  # observations travel in the slot: placeholders here
                     return reply, (segment, slot)
                 self.counters.shm_slots_exhausted_total += 1
         if request.compact and core.compact_ready:  # each distinct frame once; the client rebuilds the stacks
