@@ -7,6 +7,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .frames import FrameStore
 
@@ -313,9 +314,10 @@ class TransitionStorage:
             raise ValueError(f"checkpoint lacks {sorted(missing)}: it was written with other frame settings")
         live = np.arange(oldest, next_position, dtype=np.int64) % self.capacity
         depth = layout[0] if layout else 0
-        expected_arrays = {"action": (np.int64, ()), "reward": (np.float32, ()), "discount": (np.float32, ()),
-                           "obs": (dtype, shape), "next_obs": (dtype, shape), "obs_ref": (np.int64, (depth,)),
-                           "next_ref": (np.int64, (depth,)), "min_ref": (np.int64, ()), "ins_head": (np.int64, ())}
+        expected_arrays: dict[str, tuple[DTypeLike, tuple[int, ...]]] = {
+            "action": (np.int64, ()), "reward": (np.float32, ()), "discount": (np.float32, ()),
+            "obs": (dtype, shape), "next_obs": (dtype, shape), "obs_ref": (np.int64, (depth,)),
+            "next_ref": (np.int64, (depth,)), "min_ref": (np.int64, ()), "ins_head": (np.int64, ())}
         for name in names:
             want_dtype, want_shape = expected_arrays[name]
             if state[name].shape != (self.capacity, *want_shape) or state[name].dtype != want_dtype:
