@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     from flywheel.play import add_play_flags
 
     add_play_flags(sub.add_parser("play", help="watch a checkpoint play episodes, optionally as an mp4 or gif"))
-    from flywheel.export import add_export_flags
+    from flywheel.export_cli import add_export_flags
 
     add_export_flags(sub.add_parser("export", help="a checkpoint's policy as ONNX or TorchScript, optionally with a "
                                     "model card folder"))
@@ -184,7 +184,7 @@ def _play(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def _export(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from flywheel.export import run_export
+    from flywheel.export_cli import run_export
 
     return run_export(args)
 

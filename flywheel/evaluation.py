@@ -24,9 +24,13 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from flywheel.policy import Policy
 
 STALL_STEPS = 250
 BOOTSTRAP_RESAMPLES = 10_000
@@ -35,22 +39,19 @@ BOOTSTRAP_SEED = 20240601  # fixed, so the same values always give the same inte
 _worker: dict[str, Any] = {}  # per process: the env, the policy (None: random) and the settings
 
 
-def _setup(env_id: str, checkpoint: str | None, epsilon: float, stall_steps: int, max_steps: int | None,
+def _setup(env_id: str, checkpoint: str | Policy | None, epsilon: float, stall_steps: int, max_steps: int | None,
            noop_max: int = 0) -> None:
     """Build this process's env and policy once (a Pool initializer, or the caller itself for workers=1)."""
     import torch
 
-    from flywheel.envs import evaluation_env_id, make_env
+    from flywheel.envs import action_count, evaluation_env_id, make_env
+    from flywheel.policy import Policy
 
     torch.set_num_threads(1)
-    policy = None
-    if checkpoint is not None:
-        from flywheel.policy import Policy
-
-        policy = Policy.load(checkpoint, env_id=env_id)
+    policy = Policy.load(checkpoint, env_id=env_id) if isinstance(checkpoint, str) else checkpoint
     env = make_env(evaluation_env_id(env_id))  # Atari: whole games, unclipped scores
     _worker.clear()
-    _worker.update(env=env, policy=policy, n_actions=int(env.action_space.n), epsilon=float(epsilon),
+    _worker.update(env=env, policy=policy, n_actions=action_count(env.action_space), epsilon=float(epsilon),
                    stall_steps=int(stall_steps), max_steps=max_steps, noop_max=int(noop_max))
 
 
@@ -91,7 +92,7 @@ def _episode(seed: int) -> dict[str, Any]:
         if mario:
             x = int(info.get("x_pos", 0))
             flag = flag or bool(info.get("flag_get", False))
-            if x > x_max:
+            if x_max is None or x > x_max:
                 x_max, since_best = x, 0
             else:
                 since_best += 1
@@ -113,10 +114,11 @@ def _episode(seed: int) -> dict[str, Any]:
             "seconds": time.monotonic() - started}
 
 
-def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | None = None, epsilon: float = 0.05,
+def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | Path | Policy | None = None, epsilon: float = 0.05,
              workers: int = 1, stall_steps: int = STALL_STEPS, max_steps: int | None = None, noop_max: int = 0,
              progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """One episode per seed with the checkpoint in folder ``checkpoint`` (None: uniformly random actions).
+    """One episode per seed with the checkpoint in folder ``checkpoint``, or a Policy already built (None:
+    uniformly random actions).
 
     ``workers`` > 1 plays the episodes in that many 'spawn' processes (each loads the policy and builds the env
     once); 1 plays them in this process. ``progress`` gets each finished episode's record. Returns the records
@@ -132,8 +134,8 @@ def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | None = None
     if workers < 1 or stall_steps < 0 or noop_max < 0:
         raise ValueError(f"workers must be >= 1, stall_steps and noop_max >= 0, got {workers}, {stall_steps} and "
                          f"{noop_max}")
-    args = (env_id, None if checkpoint is None else str(checkpoint), float(epsilon), int(stall_steps), max_steps,
-            int(noop_max))
+    policy = str(checkpoint) if isinstance(checkpoint, str | Path) else checkpoint
+    args = (env_id, policy, float(epsilon), int(stall_steps), max_steps, int(noop_max))
     records: dict[int, dict[str, Any]] = {}
 
     def done(record: dict[str, Any]) -> None:

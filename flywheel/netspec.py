@@ -17,6 +17,8 @@ Head = Literal["q", "quantile"]
 class WeightsMismatch(ValueError):
     """A Weights message does not fit the network (name, keys, shapes, dtypes or values)."""
 
+    fault = "mismatch"  # the fault counters' name for it (flywheel.transport.FaultCounter)
+
 
 def network_kind(obs_shape: tuple[int, ...]) -> str:
     """"nature" (3-D, H and W >= 36), "conv" (smaller 3-D grids) or "mlp" (vectors; other ranks are flattened)."""

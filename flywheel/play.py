@@ -140,6 +140,7 @@ class VideoWriter:
 def make_play_env(env_id: str, video: bool) -> tuple[Any, float]:
     """The env to watch (Atari: whole games scored unclipped) and the frame rate of the frames it shows."""
     from flywheel.envs import env_family, evaluation_env_id, make_env, split_env_id
+    from flywheel.envs.atari import AtariEnv
 
     base = split_env_id(env_id)[0]
     family = env_family(base)
@@ -164,7 +165,7 @@ def make_play_env(env_id: str, video: bool) -> tuple[Any, float]:
     except ImportError as exc:
         raise PlayError(str(MissingExtra("video", f"rendering {base}", exc))) from None
     unwrapped = env.unwrapped
-    if family == "atari":
+    if isinstance(unwrapped, AtariEnv):
         fps = ATARI_FPS / unwrapped.config.frame_skip
     elif family == "mario":
         fps = float(unwrapped.metadata.get("render_fps", 60))
@@ -184,8 +185,8 @@ def play_episodes(policy: Any, env: Any, episodes: int, *, epsilon: float = 0.0,
     rng = np.random.default_rng(seed)
     unwrapped = env.unwrapped
     hooked = video is not None and hasattr(unwrapped, "frame_hook")
-    if hooked:
-        unwrapped.frame_hook = video.append  # type: ignore[union-attr]
+    if video is not None and hooked:
+        unwrapped.frame_hook = video.append
     results: list[Episode] = []
     try:
         for index in range(1, episodes + 1):

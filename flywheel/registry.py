@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flywheel.settings import CommonSettings
 
 
 @dataclass(frozen=True)
@@ -16,8 +19,10 @@ class Service:
     settings: str
     main: str
 
-    def settings_class(self) -> type:
-        return _load(self.settings)
+    def settings_class(self) -> type[CommonSettings]:
+        """Imported on demand, like the entry point."""
+        loaded: type[CommonSettings] = _load(self.settings)
+        return loaded
 
     def entry_point(self) -> Callable[[Any], int]:
         """Imported on demand, so ``flywheel gateway`` does not pay for torch, and so on."""
@@ -37,6 +42,6 @@ SERVICES: dict[str, Service] = {s.name: s for s in (
 )}
 
 
-def settings_class(name: str) -> type:
+def settings_class(name: str) -> type[CommonSettings]:
     """The settings class of service ``name`` (a KeyError names an unknown one)."""
     return SERVICES[name].settings_class()

@@ -302,8 +302,8 @@ def _run(args: argparse.Namespace) -> int:
     plan = make_plan(args)
     runconfig.write_run_config(args, plan, saved)
     if plan.join is not None:  # what `flywheel actor --join` on another host reads from the gateway's /join
-        preset = None if plan.preset is None else {"name": plan.preset.name, "sha256": plan.preset.sha256}
-        remote.write_join_file(plan.join, plan.env, args.env, preset, args.checkpoint_dir.resolve())
+        preset_id = None if plan.preset is None else {"name": plan.preset.name, "sha256": plan.preset.sha256}
+        remote.write_join_file(plan.join, plan.env, args.env, preset_id, args.checkpoint_dir.resolve())
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     if not args.resume:  # the gateway writes tb/ and progress.csv; a new run's curves start over
         curves.reset(args.checkpoint_dir.resolve())

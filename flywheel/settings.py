@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TextIO, TypeVar, get_args
 
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -107,7 +107,8 @@ class BoolFlag(argparse.BooleanOptionalAction):
                  option_string: str | None = None) -> None:
         negative = bool(option_string and option_string.startswith("--no-"))
         if negative and values is not None:
-            parser.error(f"{option_string} takes no value (use {option_string.replace('--no-', '--', 1)} {values})")
+            positive = str(option_string).replace("--no-", "--", 1)
+            parser.error(f"{option_string} takes no value (use {positive} {values})")
         setattr(namespace, self.dest, False if negative else True if values is None else values)
 
 
@@ -176,7 +177,7 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-class _LogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _LogHandler(logging.StreamHandler[TextIO]):
     """The root handler configure_logging installs (and replaces when called again)."""
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flywheel.evaluation import STALL_STEPS, evaluate, summarize, wilson_interval
+from flywheel.policy import Policy
 from flywheel.services.learner.checkpoint import save_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 
@@ -86,3 +87,13 @@ def test_noop_starts_and_the_stall_rule_figure_kept_beside_the_plain_one() -> No
     assert [r["noops"] for r in evaluate(MARIO, [21, 22], stall_steps=60, noop_max=0)] == [0, 0]
     with pytest.raises(ValueError):
         evaluate(MARIO, [1], noop_max=-1)
+
+
+def test_a_policy_object_plays_as_its_checkpoint_folder(tmp_path: Path) -> None:
+    folder = _noop_checkpoint(tmp_path)
+    from_folder = evaluate(MARIO, [5, 6], checkpoint=str(folder), epsilon=0.5, stall_steps=60)
+    from_policy = evaluate(MARIO, [5, 6], checkpoint=Policy.load(folder), epsilon=0.5, stall_steps=60)
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in from_policy] == \
+        [{k: v for k, v in r.items() if k != "seconds"} for r in from_folder]
+    random = evaluate(MARIO, [5, 6], epsilon=0.5, stall_steps=60)  # the checkpoint's half of the actions matter
+    assert [r["length"] for r in random] != [r["length"] for r in from_policy]

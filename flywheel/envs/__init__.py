@@ -26,6 +26,7 @@ from flywheel.envs.atari import AtariConfig, atari_env_ids, is_atari_id, registe
 from flywheel.envs.mario import MarioConfig, MarioEnv, mario_env_ids, parse_mario_id
 from flywheel.envs.metta import METTAGRID_IDS, is_mettagrid_id
 from flywheel.envs.snake import SNAKE_IDS, SnakeConfig, SnakeEnv, SnakeVector, register_snake
+from flywheel.envs.spaces import action_count, observation_shape
 from flywheel.envs.vector import EpisodeEnd, InProcessVector, VectorEnv, VectorStep
 from flywheel.extras import MissingExtra
 
@@ -36,10 +37,12 @@ __all__ = [
     "UnknownEnvironmentError",
     "VectorEnv",
     "VectorStep",
+    "action_count",
     "env_family",
     "env_spec",
     "evaluation_env_id",
     "known_env_ids",
+    "observation_shape",
     "make_env",
     "make_vector_env",
     "split_env_id",
@@ -288,7 +291,7 @@ def _compute_spec(env_id: str, options: dict[str, Any]) -> EnvSpec:
     env = make_env(base, **options)
     try:
         space = env.observation_space
-        return EnvSpec(env_id, tuple(int(d) for d in space.shape), np.dtype(space.dtype).name, int(env.action_space.n))
+        return EnvSpec(env_id, observation_shape(space), np.dtype(space.dtype).name, action_count(env.action_space))
     finally:
         env.close()
 

@@ -133,7 +133,7 @@ class AtariEnv(gymnasium.Env[np.ndarray, np.int64]):
     game really ends (game over or a cap), and only then, so telemetry and evaluation show game scores.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
+    metadata = {"render_modes": ["rgb_array"]}
     reports_episodes = True
 
     def __init__(self, env_id: str, **options: Any) -> None:
@@ -146,7 +146,12 @@ class AtariEnv(gymnasium.Env[np.ndarray, np.int64]):
                                   "max_num_frames_per_episode": int(self.config.max_episode_frames)}
         if self.config.repeat_action_probability is not None:
             kwargs["repeat_action_probability"] = float(self.config.repeat_action_probability)
-        self._env = gymnasium.make(env_id, **kwargs).unwrapped
+        from ale_py.env import AtariEnv as Emulator
+
+        emulator = gymnasium.make(env_id, **kwargs).unwrapped
+        if not isinstance(emulator, Emulator):
+            raise ValueError(f"{env_id!r} did not build an ale-py emulator but {type(emulator).__name__}")
+        self._env = emulator
         self.env_id = env_id
         self._ale = self._env.ale
         self._actions = list(self._env._action_set)
@@ -242,7 +247,7 @@ class AtariEnv(gymnasium.Env[np.ndarray, np.int64]):
         obs = self._stack.reset(self._observe(frame))
         return obs, {"lives": self._lives, "noops": self.noops}
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(self, action: int | np.integer[Any]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Repeat ``action`` for ``frame_skip`` frames and max-pool the last two."""
         ale = self._ale
         total, frame = self._repeat(self._actions[int(action)])

@@ -34,8 +34,8 @@ class FlywheelObservation(gymnasium.ObservationWrapper[np.ndarray, Any, Any]):
             self._one_hot = (int(space.n), int(space.start))
             self.observation_space = spaces.Box(0.0, 1.0, (int(space.n),), dtype=np.float32)
         elif isinstance(space, spaces.MultiBinary | spaces.MultiDiscrete):
-            high = 1.0 if isinstance(space, spaces.MultiBinary) else np.asarray(space.nvec, np.float32) - 1
-            self.observation_space = spaces.Box(0.0, high, space.shape, dtype=np.float32)
+            top = 1.0 if isinstance(space, spaces.MultiBinary) else np.asarray(space.nvec, np.float32) - 1
+            self.observation_space = spaces.Box(0.0, top, space.shape, dtype=np.float32)
         else:
             raise ValueError(
                 f"unsupported observation space {space} for {env.spec.id if env.spec else env}; "
@@ -60,8 +60,11 @@ class ZeroBasedActions(gymnasium.ActionWrapper[Any, np.int64, Any]):
     def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
         """Wrap an env whose Discrete action space has a non-zero start."""
         super().__init__(env)
-        self._start = int(env.action_space.start)
-        self.action_space = spaces.Discrete(int(env.action_space.n))
+        space = env.action_space
+        if not isinstance(space, spaces.Discrete):
+            raise ValueError(f"ZeroBasedActions wraps a Discrete action space, got {space}")
+        self._start = int(space.start)
+        self.action_space = spaces.Discrete(int(space.n))
 
     def action(self, action: Any) -> Any:
         """Shift the action by the original space's start."""

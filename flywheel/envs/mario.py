@@ -187,7 +187,7 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
     (:meth:`MarioConfig.shape_reward`).  ``info["raw_reward"]`` keeps the library's sum.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 60}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 60}
 
     def __init__(self, env_id: str, **options: Any) -> None:
         """Build the NES emulator for ``env_id`` (a gym-super-mario-bros id)."""
@@ -269,12 +269,12 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._life, self._flag = info.get("life"), bool(info.get("flag_get", False))
         return obs, info
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(self, action: int | np.integer[Any]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Repeat ``action`` for ``frame_skip`` frames; max-pool the last two frames."""
         if self._needs_reset:
             raise RuntimeError("MarioEnv.step called before reset() or after the episode ended")
         if not self.action_space.contains(action):
-            raise ValueError(f"invalid action {action!r}; expected an int in [0, {self.action_space.n})")
+            raise ValueError(f"invalid action {action!r}; expected an int in [0, {len(self._action_bytes)})")
         byte = self._action_bytes[int(action)]
         skip = self.config.frame_skip
         nes_step = self._nes.step if self.frame_hook is None else self._hooked_step

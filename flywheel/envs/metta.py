@@ -82,7 +82,7 @@ def build_config(env_id: str, **options: Any) -> Any:
         from mettagrid.config.handler_config import Handler
         from mettagrid.config.mettagrid_config import GridObjectConfig, InventoryConfig
         from mettagrid.config.mutation.resource_mutation import withdraw
-        from mettagrid.map_builder.random_map import RandomMapBuilder
+        from mettagrid.map_builder.random_map import RandomMapBuilderConfig
 
         agents = opts.agents or 4
         cfg = make_navigation(agents)
@@ -90,7 +90,7 @@ def build_config(env_id: str, **options: Any) -> Any:
             name="heart_source", inventory=InventoryConfig(initial={"heart": 100}),
             on_use_handler=Handler(mutations=[withdraw({"heart": 1})]),
         )
-        cfg.game.map_builder = RandomMapBuilder.Config(
+        cfg.game.map_builder = RandomMapBuilderConfig(
             agents=agents, width=opts.size, height=opts.size, border_width=1,
             objects={"heart_source": opts.hearts, "wall": opts.walls},
         )

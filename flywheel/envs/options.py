@@ -25,7 +25,9 @@ def _accepts(annotation: str, value: Any) -> bool:
 
 def config_from_options(cls: type[C], family: str, **options: Any) -> C:
     """Build the frozen dataclass ``cls`` from ``options``, checking names and value types first."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} must be a dataclass to take {family} options")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - set(fields))
     if unknown:
         raise TypeError(f"unknown {family} option(s) {unknown}; valid: {sorted(fields)}")

@@ -8,10 +8,10 @@ import numpy as np
 
 try:  # opencv-python-headless is optional; the NumPy path gives the same result.
     import cv2
-except ImportError:  # pragma: no cover - exercised only where cv2 is missing
-    cv2 = None
 
-HAVE_CV2 = cv2 is not None
+    HAVE_CV2 = True
+except ImportError:  # pragma: no cover - exercised only where cv2 is missing
+    HAVE_CV2 = False
 
 # ITU-R BT.601 luma weights, the same ones cv2.COLOR_RGB2GRAY uses.
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)

@@ -186,7 +186,7 @@ class SnakeVector(SyncVectorEnv):
 class SnakeEnv(gymnasium.Env[np.ndarray, np.int64]):
     """One Snake board as a Gymnasium env (the same code as one slot of :class:`SnakeVector`)."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, render_mode: str | None = None, **options: Any) -> None:
         """Build one board with ``options`` (see :class:`SnakeConfig`)."""
@@ -208,7 +208,7 @@ class SnakeEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._done = False
         return obs, {"length": int(self._vec.length[0])}
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(self, action: int | np.integer[Any]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Move one cell."""
         if self._done:
             raise RuntimeError("SnakeEnv.step called before reset() or after the episode ended")

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from flywheel.envs import make_env
+from flywheel.envs import action_count, make_env
 
 
 def agent_steps_per_second(env_id: str = "SuperMarioBros-1-1-v0", steps: int = 2000, seed: int = 0) -> float:
@@ -15,7 +15,7 @@ def agent_steps_per_second(env_id: str = "SuperMarioBros-1-1-v0", steps: int = 2
     env = make_env(env_id, seed=seed)
     rng = np.random.default_rng(seed)
     env.reset(seed=seed)
-    n_actions = int(env.action_space.n)
+    n_actions = action_count(env.action_space)
     start = time.perf_counter()
     for _ in range(steps):
         _, _, terminated, truncated, _ = env.step(int(rng.integers(n_actions)))

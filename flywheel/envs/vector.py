@@ -9,6 +9,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from flywheel.envs.spaces import action_count, observation_shape
+
 # Info keys of an episode's last step that become episode metrics (Mario: distance, flag, world, stage).
 EPISODE_INFO_METRICS: dict[str, str] = {"x_pos": "distance", "flag_get": "flag", "world": "world", "stage": "stage"}
 
@@ -141,9 +143,9 @@ class InProcessVector(SyncVectorEnv):
         self.slot_offset = slot_offset
         space = self.envs[0].observation_space
         self.num_envs = len(self.envs)
-        self.obs_shape = tuple(int(d) for d in space.shape)
+        self.obs_shape = observation_shape(space)
         self.obs_dtype = np.dtype(space.dtype)
-        self.n_actions = int(self.envs[0].action_space.n)
+        self.n_actions = action_count(self.envs[0].action_space)
         self._self_reporting = [bool(getattr(env.unwrapped, "reports_episodes", False)) for env in self.envs]
         self._ret = [0.0] * self.num_envs
         self._len = [0] * self.num_envs
@@ -169,7 +171,8 @@ class InProcessVector(SyncVectorEnv):
         last: dict[int, np.ndarray] = {}
         ret, length = self._ret, self._len
         for i, (env, action) in enumerate(zip(self.envs, actions.tolist(), strict=True)):
-            obs, r, term, trunc, info = env.step(action)
+            obs, reward, term, trunc, info = env.step(action)
+            r = float(reward)
             rewards[i], terms[i], truncs[i] = r, term, trunc
             ret[i] += r
             length[i] += 1

@@ -60,7 +60,7 @@ class CorridorEnv(gymnasium.Env[np.ndarray, np.int64]):
         arrived = self._pos == self.length - 1
         return self._obs(), 1.0 if arrived else -STEP_COST, arrived, False, {"position": self._pos}
 
-    def render(self) -> np.ndarray | None:  # type: ignore[override]
+    def render(self) -> np.ndarray | None:
         """An RGB strip: grey floor, green goal, red agent."""
         if self.render_mode != "rgb_array":
             return None
@@ -72,4 +72,4 @@ class CorridorEnv(gymnasium.Env[np.ndarray, np.int64]):
 
 
 if ENV_ID not in gymnasium.registry:  # registered once, when the module is first imported
-    gymnasium.register(id=ENV_ID, entry_point=CorridorEnv, max_episode_steps=MAX_EPISODE_STEPS)
+    gymnasium.register(id=ENV_ID, entry_point=f"{__name__}:CorridorEnv", max_episode_steps=MAX_EPISODE_STEPS)

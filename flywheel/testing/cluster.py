@@ -136,17 +136,17 @@ class Cluster:
         """SIGTERM in the order flywheel run uses (actors first), SIGKILL what does not stop in time."""
         codes: dict[str, int | None] = {}
         for service in reversed(START_ORDER):
-            group = [s for s in self.services.values() if s.service == service and s.proc is not None]
-            for svc in group:
-                if svc.proc.poll() is None:
-                    svc.proc.send_signal(signal.SIGTERM)
-            for svc in group:
+            group = [(s.name, s.proc) for s in self.services.values() if s.service == service and s.proc is not None]
+            for _, proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for name, proc in group:
                 try:
-                    codes[svc.name] = svc.proc.wait(timeout=timeout)
+                    codes[name] = proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
-                    svc.proc.kill()
-                    svc.proc.wait()
-                    codes[svc.name] = None
+                    proc.kill()
+                    proc.wait()
+                    codes[name] = None
         return codes
 
     def __enter__(self) -> Cluster:

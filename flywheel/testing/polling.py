@@ -9,10 +9,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], timeout: float, what: str, *, interval: float = 0.5,
+def wait_until(check: Callable[[], T | None], timeout: float, what: str, *, interval: float = 0.5,
                error: type[Exception] = AssertionError, before: Callable[[], object] | None = None,
                detail: Callable[[], str] | None = None) -> T:
-    """Call ``check`` every ``interval`` seconds until it returns something truthy, and return that.
+    """Call ``check`` every ``interval`` seconds until it returns something truthy (not None), and return that.
 
     ``before`` runs ahead of every call (e.g. a check that the processes under test are alive, which raises).
     After ``timeout`` seconds, ``error`` is raised naming ``what``, followed by ``detail()`` (e.g. log tails).

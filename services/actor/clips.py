@@ -11,6 +11,7 @@ import logging
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ class ClipFilmer:
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, instance: str, env_id: str, weights: Any,
-                 make_policy: Any, *, interval_s: float, max_steps: int) -> None:
+                 make_policy: Callable[[], Policy], *, interval_s: float, max_steps: int) -> None:
         self.ctx, self.endpoint, self.instance, self.env_id = ctx, endpoint, instance, env_id
         self.weights, self.make_policy = weights, make_policy
         self.interval_s, self.max_steps = interval_s, max_steps
@@ -65,7 +66,8 @@ class ClipFilmer:
         sock = make_socket(self.ctx, zmq.PUSH, sndhwm=512)
         sock.setsockopt(zmq.SNDTIMEO, 10_000)
         connect(sock, self.endpoint)
-        filmed_version, wait, env, policy = 0, min(self.interval_s, FIRST_CLIP_DELAY_S), None, None
+        filmed_version, wait, env = 0, min(self.interval_s, FIRST_CLIP_DELAY_S), None
+        policy: Policy | None = None
         try:
             while not self._stop.wait(wait):
                 msg = self.weights.acting
@@ -75,7 +77,7 @@ class ClipFilmer:
                 wait = self.interval_s
                 began = time.monotonic()
                 try:
-                    if env is None:
+                    if env is None or policy is None:
                         from flywheel.play import make_play_env
 
                         env, fps = make_play_env(self.env_id, True)

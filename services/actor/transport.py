@@ -197,8 +197,7 @@ class WeightsReceiver:
         began = time.perf_counter()
         try:
             self.policy.load(newest)
-        except WeightsMismatch as exc:
-            exc.fault = "mismatch"  # type: ignore[attr-defined]
+        except WeightsMismatch as exc:  # counted as weights:mismatch (its ``fault``)
             self._refuse("weights", exc)
             return False
         finally:

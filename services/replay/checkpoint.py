@@ -45,7 +45,7 @@ def _write_array(file: Path, parts: list[np.ndarray]) -> dict[str, Any]:
             flat = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
             for lo in range(0, flat.size, CRC_CHUNK):
                 chunk = flat[lo:lo + CRC_CHUNK]
-                crc = zlib.crc32(chunk, crc)
+                crc = zlib.crc32(chunk.data, crc)
                 fh.write(chunk.data)
                 written += chunk.size
                 if written >= DROP_CACHE_BYTES:  # gigabytes of dirty page cache would squeeze the running replay
@@ -211,7 +211,7 @@ def _crc(array: np.ndarray) -> int:
     flat = array.reshape(-1).view(np.uint8) if array.size else np.zeros(0, np.uint8)
     crc = 0
     for lo in range(0, flat.size, CRC_CHUNK):
-        crc = zlib.crc32(flat[lo:lo + CRC_CHUNK], crc)
+        crc = zlib.crc32(flat[lo:lo + CRC_CHUNK].data, crc)
     return crc
 
 

@@ -19,7 +19,7 @@ def _word_dtype(nbytes: int) -> np.dtype:
     return np.dtype(np.uint8)
 
 
-def stream_keys(actor: str, stream: np.ndarray | None) -> np.ndarray | int:
+def stream_keys(actor: str, stream: np.ndarray | None) -> np.ndarray | np.uint64:
     """A 64-bit key per row naming its (actor, stream) sequence; stable across processes (no ``hash()``)."""
     import hashlib
 
@@ -163,7 +163,7 @@ class FrameStore:
         assert packed is not None and stored is not None
         slots = ids % self.capacity
         sizes = stored[slots]
-        blocks, whole = memoryview(packed.reshape(-1)), memoryview(self.frames.reshape(-1))
+        blocks, whole = packed.reshape(-1).data, self.frames.reshape(-1).data
         step, frame = self.pack_slot, self.frame_bytes
         payload = b"".join([blocks[slot * step:slot * step + size] if size else whole[slot * frame:(slot + 1) * frame]
                             for slot, size in zip(slots.tolist(), sizes.tolist(), strict=True)])

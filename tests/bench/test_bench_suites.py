@@ -1,5 +1,5 @@
-"""The sb3, origins, scaling and mario suites' parts that need no peer: summaries, the scale model, evaluation,
-the weights watcher over a real socket, and the origin loop itself (briefly)."""
+"""The sb3, origins, scaling, mario and demos suites' parts that need no peer: summaries, the scale model,
+evaluation, the weights watcher over a real socket, and the origin loop itself (briefly)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from flywheel import proto
 from flywheel.bench.parts import mario_report
 from flywheel.bench.parts.origin_loop import measure
 from flywheel.bench.parts.scale import ScaleModel, scale_table
-from flywheel.bench.runner import BenchError
-from flywheel.bench.suites import mario, origins, sb3, scaling
+from flywheel.bench.runner import BenchContext, BenchError
+from flywheel.bench.suites import demos, mario, origins, sb3, scaling
+from flywheel.envs import env_spec
 from flywheel.nets import build_q_network, weights_message
 from flywheel.testing.run import greedy_returns
 from flywheel.testing.weights import WeightsWatcher
@@ -204,6 +205,19 @@ def test_mario_deploy_option_refuses_what_it_cannot_train(tmp_path: Path) -> Non
     with ExitStack() as stack, pytest.raises(BenchError, match="compose file as shipped: no --opt set"):
         mario._open("compose", stack, tmp_path, "CartPole-v1", 1, ["actor.eval_envs=0", "learner.lr=0.1"])
     assert not list(tmp_path.iterdir())  # refused before anything was built or written
+
+
+def test_demos_plays_the_newest_mario_weights_through_flywheel_evaluation(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = env_spec(demos.MARIO)
+    net = build_q_network(spec.obs_shape, spec.n_actions)
+    with torch.no_grad():  # always "right" (action 1 of the simple set), but for the 5% exploration
+        net.advantage.weight.zero_()
+        net.advantage.bias.copy_(torch.eye(spec.n_actions)[1])
+    distances = demos.evaluate_network(BenchContext(suite="demos"), "with", net, 2)
+    assert len(distances) == 2 and all(d > 150 for d in distances)  # walked right from the start (x ~40)
+    assert distances == demos.evaluate_network(BenchContext(suite="demos"), "with", net, 2)  # seeded episodes
+    err = capsys.readouterr().err
+    assert f"Mario with: evaluation seed {demos.EVAL_SEED}: distance" in err
 
 
 def test_greedy_returns_are_seeded_and_batched() -> None:

@@ -28,6 +28,7 @@ from flywheel.cli import main as flywheel
 from flywheel.services.actor.settings import ActorSettings
 from flywheel.services.replay.settings import ReplaySettings
 from flywheel.settings import setting_default
+from flywheel.zap import ZapHandler
 
 FIX = ("run: python deploy/grafana/build_k8s_configmap.py (after python deploy/grafana/build_dashboards.py when "
        "the panels changed)")
@@ -161,7 +162,7 @@ def handshake(server: security.CurveKeys, client_public: bytes, client_secret: b
     """One REQ/REP round trip over TCP with CURVE, the server admitting ``server.authorized`` through ZAP."""
     ctx = zmq.Context()
     try:
-        handler = security.ZapHandler(ctx, server.authorized)
+        handler = ZapHandler(ctx, server.authorized)
         rep = ctx.socket(zmq.REP)
         rep.setsockopt(zmq.ZAP_DOMAIN, security.ZAP_DOMAIN)
         rep.setsockopt(zmq.CURVE_SECRETKEY, server.server_secret)
@@ -232,7 +233,7 @@ def test_transitions_flow_over_curve_with_the_deployments_high_water_marks(prese
     client_public, client_secret = zmq.curve_keypair()
     ctx = zmq.Context()
     try:
-        security.ZapHandler(ctx, frozenset({client_public}))
+        ZapHandler(ctx, frozenset({client_public}))
         pull = ctx.socket(zmq.PULL)
         pull.setsockopt(zmq.RCVHWM, rcvhwm)
         pull.setsockopt(zmq.ZAP_DOMAIN, security.ZAP_DOMAIN)
@@ -258,7 +259,7 @@ def test_transitions_flow_over_curve_with_the_deployments_high_water_marks(prese
                 except zmq.Again:
                     pass
         assert received == 20, (f"{received} of 20 messages ({sent} sent) reached a CURVE PULL with RCVHWM="
-                                f"{rcvhwm}: the ZAP handler's user id stalls the pipe (flywheel/security.py "
+                                f"{rcvhwm}: the ZAP handler's user id stalls the pipe (flywheel/zap.py "
                                 "ZapHandler.answer: reply with an empty user id)")
     finally:
         ctx.destroy(linger=0)

@@ -196,6 +196,7 @@ def test_healthcheck_reports_a_closed_port_as_unhealthy() -> None:
 def test_healthcheck_makes_no_connection_that_a_curve_server_would_count(tmp_path: Path) -> None:
     """The check reads the listen table: a CURVE replay sees no failed handshake from its own health check."""
     from flywheel import security
+    from flywheel.zap import ZapHandler
 
     hc = load_module(DOCKER / "healthcheck.py")
     security.generate(tmp_path / "keys")
@@ -203,7 +204,7 @@ def test_healthcheck_makes_no_connection_that_a_curve_server_would_count(tmp_pat
     assert keys is not None
     ctx = zmq.Context()
     try:
-        handler = security.ZapHandler(ctx, keys.authorized)
+        handler = ZapHandler(ctx, keys.authorized)
         router = ctx.socket(zmq.ROUTER)
         handler.watch(router)
         router.setsockopt(zmq.ZAP_DOMAIN, security.ZAP_DOMAIN)

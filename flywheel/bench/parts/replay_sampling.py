@@ -110,13 +110,14 @@ def filled_service(ctx: BenchContext, work: Path, name: str, capacity: int, fram
                    other_cpus: list[int], **settings: str) -> ReplayService:
     """A Mario replay of ``capacity`` (with ``settings``) fed 12% more than that: the frame ring wraps once, so
     every page it will ever use is resident."""
-    service = ReplayService(work, name, capacity, checkpoint_dir=str(work / f"ckpt-{name}"), **settings)
+    service = ReplayService(work, name, capacity, cpus=None, checkpoint_dir=str(work / f"ckpt-{name}"), **settings)
     try:
         target = int(capacity * 1.12)
         ctx.progress(f"inserting {target:,} Mario transitions into a {capacity:,}-transition replay")
         sender = Sender(service.transitions_ipc, "mario", frames_file, MARIO_ROWS, target + MARIO_ROWS, 7200,
                         other_cpus, ctx.seed)
-        service.wait(lambda: _progress(ctx, service, target), 7200, f"{target:,} inserted transitions")
+        reported: list[int] = []
+        service.wait(lambda: _progress(ctx, service, target, reported), 7200, f"{target:,} inserted transitions")
         sender.join(60)
         service.wait(lambda: True, 5, "telemetry")
     except BaseException:
@@ -125,11 +126,12 @@ def filled_service(ctx: BenchContext, work: Path, name: str, capacity: int, fram
     return service
 
 
-def _progress(ctx: BenchContext, service: ReplayService, target: int) -> bool:
+def _progress(ctx: BenchContext, service: ReplayService, target: int, reported: list[int]) -> bool:
+    """Whether ``target`` transitions are in; a progress line at each tenth (the tenths seen kept in ``reported``)."""
     count = service.counters.get("transitions_received_total", 0)
     step = int(count) // max(1, target // 10)
-    if step != getattr(_progress, "last", -1):
-        _progress.last = step  # type: ignore[attr-defined]
+    if step not in reported:
+        reported.append(step)
         ctx.progress(f"  {int(count):,} inserted, {int(service.gauges.get('size_transitions', 0)):,} stored, "
                      f"resident {service.rss() / 2**30:.2f} GiB")
     return count >= target

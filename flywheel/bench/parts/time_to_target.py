@@ -26,8 +26,10 @@ def flywheel_time_to_target(ctx: BenchContext, env_id: str, seed: int, cap_s: fl
     """
     import gymnasium
 
+    from flywheel.envs import action_count
+
     probe = gymnasium.make(env_id)
-    obs_shape, n_actions = tuple(probe.observation_space.shape or ()), int(probe.action_space.n)
+    obs_shape, n_actions = tuple(probe.observation_space.shape or ()), action_count(probe.action_space)
     probe.close()
     run = FlywheelRun(env_id, workdir / f"{label}-seed{seed}", actors=int(opts["actors"]),
                       sets=[*opts.get("sets", ()), *sets])

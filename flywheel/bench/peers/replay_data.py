@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from flywheel import proto
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized
 
 MARIO_ID = "SuperMarioBros-1-1-v0"
 
@@ -136,7 +140,7 @@ def cartpole_batch(rows: int, seed: int) -> proto.TransitionBatch:
 
 
 def sender_main(endpoint: str, kind: str, frames_file: str, batch_rows: int, distinct: int, total_rows: int,
-                seconds: float, cpus: list[int], seed: int, result: object) -> None:
+                seconds: float, cpus: list[int], seed: int, result: Synchronized[int]) -> None:
     """Push pre-built batches (``distinct`` of them, cycled) until ``total_rows`` rows or ``seconds`` passed."""
     import zmq
 
@@ -176,7 +180,7 @@ def sender_main(endpoint: str, kind: str, frames_file: str, batch_rows: int, dis
         i += 1
     push.close()
     ctx.term()
-    result.value = sent  # type: ignore[attr-defined]
+    result.value = sent
 
 
 def batch_rows_of(frames: list) -> int:

@@ -22,9 +22,15 @@ import json
 import multiprocessing as mp
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cpu_clock import SideClock  # this folder is on sys.path: the script runs by path, without flywheel
+
+if TYPE_CHECKING:  # Reverb's venv runs this file: nothing here is needed at run time
+    import reverb
+
+    Step = dict[str, np.ndarray | np.generic]  # a step's arrays (observations) and scalars (action, reward, ...)
 
 
 def _table(kind: str, size: int) -> object:
@@ -49,7 +55,7 @@ def _serve(kind: str, size: int, port: int, cpus: list[int]) -> None:
     server.wait()
 
 
-def _steps(config: dict, rows: int) -> list[dict[str, np.ndarray]]:
+def _steps(config: dict[str, Any], rows: int) -> list[Step]:
     rng = np.random.default_rng(0)
     if config["kind"] == "mario":
         frames = np.load(config["frames"], allow_pickle=False)
@@ -66,8 +72,8 @@ def _steps(config: dict, rows: int) -> list[dict[str, np.ndarray]]:
 class Writer:
     """The gRPC client's trajectory writer, kept across commands: one item per step, flushed every 32."""
 
-    def __init__(self, client: object, steps: list[dict[str, np.ndarray]], server_pid: int) -> None:
-        self.writer = client.trajectory_writer(num_keep_alive_refs=1)  # type: ignore[attr-defined]
+    def __init__(self, client: reverb.Client, steps: list[Step], server_pid: int) -> None:
+        self.writer = client.trajectory_writer(num_keep_alive_refs=1)
         self.steps, self.server_pid = steps, server_pid
         self.rng = np.random.default_rng(1)
         self.added = 0
@@ -93,7 +99,7 @@ class Writer:
         self.writer.close()
 
 
-def sample(address: str, client: object, pids: list[int], seconds: float) -> dict[str, float]:
+def sample(address: str, client: reverb.Client, pids: list[int], seconds: float) -> dict[str, float]:
     """512-batches through Reverb's TF dataset, each followed by mutate_priorities, for ``seconds``; per second
     and per CPU-second of both processes. The dataset is built per command and dropped after, so it does not
     prefetch while the others are measured."""
@@ -107,7 +113,7 @@ def sample(address: str, client: object, pids: list[int], seconds: float) -> dic
     clock.start()
     while clock.elapsed() < seconds:
         got = next(batches)
-        client.mutate_priorities("replay", dict(zip(got.info.key.numpy().tolist(),  # type: ignore[attr-defined]
+        client.mutate_priorities("replay", dict(zip(got.info.key.numpy().tolist(),
                                                     rng.uniform(0.1, 2, 512).tolist(), strict=True)))
         count += 1
     measured = clock.rates(count)

@@ -32,7 +32,7 @@ def _server_main(endpoint_out: Any, nbytes: int, cpus: list[int], stop: Any) -> 
         if not sock.poll(100):
             continue
         identity, _request = sock.recv_multipart()
-        sock.send_multipart([identity, header, payload], copy=False)
+        sock.send_multipart([identity, header, payload.data], copy=False)
     sock.close(0)
     ctx.term()
 

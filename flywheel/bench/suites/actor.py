@@ -15,17 +15,19 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import zmq
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median, rate
-from flywheel.envs import env_spec, make_env, make_vector_env
+from flywheel.envs import action_count, env_spec, make_env, make_vector_env
+from flywheel.envs.atari import AtariEnv
+from flywheel.envs.mario import MarioEnv
 from flywheel.services.actor.core import ActorCore
 from flywheel.services.actor.malloc import keep_freed_frames
-from flywheel.services.actor.policy import build_policy
+from flywheel.services.actor.policy import TorchPolicy, build_policy
 from flywheel.services.actor.transport import TransitionSender, auto_batch_rows
 
 DESCRIPTION = "actor loop vs bare env loop (Mario, Pong) on one core, raw emulator speed, CartPole/Snake x64"
@@ -135,21 +137,23 @@ def raw_emulator(env_id: str, seconds: float) -> float:
     """Emulator frames per CPU second without any preprocessing (nes-py's or ALE's own step)."""
     env = make_env(env_id, seed=0)
     try:
-        if env_id.startswith("SuperMarioBros"):
-            nes = env.unwrapped._nes
+        emulator = env.unwrapped
+        if isinstance(emulator, MarioEnv):
+            nes = emulator._nes
             nes.reset()
 
             def frame(i: int) -> None:
                 if nes.step(0b10000010 if i % 16 else 0b10000011)[2]:  # run right, jump now and then
                     nes.reset()
-        else:
-            ale = env.unwrapped._ale
-            actions = env.unwrapped._actions
+        elif isinstance(emulator, AtariEnv):
+            ale, actions = emulator._ale, emulator._actions
 
             def frame(i: int) -> None:
                 ale.act(actions[i % len(actions)])
                 if ale.game_over():
                     ale.reset_game()
+        else:
+            raise BenchError(f"{env_id}: the raw emulator rate is measured for Mario and Atari only")
         count, timer = 0, Timer(seconds)
         while timer.running():
             for _ in range(50):
@@ -164,7 +168,7 @@ def bare_loop(env_id: str, num_envs: int, seconds: float, seed: int) -> tuple[fl
     """Agent steps per CPU second and per wall second of ``num_envs`` envs stepped with random actions."""
     envs = [make_env(env_id, seed=seed + i) for i in range(num_envs)]
     rng = np.random.default_rng(seed)
-    n_actions = int(envs[0].action_space.n)
+    n_actions = action_count(envs[0].action_space)
     try:
         for env in envs:
             env.reset()
@@ -196,13 +200,13 @@ class ActorRun:
 
 
 def actor_loop(env_id: str, num_envs: int, seconds: float, seed: int, ctx: zmq.Context, endpoint: str,
-               mode: str = "inprocess", freeze: bool = True) -> ActorRun:
+               mode: Literal["inprocess", "subprocess"] = "inprocess", freeze: bool = True) -> ActorRun:
     """The real acting loop (ActorCore + TransitionSender), its parts timed in thread CPU time."""
     spec = env_spec(env_id)
     torch.manual_seed(seed)
     policy = build_policy(spec.obs_shape, spec.n_actions, threads=1, seed=seed, freeze=freeze,
                           obs_dtype=spec.obs_dtype)  # as the service builds it
-    vec = make_vector_env(env_id, num_envs, seed, mode=mode)  # type: ignore[arg-type]
+    vec = make_vector_env(env_id, num_envs, seed, mode=mode)
     clock = time.perf_counter if mode == "subprocess" else time.thread_time
     core = ActorCore(vec, policy, n_step=3, gamma=0.99, seed=seed, clock=clock)
     core.epsilon = 0.4  # Ape-X actor 0
@@ -233,7 +237,9 @@ def forward_pair(env_id: str, batch: int, seconds: float, seed: int) -> tuple[fl
     torch.manual_seed(seed)
     frozen = build_policy(spec.obs_shape, spec.n_actions, threads=1, freeze=True, obs_dtype=spec.obs_dtype)
     eager = build_policy(spec.obs_shape, spec.n_actions, threads=1, freeze=False, obs_dtype=spec.obs_dtype)
-    eager.net.load_state_dict(frozen.net.state_dict())  # type: ignore[attr-defined]
+    if not isinstance(frozen, TorchPolicy) or not isinstance(eager, TorchPolicy):
+        raise BenchError(f"{env_id}: the acting network is not a torch module, so there is no trace to compare")
+    eager.net.load_state_dict(frozen.net.state_dict())
     obs = np.random.default_rng(seed).integers(0, 256, size=(batch, *spec.obs_shape)).astype(spec.obs_dtype)
     if not np.array_equal(frozen.q_values(obs), eager.q_values(obs)):
         raise BenchError("the frozen trace and the eager network disagree")
@@ -380,12 +386,13 @@ def _plot(result: SuiteResult, ctx: BenchContext) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    rows = [r for r in result.rows if r.peer is not None and r.unit == "steps/s"]
-    if not rows:
+    pairs = [(r, r.peer) for r in result.rows if r.peer is not None and r.unit == "steps/s"]
+    if not pairs:
         return
+    rows = [r for r, _ in pairs]
     fig, ax = plt.subplots(figsize=(9, 4))
     x = np.arange(len(rows))
-    ax.bar(x - 0.2, [r.peer for r in rows], 0.4, label="peer (bare loop / in-process)")
+    ax.bar(x - 0.2, [peer for _, peer in pairs], 0.4, label="peer (bare loop / in-process)")
     ax.bar(x + 0.2, [r.flywheel for r in rows], 0.4, label="Flywheel actor")
     ax.set_xticks(x, [r.case.split(":")[0] for r in rows], fontsize=8)
     ax.set_yscale("log")

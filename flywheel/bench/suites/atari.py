@@ -129,7 +129,7 @@ def run(ctx: BenchContext) -> SuiteResult:
     seeds = list(range(seed_base, seed_base + episodes))
     kept = ctx.option("workdir", "")
     tmp = None if kept else tempfile.TemporaryDirectory(prefix="flywheel-bench-atari-")
-    workdir = Path(kept or tmp.name).resolve()  # type: ignore[union-attr]
+    workdir = Path(tmp.name if tmp is not None else kept).resolve()
     try:
         run_, token = open_run(workdir, env_id, actors, sets)
         loads: dict[str, Any] = {"start": list(os.getloadavg())}

@@ -7,8 +7,9 @@ suite's criterion and evaluation code), ``flywheel run`` with and without demons
 pretraining in the learner, a demonstrations table in replay and the large-margin loss on its rows (DQfD), median of
 ``seeds`` seeds per side, sides alternating first. Collecting the demonstrations is not counted (done once, in (a)).
 (c) Super Mario Bros 1-1: ``flywheel run`` for a fixed wall-clock budget with and without demonstrations from the
-run-and-jump expert; then the newest weights play ``mario_eval_episodes`` episodes at epsilon 0.05 and the mean
-distance (x_pos) is the figure, beside the actors' own rolling mean distance at the end.
+run-and-jump expert; then the newest weights play ``mario_eval_episodes`` episodes at epsilon 0.05
+(flywheel.evaluation, seeds 50,000 on) and the mean furthest x_pos is the figure, beside the actors' own rolling
+mean distance at the end.
 """
 
 from __future__ import annotations
@@ -18,15 +19,19 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flywheel.bench.parts.plots import pyplot, save_figure
 from flywheel.bench.parts.time_to_target import flywheel_time_to_target
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
+from flywheel.envs import env_spec
 from flywheel.testing.run import FlywheelRun
 from flywheel.testing.weights import WeightsWatcher
+
+if TYPE_CHECKING:
+    from flywheel.nets import QNetwork
 
 DESCRIPTION = "Demos: collection speed (1 vs all workers); CartPole time to 475, Mario distance, with vs without"
 OPTIONS = {
@@ -45,6 +50,7 @@ OPTIONS = {
     "actors": "flywheel actors (default 2, one per core here)",
 }
 CARTPOLE, MARIO = "CartPole-v1", "SuperMarioBros-1-1-v0"
+EVAL_SEED, EVAL_EPSILON = 50_000, 0.05  # Mario's evaluation episodes after training: first seed, exploration
 
 
 def _collect(ctx: BenchContext, env_id: str, episodes: int, workers: str, out: Path) -> dict[str, Any]:
@@ -103,12 +109,10 @@ def cartpole_part(ctx: BenchContext, workdir: Path, demos: Path, seeds: int, cap
 
 def _mario_run(ctx: BenchContext, workdir: Path, label: str, minutes: float, sets: list[str],
                eval_episodes: int) -> dict[str, Any]:
-    from flywheel.bench.suites.mario import _play, _spec
-
     run = FlywheelRun(MARIO, workdir / f"mario-{label}", actors=ctx.option_int("actors", 2), sets=sets,
                       progress_interval=30.0)
-    shape, n_actions = _spec(MARIO)
-    watcher = WeightsWatcher(run.weights_endpoint, shape, n_actions)
+    spec = env_spec(MARIO)
+    watcher = WeightsWatcher(run.weights_endpoint, spec.obs_shape, spec.n_actions)
     out: dict[str, Any] = {"side": label, "rolling": None, "steps": 0.0, "updates": 0.0}
     try:
         with run:
@@ -133,17 +137,24 @@ def _mario_run(ctx: BenchContext, workdir: Path, label: str, minutes: float, set
         if watcher.net is None:
             raise BenchError(f"Mario {label}: no weights arrived in {minutes:g} min; log {run.log}")
         out["version"] = watcher.version
-
-        def choose(obs: np.ndarray, rng: np.random.Generator) -> int:
-            if rng.random() < 0.05:
-                return int(rng.integers(n_actions))
-            return int(watcher.q_values(obs[None]).argmax())
-
-        out["distances"], _, _ = _play(MARIO, eval_episodes, 50_000, choose, lambda i, x: ctx.progress(
-            f"Mario {label}: evaluation episode {i + 1}/{eval_episodes}: distance {x:.0f}"))
+        out["distances"] = evaluate_network(ctx, label, watcher.net, eval_episodes)
     finally:
         watcher.close()
     return out
+
+
+def evaluate_network(ctx: BenchContext, label: str, net: QNetwork, episodes: int) -> list[float]:
+    """The furthest x_pos of each of ``episodes`` Mario episodes (seeds EVAL_SEED on) played by ``net`` at epsilon
+    EVAL_EPSILON, with flywheel.evaluation in this process (no stall rule: an episode ends as the game ends it)."""
+    from flywheel.evaluation import evaluate
+    from flywheel.policy import Policy
+
+    def report(record: dict[str, Any]) -> None:
+        ctx.progress(f"Mario {label}: evaluation seed {record['seed']}: distance {record['x_pos_max']}")
+
+    records = evaluate(MARIO, range(EVAL_SEED, EVAL_SEED + episodes), checkpoint=Policy(net, MARIO),
+                       epsilon=EVAL_EPSILON, stall_steps=0, progress=report)
+    return [float(r["x_pos_max"]) for r in records]
 
 
 def run(ctx: BenchContext) -> SuiteResult:
@@ -238,7 +249,8 @@ def _mario_rows(result: SuiteResult, sides: list[dict[str, Any]], minutes: float
         f"Mario: one `flywheel run --env {MARIO} --actors 2` per side for {minutes:g} min of wall clock (pixel "
         f"preset); with demos adds --set {' --set '.join(with_sets)}. Then the newest weights (with v"
         f"{side['with'].get('version')}, without v{side['without'].get('version')}) played "
-        f"{len(side['with']['distances'])} episode(s) each at epsilon 0.05.",
+        f"{len(side['with']['distances'])} episode(s) each at epsilon {EVAL_EPSILON:g} (flywheel.evaluation: the "
+        f"furthest x_pos of each episode, seeds from {EVAL_SEED:,}).",
         f"At the end: with {side['with']['steps']:,.0f} env steps / {side['with']['updates']:,.0f} updates, without "
         f"{side['without']['steps']:,.0f} / {side['without']['updates']:,.0f}."
         + (f" The scripted expert's own mean distance: {expert:.0f}." if expert else ""),

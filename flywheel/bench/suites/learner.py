@@ -39,6 +39,7 @@ from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, me
 from flywheel.processes import launch
 from flywheel.services.learner.core import AMP_DTYPES, CoreConfig, LearnerCore
 from flywheel.services.learner.metrics import bf16_peak_tflops, flops_per_update, network_passes
+from flywheel.services.learner.staging import Batch, DeviceBatch
 from flywheel.services.learner.startup import resolve_compile_mode
 from flywheel.testing.reported import REPLAY_TCP, reported
 
@@ -113,11 +114,11 @@ class ReplayProcess:
             self.proc.wait()
 
 
-def _core_seconds(core: LearnerCore, batch: object, n: int) -> float:
+def _core_seconds(core: LearnerCore, batch: Batch | DeviceBatch, n: int) -> float:
     sync_device(core.device)
     start = time.perf_counter()
     for _ in range(n):
-        result = core.update(batch)  # type: ignore[arg-type]
+        result = core.update(batch)
         if core.device.type == "cpu":
             result.priorities()
     sync_device(core.device)
@@ -126,9 +127,11 @@ def _core_seconds(core: LearnerCore, batch: object, n: int) -> float:
 
 def _sample_batch(case: Case, seed: int) -> proto.SampleBatch:
     rng = np.random.default_rng(seed)
-    return proto.SampleBatch(request_id=0, replay_size=case.fill, index=np.arange(case.batch, dtype=np.int64),
-                             weight=rng.uniform(0.1, 1.0, case.batch).astype(np.float32),
-                             **random_batch(case, rng, case.batch))
+    data = random_batch(case, rng, case.batch)
+    return proto.SampleBatch(request_id=0, replay_size=case.fill, obs=data["obs"], action=data["action"],
+                             reward=data["reward"], discount=data["discount"], next_obs=data["next_obs"],
+                             index=np.arange(case.batch, dtype=np.int64),
+                             weight=rng.uniform(0.1, 1.0, case.batch).astype(np.float32))
 
 
 def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreConfig, threads: int,
@@ -203,23 +206,23 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
             service.close()
         replay.close()
     main_cpu = max(cpu[0], 1e-9)
-    peer = {"peer": median(bare_runs), "peer_name": "bare PyTorch loop", "peer_runs": bare_runs}
+    bare_median, bare_name = median(bare_runs), "bare PyTorch loop"
     paired = [u / b for u, b in zip(learner_runs, bare_runs, strict=True)]  # same run, same machine load
     cpu_paired = [u / b for u, b in zip(learner_cpu_runs, bare_cpu_runs, strict=True)]
     rows = [
-        Row(label, "updates/s, learner + replay over TCP", "1/s", median(learner_runs), **peer,
-            flywheel_runs=learner_runs),
+        Row(label, "updates/s, learner + replay over TCP", "1/s", median(learner_runs), peer=bare_median,
+            peer_name=bare_name, peer_runs=bare_runs, flywheel_runs=learner_runs),
         Row(label, "learner + replay ÷ bare loop, median of paired runs", "x", median(paired),
             goal="" if gpu else f">= {RATIO_GOAL:.2f}", flywheel_runs=paired,
             met=None if gpu else median(paired) >= RATIO_GOAL),
         Row(label, "updates per CPU-second: learner process (all threads) vs bare loop thread", "1/s",
-            median(learner_cpu_runs), peer=median(bare_cpu_runs), peer_name="bare PyTorch loop",
+            median(learner_cpu_runs), peer=median(bare_cpu_runs), peer_name=bare_name,
             flywheel_runs=learner_cpu_runs, peer_runs=bare_cpu_runs),
         Row(label, "learner + replay ÷ bare loop per CPU-second (a dedicated core), median of paired runs", "x",
             median(cpu_paired), goal="" if gpu else f">= {RATIO_GOAL:.2f}", flywheel_runs=cpu_paired,
             met=None if gpu else median(cpu_paired) >= RATIO_GOAL),
-        Row(label, "updates/s, learner core on in-memory host batches", "1/s", median(core_runs), **peer,
-            flywheel_runs=core_runs),
+        Row(label, "updates/s, learner core on in-memory host batches", "1/s", median(core_runs), peer=bare_median,
+            peer_name=bare_name, peer_runs=bare_runs, flywheel_runs=core_runs),
         Row(label, "time waiting for data", "%", median(wait_runs), higher_is_better=False, flywheel_runs=wait_runs),
         Row(label, "CPU of the learner's sampling + ZeroMQ threads, per update-loop CPU", "%",
             100 * cpu[1] / main_cpu, higher_is_better=False),
@@ -229,7 +232,8 @@ def _run_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
     notes = []
     if gpu:
         resident = median(resident_runs)
-        rows.append(Row(label, "updates/s, device-resident batch", "1/s", resident, **peer,
+        rows.append(Row(label, "updates/s, device-resident batch", "1/s", resident, peer=bare_median,
+                        peer_name=bare_name, peer_runs=bare_runs,
                         goal=f">= {GPU_GOAL:.0f} updates/s" if case.key == "nature512" else "",
                         flywheel_runs=resident_runs, met=resident >= GPU_GOAL if case.key == "nature512" else None))
         passes, flops = network_passes(core), flops_per_update(core, case.batch)

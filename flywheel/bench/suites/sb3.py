@@ -14,6 +14,7 @@ that does not reach the target within ``cap_s`` counts as censored at the cap.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -206,9 +207,9 @@ def run(ctx: BenchContext) -> SuiteResult:
             seed = ctx.seed + k
             sides: list[tuple[str, Callable[[], dict[str, Any]]]] = []
             if which in ("both", "flywheel"):
-                sides.append(("flywheel", lambda s=seed: _run_flywheel(ctx, s, cap_s, opts, workdir)))
+                sides.append(("flywheel", functools.partial(_run_flywheel, ctx, seed, cap_s, opts, workdir)))
             if which in ("both", "sb3"):
-                sides += [(_sb3_side(t), lambda s=seed, t=t: _run_sb3(ctx, s, cap_s, opts, workdir, t))
+                sides += [(_sb3_side(t), functools.partial(_run_sb3, ctx, seed, cap_s, opts, workdir, t))
                           for t in threads]
             shift = k % len(sides)  # rotate which side goes first, so no side always runs on a warmer machine
             for name, side in sides[shift:] + sides[:shift]:
@@ -241,7 +242,8 @@ def summarize(results: list[dict[str, Any]], cap_s: float, opts: dict[str, Any],
     result.method = (f"median of {n} seeds per side ({first_seed}-{first_seed + n - 1}), sides rotating first, "
                      "95% bootstrap CIs of the medians in the notes")
     peers = [side for side in by_side if side != "flywheel"]
-    for side in peers or [None]:
+    peer_sides: list[str | None] = [*peers] if peers else [None]
+    for side in peer_sides:
         sb = by_side.get(side, []) if side else []
         sb_s = [_seconds(r, cap_s) for r in sb]
         peer_name = f"SB3 DQN (zoo), {side.removeprefix('sb3-').removesuffix('t')} thread(s)" if side else ""

@@ -1,0 +1,240 @@
+"""``flywheel export``: the command's flags and run, and the Hugging Face model card folder it writes (``--card``).
+
+The graphs themselves and their parity check are flywheel.export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flywheel.export import (
+    EXPORTERS,
+    FORMATS,
+    INPUT,
+    ExportError,
+    check_parity,
+    observation_dtype,
+    random_observations,
+    require_packages,
+    sample_observations,
+)
+
+VIDEOS = ("replay.mp4", "video.mp4")  # copied into a card as replay.mp4, the first one found
+
+
+def find_beside(checkpoint: Path, names: Sequence[str]) -> Path | None:
+    """The first of ``names`` next to the checkpoint file or one folder up (a flywheel run folder)."""
+    for folder in (checkpoint.parent, checkpoint.parent.parent):
+        for name in names:
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def card_evaluation(policy: Any, episodes: int, *, seed: int = 0, workers: int = 1,
+                    max_steps: int | None = None) -> dict[str, Any]:
+    """Greedy (epsilon 0) episodes of the checkpoint file with flywheel.evaluation, seeds seed..seed+episodes-1."""
+    from flywheel.evaluation import STALL_STEPS, evaluate, summarize
+
+    seeds = list(range(seed, seed + episodes))
+    records = evaluate(policy.env_id, seeds, checkpoint=str(policy.path), epsilon=0.0, workers=workers,
+                       max_steps=max_steps)
+    returns = [float(r["return"]) for r in records]
+    mario = any(r["x_pos_max"] is not None for r in records)
+    summary = summarize(returns, [bool(r["flag"]) for r in records] if mario else None)
+    return {"env_id": policy.env_id, "mean_reward": summary["mean"], "std_reward": float(np.std(returns)),
+            "median_reward": summary["median"], "ci95_mean": [summary["ci_low"], summary["ci_high"]],
+            "flag_rate": summary["flag_rate"], "n_eval_episodes": len(seeds), "seeds": seeds, "epsilon": 0.0,
+            "is_deterministic": True, "max_steps": max_steps, "stall_steps": STALL_STEPS if mario else None,
+            "eval_datetime": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "episodes": records}
+
+
+def front_matter(policy: Any, results: dict[str, Any], fmt: str) -> str:
+    """Hugging Face model card metadata for an RL model: tags, library, a model-index with mean_reward (strings as
+    JSON strings, which YAML reads as double-quoted scalars)."""
+    env, name = json.dumps(policy.env_id), json.dumps(f"DQN-{policy.env_id}")
+    value = json.dumps(f"{results['mean_reward']:.2f} +/- {results['std_reward']:.2f}")
+    return "\n".join([
+        "---", "library_name: flywheel", "tags:", f"- {env}", "- reinforcement-learning",
+        "- deep-reinforcement-learning", "- dqn", f"- {fmt}", "model-index:", f"- name: {name}",
+        "  results:", "  - task:", "      type: reinforcement-learning", "      name: reinforcement-learning",
+        "    dataset:", f"      name: {env}", f"      type: {env}", "    metrics:",
+        "    - type: mean_reward", f"      value: {value}", "      name: mean_reward", "      verified: false",
+        "---", ""])
+
+
+def _card_body(policy: Any, results: dict[str, Any], model_file: str, dtype: np.dtype[Any], which: str,
+               files: list[str], parity: dict[str, Any] | None) -> str:
+    env, shape = policy.env_id, ", ".join(str(d) for d in policy.obs_shape)
+    name = policy.path.name if policy.path else "?"
+    picked = ("the weights that did best in the learner's greedy evaluations" if name == "best.safetensors"
+              else "the newest weights")
+    seeds = results["seeds"]
+    mario = results["flag_rate"] is not None
+    low, high = results["ci95_mean"]
+    lines = [
+        f"# DQN agent for {env} (Flywheel)", "",
+        f"A `{policy.network}` Q-network trained with Flywheel (distributed Ape-X DQN), exported as `{model_file}` "
+        f"from `{name}` ({picked}, chosen by `--which {which}`; weight version {policy.weight_version}, "
+        f"{policy.updates} learner updates).", "",
+        "## Evaluation", "",
+        f"{results['n_eval_episodes']} episodes with `flywheel.evaluation`, one per seed "
+        f"({seeds[0]}..{seeds[-1]}: each episode's env reset seed), epsilon {results['epsilon']:g} (greedy)"
+        + (f", an episode cut after {results['stall_steps']} agent steps without progress (the stall rule)"
+           if mario else "")
+        + (f", at most {results['max_steps']} agent steps" if results["max_steps"] else "") + ".", "",
+        "| mean return | std | median | 95% CI of the mean (bootstrap) |" + (" flag rate |" if mario else ""),
+        "| --- | --- | --- | --- |" + (" --- |" if mario else ""),
+        f"| {results['mean_reward']:.2f} | {results['std_reward']:.2f} | {results['median_reward']:.2f} | "
+        f"{low:.2f} .. {high:.2f} |" + (f" {results['flag_rate']:.0%} |" if mario else ""), "",
+        "| seed | return | length | end |" + (" max x | flag |" if mario else ""),
+        "| --- | --- | --- | --- |" + (" --- | --- |" if mario else ""),
+    ]
+    for r in results["episodes"]:
+        row = f"| {r['seed']} | {r['return']:.2f} | {r['length']} | {r['end']} |"
+        lines.append(row + (f" {r['x_pos_max']} | {'yes' if r['flag'] else 'no'} |" if mario else ""))
+    lines += [
+        "", "Every episode, with its seed, is in `results.json`. The episodes ran the checkpoint's network in "
+        "PyTorch" + (f"; the exported graph gave the same actions and Q-values within {parity['max_abs_dq']:.1e} "
+                     f"({parity['runtime']}) on {parity['observations']} {parity['source']} observations of the env."
+                     if parity else "."), "",
+        "## Use", "",
+        f"Input `{INPUT}`: {dtype.name} `(batch, {shape})`, the env's raw observation"
+        + (" (frames are scaled by 1/255 inside the graph)" if dtype == np.uint8 else "") + "; any batch size.",
+        f"Outputs `q_values`: float32 `(batch, {policy.n_actions})`; `actions`: int64 `(batch,)`, the greedy "
+        "action (argmax of the Q-values).", "",
+    ]
+    if model_file.endswith(".onnx"):
+        lines += ["```python", "import onnxruntime", "", f'session = onnxruntime.InferenceSession("{model_file}")',
+                  f'q_values, actions = session.run(None, {{"{INPUT}": obs[None]}})  # obs from the env', "```"]
+    else:
+        lines += ["```python", "import torch", "", f'policy = torch.jit.load("{model_file}")',
+                  "q_values, actions = policy(torch.from_numpy(obs[None]))  # obs from the env", "```"]
+    lines += ["", "## Files", ""] + [f"- `{name}`" for name in files] + [""]
+    return "\n".join(lines)
+
+
+def write_card(folder: str | Path, policy: Any, model_path: str | Path, results: dict[str, Any], *,
+               which: str = "auto", obs_dtype: str | np.dtype[Any] | None = None,
+               parity: dict[str, Any] | None = None) -> Path:
+    """A model folder as the Hugging Face tools upload it: README.md (YAML front matter), the model, config.json,
+    results.json, and the run's run.json, best.json and replay video when they sit beside the checkpoint."""
+    folder, model_path = Path(folder), Path(model_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = observation_dtype(policy, obs_dtype)
+    fmt = "onnx" if model_path.suffix == ".onnx" else "torchscript"
+    if model_path.resolve() != (folder / model_path.name).resolve():
+        shutil.copyfile(model_path, folder / model_path.name)
+    net = policy.net
+    config = {"format": fmt, "file": model_path.name, "env_id": policy.env_id, "inputs": {INPUT: {
+        "dtype": dtype.name, "shape": ["batch", *policy.obs_shape]}}, "outputs": {
+        "q_values": {"dtype": "float32", "shape": ["batch", policy.n_actions]},
+        "actions": {"dtype": "int64", "shape": ["batch"]}},
+        "network": {"name": policy.network, "obs_shape": list(policy.obs_shape), "n_actions": policy.n_actions,
+                    "dueling": bool(net.dueling), "hidden": int(net.hidden), "head": str(net.head),
+                    "num_quantiles": int(net.num_quantiles)},
+        "checkpoint": {"file": policy.path.name if policy.path else None, "which": which,
+                       "updates": policy.updates, "weight_version": policy.weight_version}, "parity": parity}
+    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    files = [model_path.name, "config.json", "results.json"]
+    if policy.path is not None:
+        for names, target in ((("run.json",), "run.json"), (VIDEOS, "replay.mp4")):
+            found = find_beside(policy.path, names)
+            if found is not None:
+                shutil.copyfile(found, folder / target)
+                files.append(target)
+        best = policy.path.parent / "best.json"
+        if policy.path.name == "best.safetensors" and best.is_file():
+            shutil.copyfile(best, folder / "best.json")
+            files.append("best.json")
+    readme = front_matter(policy, results, fmt) + _card_body(policy, results, model_path.name, dtype, which,
+                                                            ["README.md", *files], parity)
+    (folder / "README.md").write_text(readme)
+    return folder / "README.md"
+
+
+def add_export_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint_dir", type=Path, metavar="CHECKPOINT_DIR",
+                        help="a flywheel run --checkpoint-dir (or its learner/ folder)")
+    parser.add_argument("--format", choices=tuple(FORMATS), default="onnx", help="onnx (default) or torchscript")
+    parser.add_argument("--out", type=Path, default=None, metavar="PATH",
+                        help="the model file (default CHECKPOINT_DIR/export/model.onnx or model.pt); with --card, "
+                             "the card folder (default CHECKPOINT_DIR/export)")
+    parser.add_argument("--which", choices=("auto", "best", "latest"), default="auto",
+                        help="best: the weights that did best in the learner's greedy evaluations; latest: the "
+                             "newest; auto (default): best when the run kept one, else latest")
+    parser.add_argument("--env", default=None, help="environment id (default: the checkpoint's or run.json's)")
+    parser.add_argument("--card", action="store_true",
+                        help="write a model folder: README.md (Hugging Face card), model, config, results, video")
+    parser.add_argument("--card-episodes", type=int, default=10, help="greedy evaluation episodes (default 10)")
+    parser.add_argument("--card-seed", type=int, default=0, help="seed of the first evaluation episode (default 0)")
+    parser.add_argument("--card-workers", type=int, default=1, help="evaluation processes (default 1)")
+    parser.add_argument("--card-max-steps", type=int, default=None, help="cut evaluation episodes at this length")
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from flywheel.envs import env_spec
+    from flywheel.policy import Policy
+
+    try:
+        policy = Policy.load(args.checkpoint_dir, env_id=args.env, device="cpu", which=args.which)
+        spec = env_spec(policy.env_id)
+    except Exception as exc:  # the policy's own one-line errors: missing, damaged or foreign checkpoints
+        text = str(exc).strip()
+        raise ExportError(text.splitlines()[0].replace("pass env_id", "pass --env ENV_ID") if text
+                          else type(exc).__name__) from None
+    if (tuple(spec.obs_shape), spec.n_actions) != (tuple(policy.obs_shape), policy.n_actions):
+        raise ExportError(f"the checkpoint is for observations {tuple(policy.obs_shape)} and {policy.n_actions} "
+                          f"actions, but {policy.env_id} has {tuple(spec.obs_shape)} and {spec.n_actions}: pass "
+                          "the env it was trained on (--env)")
+    return policy
+
+
+def run_export(args: argparse.Namespace) -> int:
+    for flag, value, least in (("--card-episodes", args.card_episodes, 1), ("--card-workers", args.card_workers, 1),
+                               ("--card-max-steps", args.card_max_steps, 1)):
+        if value is not None and value < least:
+            print(f"error: flywheel export: {flag} must be at least {least}, got {value}", file=sys.stderr)
+            return 2
+    try:
+        if args.format == "onnx":
+            require_packages("onnx", "onnxscript", "onnxruntime")
+        policy = _load(args)
+        base = args.out if args.out is not None else args.checkpoint_dir / "export"
+        model = base / FORMATS[args.format] if args.card or args.out is None or args.out.is_dir() else base
+        model.parent.mkdir(parents=True, exist_ok=True)
+        dtype = observation_dtype(policy)
+        EXPORTERS[args.format](policy, model, obs_dtype=dtype)
+        try:
+            obs, source = sample_observations(policy.env_id, 32, seed=0).astype(dtype, copy=False), "real"
+        except ValueError:  # an env make_env does not build alone (MettaGrid): random observations of its kind
+            obs, source = random_observations(policy.obs_shape, dtype, 32), "random"
+        worst = check_parity(policy, model, args.format, obs)
+        print(f"wrote {model} from {policy.path} (weight version {policy.weight_version}): {INPUT} {dtype.name} "
+              f"(batch, {', '.join(map(str, policy.obs_shape))}) -> q_values float32 (batch, {policy.n_actions}), "
+              f"actions int64 (batch,); matches the policy on {len(obs)} {source} {policy.env_id} observations "
+              f"(max |dQ| {worst:.1e})", flush=True)
+        if args.card:
+            results = card_evaluation(policy, args.card_episodes, seed=args.card_seed, workers=args.card_workers,
+                                      max_steps=args.card_max_steps)
+            parity = {"observations": len(obs), "source": source, "max_abs_dq": worst,
+                      "runtime": "onnxruntime" if args.format == "onnx" else "torch.jit"}
+            readme = write_card(base, policy, model, results, which=args.which, obs_dtype=dtype, parity=parity)
+            print(f"wrote the model card {readme}: mean return {results['mean_reward']:.2f} +/- "
+                  f"{results['std_reward']:.2f} over {results['n_eval_episodes']} greedy episodes (seeds "
+                  f"{args.card_seed}..{args.card_seed + args.card_episodes - 1})", flush=True)
+    except (ExportError, OSError, ValueError, RuntimeError) as exc:
+        text = str(exc).strip()
+        print(f"error: flywheel export: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
+        return 2
+    return 0
