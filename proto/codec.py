@@ -87,7 +87,7 @@ def _arrays_of(msg: Message) -> list[tuple[str, np.ndarray]]:
 
 def peek_kind(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> str:
     """Return the kind named in the header without decoding arrays (raises DecodeError)."""
-    return _header(frames, limits)["k"]
+    return str(_header(frames, limits)["k"])
 
 
 M = TypeVar("M", bound=Message)

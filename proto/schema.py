@@ -49,7 +49,7 @@ def batch_size(msg: Message, names: tuple[str, ...]) -> int:
     distinct = set(sizes.values())
     if len(distinct) != 1:
         raise BadShape(f"{msg.KIND}: arrays disagree on batch size: {sizes}")
-    size = distinct.pop()
+    size = int(distinct.pop())
     if size < 1:
         raise BadShape(f"{msg.KIND}: empty batch")
     return size

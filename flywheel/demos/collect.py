@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from flywheel.demos.format import DemoFileError, DemoWriter, read_manifest
+from flywheel.envs.spaces import observation_shape
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ def _worker(job: CollectJob, progress: Any) -> None:
         env = make_env(job.env_id, seed=job.seed + job.first)
         policy = build_policy(job.policy, job.env_id, env, job.seed + job.first)
         space = env.observation_space
-        with DemoWriter(job.shard, env_id=job.env_id, obs_shape=tuple(space.shape), obs_dtype=space.dtype.name,
+        if space.dtype is None:
+            raise ValueError(f"{job.env_id}: its observation space {space} has no dtype")
+        with DemoWriter(job.shard, env_id=job.env_id, obs_shape=observation_shape(space), obs_dtype=space.dtype.name,
                         n_step=job.n_step, gamma=job.gamma) as writer:
             for episode in range(job.first, job.episodes, job.stride):
                 observations, actions, rewards, terminated, info = play_episode(env, policy, job.seed + episode)

@@ -316,6 +316,7 @@ def open_demos(path: Path | str) -> DemoSet:
 def _read_npy(archive: zipfile.ZipFile, member: str) -> np.ndarray:
     """One .npy member of an episode archive, no pickle; the header is parsed under the lock, the data is not."""
     with archive.open(member) as fp:
+        assert isinstance(fp, io.BufferedIOBase)  # a ZipExtFile: it reads into a buffer without a copy
         version = np.lib.format.read_magic(fp)
         if version not in ((1, 0), (2, 0)):
             raise ValueError(f"{member} has .npy format version {version}, expected 1.0 or 2.0")
@@ -326,7 +327,7 @@ def _read_npy(archive: zipfile.ZipFile, member: str) -> np.ndarray:
         if dtype.hasobject:
             raise ValueError(f"{member} holds Python objects")
         flat = np.empty(int(np.prod(shape, dtype=np.int64)), dtype)
-        got = fp.readinto(flat.view(np.uint8)) if flat.nbytes else 0
+        got = fp.readinto(flat.view(np.uint8).data) if flat.nbytes else 0
         if got != flat.nbytes:
             raise EOFError(f"{member} is truncated: {got} of {flat.nbytes} bytes")
         return flat.reshape(shape, order="F" if fortran_order else "C")

@@ -66,7 +66,8 @@ class NStepAccumulator:
         self.qsa_w[slot] = q_sa
         done = terminated | truncated
         if self.all_full and not done.any():
-            return self._push_steady(slot, next_obs)
+            self._push_steady(slot, next_obs)
+            return None
         self.filled = np.minimum(self.filled + 1, self.n)
         ages = np.arange(self.n)[:, None]
         emit = (ages < self.filled[None, :]) & (done[None, :] | (ages == self.n - 1) & (self.filled[None, :] == self.n))
@@ -130,7 +131,6 @@ class NStepAccumulator:
         self.pending_env = self._envs
         self.pending_base = rows.reward - self.qsa_w[oldest]
         self.t += 1
-        return None
 
     def _gather(self, slots: np.ndarray, env_idx: np.ndarray) -> np.ndarray:
         """Observations of (slot, env) pairs, copied out of the referenced batches."""

@@ -84,8 +84,8 @@ def save_checkpoint(directory: str | os.PathLike[str], core: LearnerCore, weight
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {"rng.cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and core.cuda:
-        for index, state in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng.cuda.{index}"] = state
+        for index, rng in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{index}"] = rng
     state, core_meta = core.state_dict()
     tensors.update(state)
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **core_meta, "weight_version": int(weight_version),

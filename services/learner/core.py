@@ -126,7 +126,8 @@ def beta_at(updates: int, start: float, end: float, anneal_updates: int) -> floa
 
 def _channels_last(net: QNetwork) -> QNetwork:
     """``net`` with its convolution weights in channels-last (NHWC) memory order."""
-    return net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
+    net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # in place; torch's stubs omit it
+    return net
 
 
 def _default_compiler(mode: str) -> Compiler:
@@ -157,7 +158,7 @@ class LearnerCore:
         self.target.requires_grad_(False)
         self.name = self.online.name
         self.obs_shape, self.n_actions = self.online.obs_shape, self.online.n_actions
-        self.params = list(self.online.parameters())
+        self.params: list[torch.Tensor] = list(self.online.parameters())
         self.optimizer = self._adam()
         self.amp_dtype = AMP_DTYPES.get(config.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
@@ -366,4 +367,5 @@ class LearnerCore:
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Online Q-values for a batch (float32, on the host); for evaluation and tests."""
         with torch.inference_mode():
-            return self.online(as_tensor(obs, self.device)).float().cpu().numpy()
+            q: np.ndarray = self.online(as_tensor(obs, self.device)).float().cpu().numpy()
+        return q

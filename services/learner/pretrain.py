@@ -181,7 +181,8 @@ class Pretrainer:
         config = self.core.config
         if config.tau > 0:
             with torch.no_grad():
-                torch._foreach_lerp_(list(self.core.target.parameters()), self.core.params, config.tau)
+                targets: list[torch.Tensor] = list(self.core.target.parameters())
+                torch._foreach_lerp_(targets, self.core.params, config.tau)
         elif self.updates % config.target_update_interval == 0:
             self.core.sync_target()
 

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 import torch
 
+from flywheel.nets import QNetwork
+
 
 class LearnerCore(Protocol):
     """What these functions read and set of services/learner/core.py's LearnerCore (no import of it: core imports
@@ -19,9 +21,9 @@ class LearnerCore(Protocol):
     steps: int
 
     @property
-    def online(self) -> torch.nn.Module: ...
+    def online(self) -> QNetwork: ...
     @property
-    def target(self) -> torch.nn.Module: ...
+    def target(self) -> QNetwork: ...
     @property
     def optimizer(self) -> torch.optim.Optimizer: ...
     @property
@@ -45,7 +47,7 @@ class StateError(ValueError):
     """A state that does not fit this core; the message is one line."""
 
 
-def network_spec(net: torch.nn.Module) -> dict[str, Any]:
+def network_spec(net: QNetwork) -> dict[str, Any]:
     """What flywheel.nets.build_q_network needs to rebuild ``net`` (kept in the metadata for flywheel.policy)."""
     return {"obs_shape": [int(d) for d in net.obs_shape], "n_actions": int(net.n_actions),
             "dueling": bool(net.dueling), "hidden": int(net.hidden), "head": str(net.head),
