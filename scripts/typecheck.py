@@ -32,8 +32,10 @@ def build_tree() -> Path:
 
 
 # The typed telemetry declarations and the modules that count with them (an unknown counter is a type error there).
-TELEMETRY = ("metrics_spec.py", "transport.py", "services/replay/transport.py", "services/actor/loop.py",
-             "services/actor/report.py", "services/gateway/metrics.py")
+TELEMETRY = ("metrics_spec.py", "transport.py", "services/replay/transport.py", "services/replay/client.py",
+             "services/actor/loop.py", "services/actor/report.py", "services/gateway/metrics.py",
+             "services/learner/loop.py", "services/learner/transport.py", "services/learner/main.py",
+             "services/learner/best.py", "services/learner/metrics.py")
 
 
 def targets(package: Path) -> list[str]:
