@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from flywheel.checkpoints import write_atomically
+from flywheel.metrics_spec import GreedyEvalCounters, GreedyEvalGauges
 from flywheel.policy import BEST_FILE
 from flywheel.processes import die_with_parent
 
@@ -181,19 +182,21 @@ class BestKeeper:
                  f"; the best stays version {self.best['weight_version']} ({self.best['mean_return']:.2f})"
                  if self.best else "")
 
-    def gauges(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def gauges(self) -> GreedyEvalGauges:
+        """The last evaluation and the best kept (each left out until there is one)."""
+        out = GreedyEvalGauges()
         if self.last is not None:
-            out.update(eval_greedy_return=float(self.last["mean_return"]),
-                       eval_greedy_version=float(self.last["weight_version"]))
+            out.eval_greedy_return = float(self.last["mean_return"])
+            out.eval_greedy_version = float(self.last["weight_version"])
         if self.best is not None:
-            out.update(best_greedy_return=float(self.best["mean_return"]),
-                       best_weight_version=float(self.best["weight_version"]))
+            out.best_greedy_return = float(self.best["mean_return"])
+            out.best_weight_version = float(self.best["weight_version"])
         return out
 
-    def counters(self) -> dict[str, float]:
-        return {"greedy_evaluations_total": float(self.evaluations),
-                "greedy_evaluation_failures_total": float(self.failures)}
+    def counters(self) -> GreedyEvalCounters:
+        """Evaluations finished and failed."""
+        return GreedyEvalCounters(greedy_evaluations_total=float(self.evaluations),
+                                  greedy_evaluation_failures_total=float(self.failures))
 
     def _stop_pool(self) -> None:
         if self.pool is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from flywheel import proto
+from flywheel.metrics_spec import Gauges, LearnerCounters, LearnerGauges
 
 from .batches import ReadyBatch
 from .best import BestKeeper, evaluable
@@ -55,10 +56,7 @@ class LearnerLoop:
         self._metrics_step = core.steps
         self._skipped_total = 0
         self._next_checkpoint = time.monotonic() + settings.checkpoint_interval_s
-        self.counters = {"updates_total": 0.0, "samples_total": 0.0, "weights_published_total": 0.0,
-                         "messages_rejected_total": 0.0, "skipped_updates_total": 0.0,
-                         "data_wait_seconds_total": 0.0, "checkpoints_total": 0.0,
-                         "control_rejected_total": 0.0, "demo_samples_total": 0.0}
+        self.counters = LearnerCounters()
         self.replay_size = 0.0
         self.window = MetricsWindow()
         self.gpu = GpuProbe(core.device)
@@ -142,7 +140,7 @@ class LearnerLoop:
             ready = self.feeder.take(timeout_ms)
             waited = time.monotonic() - start
             self.window.wait_s += waited
-            self.counters["data_wait_seconds_total"] += waited
+            self.counters.data_wait_seconds_total += waited
             if ready is not None:
                 self.train(ready)
         self._publish_ready(wait=False)
@@ -160,7 +158,7 @@ class LearnerLoop:
         result = self.core.update(ready.tensors)
         self.feeder.done(ready, result.td_abs)
         self.replay_size = float(ready.replay_size)
-        self.counters["samples_total"] += result.batch_size
+        self.counters.samples_total += result.batch_size
         self.window.samples += result.batch_size
         if not result.stepped:
             return
@@ -175,7 +173,7 @@ class LearnerLoop:
         """One device read: loss/TD/Q sums since the last read and the skipped-step total."""
         sums = self.core.drain_metrics()
         self.window.add_sums(sums)
-        self.counters["demo_samples_total"] += sums.demo_rows
+        self.counters.demo_samples_total += sums.demo_rows
         self._skipped_total = sums.skipped_total
         self._metrics_step = self.core.steps
 
@@ -184,8 +182,8 @@ class LearnerLoop:
         if msg is None:
             return
         self.weights.publish(msg)
-        self.counters["weights_published_total"] += 1
-        if self.counters["weights_published_total"] == 1:
+        self.counters.weights_published_total += 1
+        if self.counters.weights_published_total == 1:
             log.info("learner: published weights version %d (%s)", msg.version, self.core.name)
 
     def _reserve_versions(self, upto: int) -> None:
@@ -213,29 +211,31 @@ class LearnerLoop:
     def send_telemetry(self) -> None:
         self._read_metrics()
         now = time.monotonic()
-        self.counters["updates_total"] = float(self.core.steps - self._skipped_total)
-        self.counters["skipped_updates_total"] = float(self._skipped_total)
-        self.counters["messages_rejected_total"] = float(self.faults.total)
-        self.counters["control_rejected_total"] = float(self.control.rejected)  # refused by the subscriber
-        counters = {**self.counters, **self.sampler.metrics(), **self.faults.as_counters(),
-                    **(self.best.counters() if self.best is not None else {})}
-        gauges = {
-            **self.window.gauges(now, self.paused),
-            "weight_version": float(self.version), "beta": self.beta, "lr": self.core.lr,
-            "paused": float(self.paused), "requests_in_flight": float(self.sampler.outstanding),
-            "batches_waiting": float(self.waiting_batches),
-            "update_step": float(self.core.steps), "replay_size": self.replay_size,
-            "publish_interval_updates": float(self.snapshots.every_updates),
-            "publish_interval_seconds": float(self.snapshots.every_seconds),
-            **self.gpu.gauges(), **(self.best.gauges() if self.best is not None else {}),
-        }
-        if self.gpu.enabled:  # what the GPU computes: convolutions and matmuls of the updates, in TFLOPS
-            gauges["achieved_tflops"] = gauges["updates_per_second"] * self._flops_per_update / 1e12
-        gauges = {k: v for k, v in gauges.items() if np.isfinite(v)}
+        counters = self.counters  # what is only read here is brought up to date here
+        counters.updates_total = float(self.core.steps - self._skipped_total)
+        counters.skipped_updates_total = float(self._skipped_total)
+        counters.messages_rejected_total = float(self.faults.total)
+        counters.control_rejected_total = float(self.control.rejected)  # refused by the subscriber
+        training, gpu = self.window.gauges(now, self.paused), self.gpu.gauges()
+        learner = LearnerGauges(
+            weight_version=float(self.version), beta=self.beta, lr=self.core.lr, paused=float(self.paused),
+            requests_in_flight=float(self.sampler.outstanding), batches_waiting=float(self.waiting_batches),
+            update_step=float(self.core.steps), replay_size=self.replay_size,
+            publish_interval_updates=float(self.snapshots.every_updates),
+            publish_interval_seconds=float(self.snapshots.every_seconds))
+        if gpu is not None:  # what the GPU computes: convolutions and matmuls of the updates, in TFLOPS
+            learner.achieved_tflops = training.updates_per_second * self._flops_per_update / 1e12
+        reported = {**counters.as_dict(), **self.sampler.counters.as_dict(), **self.faults.as_counters()}
+        gauge_parts: list[Gauges] = [training, learner, *([gpu] if gpu is not None else [])]
+        if self.best is not None:
+            reported.update(self.best.counters().as_dict())
+            gauge_parts.append(self.best.gauges())
+        merged = {key: value for part in gauge_parts for key, value in part.as_dict().items()}
+        gauges = {key: value for key, value in merged.items() if np.isfinite(value)}  # NaN: no value yet
         info = {"device": str(self.core.device), "network": self.core.name, "env_id": self.settings.env_id,
                 "state": "paused" if self.paused else "running", "precision": self.core.config.precision,
                 "compile": self.core.compile_state, "sample_path": self.sampler.path}
-        self.telemetry.send(counters, gauges, info)
+        self.telemetry.send(reported, gauges, info)
         self.last_gauges = gauges  # what was last reported; for tests and the CLI's progress line
         self.window.reset(now)
 
@@ -249,7 +249,7 @@ class LearnerLoop:
         except OSError as exc:
             log.error("learner: checkpoint (%s) failed: %s", why, exc)
             return None
-        self.counters["checkpoints_total"] += 1
+        self.counters.checkpoints_total += 1
         log.info("learner: checkpoint (%s) at update %d, weight version %d -> %s",
                  why, self.core.steps, self.version, path)
         return path

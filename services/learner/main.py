@@ -38,7 +38,7 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
     except BaseException:
         sockets.close()
         raise
-    loop.counters["pretrain_updates_total"] = float(pretrained)  # the first weights published are these
+    loop.counters.pretrain_updates_total = float(pretrained)  # the first weights published are these
     install_stop_signals(loop.stop)
     log_start(settings, core, loop.weights_endpoint)
     try:

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from flywheel.metrics_spec import GpuGauges, TrainingGauges
 from flywheel.nets import forward_macs
 
 from .core import LearnerCore
@@ -21,7 +22,7 @@ class MetricsWindow:
 
     def __init__(self) -> None:
         self.reset(time.monotonic())
-        self.last = {"loss": math.nan, "td_error_mean": math.nan, "q_mean": math.nan}
+        self.last_means = (math.nan, math.nan, math.nan)  # loss, TD error, Q of the last window with a batch
         self.last_margin = math.nan  # mean large-margin loss over the demonstration rows of the last window with any
 
     def reset(self, now: float) -> None:
@@ -42,21 +43,22 @@ class MetricsWindow:
         self.demo_rows += sums.demo_rows
         self.margin += sums.margin_loss
 
-    def gauges(self, now: float, paused: bool) -> dict[str, float]:
+    def gauges(self, now: float, paused: bool) -> TrainingGauges:
         """Means over the window (the previous value when no batch was trained) and per-second rates."""
         elapsed = max(now - self.start, 1e-9)
         if self.batches:
             n = self.batches
-            self.last = {"loss": self.loss / n, "td_error_mean": self.td / n, "q_mean": self.q / n}
+            self.last_means = (self.loss / n, self.td / n, self.q / n)
         if self.demo_rows:
             self.last_margin = self.margin / self.demo_rows
-        return {
-            **self.last,
-            "margin_loss": self.last_margin,
-            "updates_per_second": self.steps / elapsed,
-            "samples_per_second": self.samples / elapsed,
-            "data_wait_ratio": 0.0 if paused else min(1.0, self.wait_s / elapsed),
-        }
+        loss, td_error, q = self.last_means
+        return TrainingGauges(
+            loss=loss, td_error_mean=td_error, q_mean=q,
+            margin_loss=self.last_margin,
+            updates_per_second=self.steps / elapsed,
+            samples_per_second=self.samples / elapsed,
+            data_wait_ratio=0.0 if paused else min(1.0, self.wait_s / elapsed),
+        )
 
 
 class GpuProbe:
@@ -67,17 +69,18 @@ class GpuProbe:
         self.device = device
         self._utilization = self.enabled
 
-    def gauges(self) -> dict[str, float]:
+    def gauges(self) -> GpuGauges | None:
+        """The GPU's memory and utilisation now; None when not on CUDA."""
         if not self.enabled:
-            return {}
-        out = {
-            "gpu_memory_allocated_bytes": float(torch.cuda.memory_allocated(self.device)),
-            "gpu_memory_reserved_bytes": float(torch.cuda.memory_reserved(self.device)),
-            "gpu_memory_peak_bytes": float(torch.cuda.max_memory_allocated(self.device)),
-        }
+            return None
+        out = GpuGauges(
+            gpu_memory_allocated_bytes=float(torch.cuda.memory_allocated(self.device)),
+            gpu_memory_reserved_bytes=float(torch.cuda.memory_reserved(self.device)),
+            gpu_memory_peak_bytes=float(torch.cuda.max_memory_allocated(self.device)),
+        )
         if self._utilization:
             try:
-                out["gpu_utilization_ratio"] = float(torch.cuda.utilization(self.device)) / 100.0
+                out.gpu_utilization_ratio = float(torch.cuda.utilization(self.device)) / 100.0
             except Exception as exc:  # NVML missing or unsupported (e.g. MIG): memory is still reported
                 self._utilization = False
                 log.info("learner: GPU utilisation not available (%s); reporting memory only", exc)

@@ -188,11 +188,11 @@ class Feeder:
 
     def _take_batches(self) -> None:
         while True:
-            compact = self.client.counters["compact_batches"]
+            compact = self.client.counters.compact_batches_total
             batch = self.client.receive()
             if batch is None:
                 return
-            rebuilt = self.client.counters["compact_batches"] > compact  # its stacks took milliseconds to rebuild
+            rebuilt = self.client.counters.compact_batches_total > compact  # its stacks took milliseconds to rebuild
             try:
                 self.check(batch)
             except BadBatch as exc:

@@ -10,6 +10,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from flywheel import proto
+from flywheel.metrics_spec import ReplayClientCounters
 from flywheel.proto.messages import SampleRefused
 from flywheel.transport import FaultCounter, MessageTooLarge, connect, make_socket, receive
 
@@ -86,10 +87,7 @@ class ReplayClient:
         self._disconnected = False
         self._last_progress = time.monotonic()
         self._unpacked = np.empty(0, np.uint8)  # packed frames are unpacked here, then gathered into stacks
-        self.counters = {"shm_batches": 0, "tcp_batches": 0, "compact_batches": 0, "packed_batches": 0,
-                         "bad_replies": 0,
-                         "unrequested_replies": 0, "priority_updates": 0, "priority_updates_dropped": 0,
-                         "requests_resent": 0, "reconnects": 0}
+        self.counters = ReplayClientCounters()  # reported by the learner (``counters.as_dict()``)
 
     @staticmethod
     def _check_beta(beta: float) -> float:
@@ -110,18 +108,6 @@ class ReplayClient:
     def path(self) -> str:
         """Where batches come from now: ``shm`` once a segment is attached, else ``tcp``."""
         return "shm" if self.segment is not None else "tcp"
-
-    def metrics(self) -> dict[str, float]:
-        """Counters for telemetry, Prometheus-named (``shm_batches_total`` vs ``tcp_batches_total``: the path)."""
-        c = self.counters
-        return {"sample_batches_total": float(c["shm_batches"] + c["tcp_batches"]),
-                "shm_batches_total": float(c["shm_batches"]), "tcp_batches_total": float(c["tcp_batches"]),
-                "compact_batches_total": float(c["compact_batches"]),
-                "packed_batches_total": float(c["packed_batches"]),
-                "requests_resent_total": float(c["requests_resent"]),
-                "replay_reconnects_total": float(c["reconnects"]),
-                "replies_unrequested_total": float(c["unrequested_replies"]),
-                "priority_updates_dropped_total": float(c["priority_updates_dropped"])}
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def top_up(self, beta: float | None = None, limit: int | None = None) -> None:
@@ -153,7 +139,7 @@ class ReplayClient:
         them) or no batch came for ``request_timeout_s``; returns how many were re-sent."""
         now = time.monotonic() if now is None else now
         if self._reconnected():
-            self.counters["reconnects"] += 1
+            self.counters.replay_reconnects_total += 1
             self._to_release.clear()  # a new replay: new segment, no slots of ours
             self._drop_segment()
             self.shm_refused = self.transport == "tcp"  # it may run elsewhere now: look at its offer again
@@ -166,7 +152,7 @@ class ReplayClient:
             log.warning("no batch from replay %s for %.0f s: re-sending %d sample requests", self.endpoint,
                         self.request_timeout_s, len(self._outstanding))
         count = len(self._outstanding)
-        self.counters["requests_resent"] += count
+        self.counters.requests_resent_total += count
         self._outstanding.clear()
         self._last_progress = now
         self.top_up(beta, limit)
@@ -239,7 +225,7 @@ class ReplayClient:
             # it stands in for the oldest one still outstanding; with none left it is one more than was asked
             # for and is dropped, so batches received but not yet used stay within what was asked for.
             if not self._outstanding:
-                self.counters["unrequested_replies"] += 1
+                self.counters.replies_unrequested_total += 1
                 if ours:
                     self._to_release.append(slot)
                 return None
@@ -253,7 +239,8 @@ class ReplayClient:
                 if ours:
                     self._to_release.append(slot)
                 return None
-            self.counters["shm_batches"] += 1
+            self.counters.shm_batches_total += 1
+            self.counters.sample_batches_total += 1
             self.held[batch.request_id] = (str(shm["segment"]), slot)
             return batch
         try:
@@ -276,9 +263,10 @@ class ReplayClient:
                 self._refuse(proto.OversizedMessage(f"sample_batch: out of memory expanding {batch.action.shape[0]} "
                                                     f"rows ({expanded} bytes)"), freed=True)
                 return None
-            self.counters["compact_batches"] += 1
-            self.counters["packed_batches"] += int(packed)
-        self.counters["tcp_batches"] += 1
+            self.counters.compact_batches_total += 1
+            self.counters.packed_batches_total += int(packed)
+        self.counters.tcp_batches_total += 1
+        self.counters.sample_batches_total += 1
         self.held[batch.request_id] = ("", -1)
         return batch
 
@@ -307,7 +295,7 @@ class ReplayClient:
 
     def _refuse(self, exc: Exception, freed: bool = False) -> None:
         """A reply that cannot be used: counted; it answered one of ours, so the oldest request's place is freed."""
-        self.counters["bad_replies"] += 1
+        self.counters.bad_replies += 1
         self.faults.record("sample", exc)
         if not freed and self._outstanding:
             self._outstanding.pop(min(self._outstanding, key=self._outstanding.__getitem__))
@@ -360,9 +348,9 @@ class ReplayClient:
         try:
             self.sock.send_multipart(proto.encode(update), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            self.counters["priority_updates_dropped"] += 1
+            self.counters.priority_updates_dropped_total += 1
             return False
-        self.counters["priority_updates"] += 1
+        self.counters.priority_updates += 1
         return True
 
     def close(self) -> None:

@@ -21,8 +21,8 @@ def harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
     """Makes learner services on real sockets (closed at the end of the test)."""
     made: list[Harness] = []
 
-    def make(**overrides: object) -> Harness:
-        made.append(Harness(tmp_path, **overrides))
+    def make(device: str = "cpu", **overrides: object) -> Harness:
+        made.append(Harness(tmp_path, device, **overrides))
         return made[-1]
 
     yield make

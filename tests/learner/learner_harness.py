@@ -58,7 +58,7 @@ class FakeReplay:
 class Harness:
     """A learner loop plus the peers it talks to, all bound to port 0 on 127.0.0.1 (the kernel picks)."""
 
-    def __init__(self, tmp_path: Path, **overrides: object) -> None:
+    def __init__(self, tmp_path: Path, device: str = "cpu", **overrides: object) -> None:
         self.ctx = zmq.Context()
         self.replay = FakeReplay(self.ctx)
         self.telemetry = self.ctx.socket(zmq.PULL)
@@ -73,7 +73,7 @@ class Harness:
         )
         values.update(overrides)
         self.settings = LearnerSettings(**values)
-        self.core = LearnerCore((4,), 2, CoreConfig(lr=self.settings.lr))
+        self.core = LearnerCore((4,), 2, CoreConfig(lr=self.settings.lr), device=device)
         self.start_version = 0
         if self.settings.resume:
             self.start_version = load_checkpoint(tmp_path, self.core).weight_version

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from flywheel.metrics_spec import GreedyEvalCounters, GreedyEvalGauges
 from flywheel.policy import Policy, PolicyError
 from flywheel.services.learner.best import BEST_JSON, CANDIDATE_FILE, BestKeeper
 from flywheel.services.learner.checkpoint import save_checkpoint
@@ -63,8 +64,8 @@ def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path
         best = json.loads((tmp_path / BEST_JSON).read_text())
         assert (best["weight_version"], best["mean_return"], best["episodes"], best["seeds"]) == (5, 500.0, 3,
                                                                                                   [11, 12, 13])
-        assert keeper.gauges() == {"eval_greedy_return": 500.0, "eval_greedy_version": 5.0,
-                                   "best_greedy_return": 500.0, "best_weight_version": 5.0}
+        assert keeper.gauges() == GreedyEvalGauges(eval_greedy_return=500.0, eval_greedy_version=5.0,
+                                                   best_greedy_return=500.0, best_weight_version=5.0)
 
         set_policy(core, right_when_leaning_right=False)  # a collapse: the newest weights drop the pole
         save_checkpoint(tmp_path, core, weight_version=9)
@@ -72,8 +73,8 @@ def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path
         assert keeper.pending is None  # no new weights since the last evaluation: nothing to do
         evaluate_now(keeper, core, 9)
         assert keeper.last is not None and keeper.last["mean_return"] < 20  # the collapse, seen
-        assert keeper.gauges()["best_weight_version"] == 5.0 and keeper.counters() == {
-            "greedy_evaluations_total": 2.0, "greedy_evaluation_failures_total": 0.0}
+        assert keeper.gauges().best_weight_version == 5.0 and keeper.counters() == GreedyEvalCounters(
+            greedy_evaluations_total=2.0, greedy_evaluation_failures_total=0.0)
     finally:
         keeper.close()
     assert not (tmp_path / CANDIDATE_FILE).exists()
@@ -95,7 +96,8 @@ def test_a_failed_evaluation_is_counted_and_the_learner_goes_on(tmp_path: Path) 
         evaluate_now(keeper, core, 3)
     finally:
         keeper.close()
-    assert keeper.counters() == {"greedy_evaluations_total": 0.0, "greedy_evaluation_failures_total": 1.0}
+    assert keeper.counters() == GreedyEvalCounters(greedy_evaluations_total=0.0, greedy_evaluation_failures_total=1.0)
+    assert keeper.gauges().as_dict() == {}  # nothing evaluated, nothing kept: no gauge reported
     assert keeper.best is None and not (tmp_path / "best.safetensors").exists()
 
 

@@ -93,11 +93,11 @@ def run_learner(endpoint: str, tmp_path: Path, transport: str, updates: int = 12
 def test_same_host_learner_trains_on_shared_memory_batches(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="flywheel.replay.client"), replay_server(ShmSlots()) as (replay, end):
         service, code, path = run_learner(end, tmp_path, "auto")
-        got = service.sampler.metrics()
+        got = service.sampler.counters
         assert code == 0 and service.core.steps == 12
-        assert got["shm_batches_total"] >= 8 and got["tcp_batches_total"] <= 4  # the offer comes inline first
-        assert got["sample_batches_total"] == got["shm_batches_total"] + got["tcp_batches_total"]
-        assert replay.counters.shm_batches_total >= got["shm_batches_total"]
+        assert got.shm_batches_total >= 8 and got.tcp_batches_total <= 4  # the offer comes inline first
+        assert got.sample_batches_total == got.shm_batches_total + got.tcp_batches_total
+        assert replay.counters.shm_batches_total >= got.shm_batches_total
         assert replay.counters.shm_slots_exhausted_total == 0  # 2 x requests_in_flight slots suffice
         assert any("sampling through shared memory" in r.getMessage() for r in caplog.records)
         assert path == "shm" and not service.sampler.held  # every batch handed back
@@ -106,10 +106,10 @@ def test_same_host_learner_trains_on_shared_memory_batches(tmp_path: Path, caplo
 def test_tcp_learner_gets_compact_pixel_batches(tmp_path: Path) -> None:
     with replay_server(ShmSlots()) as (replay, endpoint):
         service, code, path = run_learner(endpoint, tmp_path, "tcp")
-        got = service.sampler.metrics()
+        got = service.sampler.counters
         assert code == 0 and service.core.steps == 12
-        assert got["shm_batches_total"] == 0 and got["tcp_batches_total"] >= 12
-        assert got["compact_batches_total"] == got["tcp_batches_total"]  # distinct frames + indices, rebuilt
+        assert got.shm_batches_total == 0 and got.tcp_batches_total >= 12
+        assert got.compact_batches_total == got.tcp_batches_total  # distinct frames + indices, rebuilt
         assert replay.shm is not None and replay.shm.clients == {}  # never offered a segment
         assert path == "tcp"
 

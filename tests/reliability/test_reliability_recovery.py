@@ -67,7 +67,7 @@ def test_sample_requests_are_resent_as_soon_as_a_restarted_replay_is_back() -> N
         while not resent and time.monotonic() < deadline:
             resent = client.resend_stale(time.monotonic(), 0.4)
             time.sleep(0.05)
-        assert resent == 3 and client.metrics()["replay_reconnects_total"] == 1
+        assert resent == 3 and client.counters.replay_reconnects_total == 1
         assert sorted(_requests(router, 1.0)) == [4, 5, 6]  # well before the 60 s timeout
         assert client.outstanding == 3
     finally:
@@ -113,7 +113,7 @@ def test_replies_beyond_the_requests_in_flight_are_not_handed_on() -> None:
                 if batch is not None:
                     batches.append(batch.request_id)
         assert len(batches) == 2 and client.outstanding == 0
-        assert client.metrics()["replies_unrequested_total"] == 2
+        assert client.counters.replies_unrequested_total == 2
     finally:
         client.close()
         router.close(0)

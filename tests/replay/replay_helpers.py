@@ -213,7 +213,7 @@ def first_reply_tampered(make_reply: Callable[[proto.SampleRequest], list], tamp
                 router.send_multipart([frames[0], *(tamper(reply) if answered == 0 else reply)])
                 answered += 1
         got, deadline = [], time.monotonic() + 5
-        while len(got) + client.counters["bad_replies"] < 2 and time.monotonic() < deadline:
+        while len(got) + client.counters.bad_replies < 2 and time.monotonic() < deadline:
             if client.sock.poll(100) and (batch := client.receive()) is not None:
                 got.append(batch)
         return got, client

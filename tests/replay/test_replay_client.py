@@ -50,7 +50,7 @@ def test_shared_memory_batches_are_zero_copy_views_and_slots_recycle() -> None:
             assert batch.is_demo is None and not batch.demo_mask().any()  # no demonstrations table
             client.update_priorities(batch.index, np.full(32, 2.0, np.float32))
             client.release(batch)
-        assert client.counters["shm_batches"] >= 9  # the first replies carry the offer, inline
+        assert client.counters.shm_batches_total >= 9  # the first replies carry the offer, inline
         assert rs.server.counters.shm_slots_exhausted_total == 0
         segment = shm.clients[next(iter(shm.clients))].segment
         assert segment.slots == 3 and len(segment.busy) <= 3
@@ -69,8 +69,8 @@ def test_tcp_client_gets_inline_batches() -> None:
             assert batch.shm == {}
             check_batch(batch, streams)
             client.release(batch)
-        assert client.counters["tcp_batches"] == 5 and client.counters["shm_batches"] == 0
-        assert client.counters["compact_batches"] == 5  # pixel stacks travel as distinct frames + indices
+        assert client.counters.tcp_batches_total == 5 and client.counters.shm_batches_total == 0
+        assert client.counters.compact_batches_total == 5  # pixel stacks travel as distinct frames + indices
         assert rs.server.shm.clients == {}  # a TCP client never gets a segment
 
 
@@ -84,7 +84,7 @@ def test_unreachable_segment_falls_back_to_tcp(tmp_path: Path) -> None:
             batch = next_batch(client)
             check_batch(batch, streams)
             client.release(batch)
-        assert client.shm_refused and client.counters["shm_batches"] == 0
+        assert client.shm_refused and client.counters.shm_batches_total == 0
         wait_for(lambda: not shm.clients, "the unused segment to be dropped")
         assert list(tmp_path.iterdir()) == []
     with running_server(filled(streams), shm=ShmSlots(directory=tmp_path)) as rs:
@@ -110,7 +110,7 @@ def test_several_clients_each_get_their_own_batches() -> None:
                         check_batch(batch, streams)
                         client.release(batch)
                         got[id(client)] += 1
-            assert clients[0].counters["shm_batches"] > 0 and clients[1].counters["shm_batches"] > 0
+            assert clients[0].counters.shm_batches_total > 0 and clients[1].counters.shm_batches_total > 0
             assert len(rs.server.shm.clients) == 2
         finally:
             for client in clients:
@@ -137,7 +137,7 @@ def test_client_re_requests_after_the_replay_restarts() -> None:
                 except AssertionError:
                     check_batch(batch, streams)
                 client.release(batch)
-            assert client.counters["reconnects"] == 1
+            assert client.counters.replay_reconnects_total == 1
         finally:
             client.close()
 
@@ -212,7 +212,7 @@ def test_a_reply_naming_a_slot_of_no_attached_segment_is_counted_not_fatal() -> 
                 reward=np.zeros(rows, np.float32), discount=np.ones(rows, np.float32), next_obs=obs,
                 index=np.arange(rows), weight=np.ones(rows, np.float32), shm=shm))])
         batch = next_batch(client)
-        assert batch.obs.shape == (4, 4) and client.counters["bad_replies"] == 1
+        assert batch.obs.shape == (4, 4) and client.counters.bad_replies == 1
         assert client.faults.counts["sample:malformed"] == 1
         client.release(batch)
     finally:

@@ -113,7 +113,7 @@ def test_a_compact_reply_with_bad_indices_is_counted_and_the_client_goes_on() ->
 
     faults = FaultCounter("learner")
     got, client = first_reply_tampered(reply, tamper, faults)
-    assert client.counters["bad_replies"] == 1 and faults.counts["sample:shape"] == 1
+    assert client.counters.bad_replies == 1 and faults.counts["sample:shape"] == 1
     assert len(got) == 1 and got[0].obs.shape == (4, 4, 8, 8) and client.outstanding == 0
     assert np.array_equal(got[0].next_obs[0], valid_compact().frames[2:6])
 
@@ -133,6 +133,6 @@ def test_old_clients_get_whole_stacks_new_ones_the_compact_form() -> None:
                         obs, next_obs = streams.sent[int(position)]
                         assert np.array_equal(batch.obs[i], obs) and np.array_equal(batch.next_obs[i], next_obs)
                     client.release(batch)
-                assert client.counters["compact_batches"] == (3 if compact else 0)
-                assert client.counters["tcp_batches"] == 3
+                assert client.counters.compact_batches_total == (3 if compact else 0)
+                assert client.counters.tcp_batches_total == 3
         assert rs.server.counters.compact_batches_total >= 3  # the new client's, and only its

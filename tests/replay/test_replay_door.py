@@ -201,7 +201,7 @@ def test_a_remote_client_stays_on_tcp_or_stops_when_it_insists_on_shared_memory(
                 batch = client.poll(timeout_ms=DEADLINE_MS)
                 assert batch is not None and batch.obs.shape == (8, 4)
                 client.release(batch)
-            assert client.shm_refused and client.path == "tcp" and client.counters["tcp_batches"] == 4
+            assert client.shm_refused and client.path == "tcp" and client.counters.tcp_batches_total == 4
         assert rs.faults.counts["sample:shm_peer"] <= 2  # only the requests sent before the first answer
         with ReplayClient(endpoint, 8, inflight=1, transport="shm") as client:
             with pytest.raises(ReplayClientError, match="refuses shared memory to this peer"):
@@ -312,7 +312,7 @@ def test_the_client_refuses_replies_that_do_not_fit_before_expanding_and_goes_on
                           obs_shape=(4, 8, 8)) as client:
             got = serve_until(router, client, replies, 2)
             assert len(got) == 2 and got[0].obs.shape == (4, 4, 8, 8)  # the client went on asking
-            assert client.counters["bad_replies"] == 4
+            assert client.counters.bad_replies == 4
     assert faults.counts["sample:oversized"] == 2 and faults.counts["sample:shape"] == 2
 
 
@@ -331,7 +331,7 @@ def test_running_out_of_memory_while_expanding_is_a_refused_reply(monkeypatch: p
     with answering_router() as (router, ctx, endpoint), ReplayClient(endpoint, 4, inflight=1, ctx=ctx,
                                                                       faults=faults) as client:
         got = serve_until(router, client, [good], 1)
-        assert len(got) == 1 and client.counters["bad_replies"] == 1 and client.outstanding <= 1
+        assert len(got) == 1 and client.counters.bad_replies == 1 and client.outstanding <= 1
     assert faults.counts["sample:oversized"] == 1
 
 

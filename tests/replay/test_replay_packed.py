@@ -196,9 +196,9 @@ def test_a_packed_reply_that_does_not_unpack_is_counted_and_the_client_goes_on()
 
     faults = FaultCounter("learner")
     got, client = first_reply_tampered(reply, tamper, faults)
-    assert client.counters["bad_replies"] == 1 and faults.counts["sample:malformed"] == 1
+    assert client.counters.bad_replies == 1 and faults.counts["sample:malformed"] == 1
     assert len(got) == 1 and got[0].obs.shape == (4, 4, 8, 8) and client.outstanding == 0
-    assert np.all(got[0].obs == 5) and client.counters["packed_batches"] == 1
+    assert np.all(got[0].obs == 5) and client.counters.packed_batches_total == 1
 
 
 def test_a_packing_replay_sends_packed_batches_over_its_socket() -> None:
@@ -214,7 +214,7 @@ def test_a_packing_replay_sends_packed_batches_over_its_socket() -> None:
                     assert batch is not None and batch.frames is None and batch.packed is None
                     assert_rows_are_what_was_sent(batch, streams)
                     client.release(batch)
-                assert client.counters["packed_batches"] == (3 if compact else 0)
+                assert client.counters.packed_batches_total == (3 if compact else 0)
         assert rs.server.counters.packed_batches_total >= 3  # the compact client's, and only its
 
 

@@ -131,7 +131,7 @@ def _fed_case(ctx: BenchContext, case: Case, device: torch.device, config: CoreC
                     runs[name].append(rates[name])
                 for transport in wait_runs:
                     wait_runs[transport].append(shares[transport])
-        counts = {t: service.sampler.metrics() for t, service in services.items()}
+        counts = {t: service.sampler.counters.as_dict() for t, service in services.items()}
         paths = {t: service.sampler.path for t, service in services.items()}
     finally:
         for service in services.values():

@@ -120,14 +120,14 @@ def service_seconds(service: LearnerLoop, n: int) -> tuple[float, float]:
     """(wall time, time spent waiting for data) of ``n`` updates of the running service."""
     core = service.core
     goal = core.steps + n
-    waited = service.counters["data_wait_seconds_total"]
+    waited = service.counters.data_wait_seconds_total
     start = time.perf_counter()
     while core.steps < goal:
         if service.feeder.error is not None:
             raise BenchError(f"the learner's sampling failed: {service.feeder.error}")
         service.step(100)
     sync_device(core.device)
-    return time.perf_counter() - start, service.counters["data_wait_seconds_total"] - waited
+    return time.perf_counter() - start, service.counters.data_wait_seconds_total - waited
 
 
 def interleaved(loops: dict[str, Callable[[int], float]], n: int, rounds: int) -> dict[str, float]:

@@ -84,9 +84,9 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
         feeder.close()  # the priorities still queued are sent first
         ctx.term()
     c = feeder.client.counters
-    result.put(rates | {"shm": c["shm_batches"], "tcp": c["tcp_batches"], "compact": c["compact_batches"],
-                        "packed": c["packed_batches"],
-                        "rows": counts["rows"], "priority_messages": c["priority_updates"],
+    result.put(rates | {"shm": int(c.shm_batches_total), "tcp": int(c.tcp_batches_total),
+                        "compact": int(c.compact_batches_total), "packed": int(c.packed_batches_total),
+                        "rows": counts["rows"], "priority_messages": int(c.priority_updates),
                         "faults": faults.total})
 
 

@@ -226,7 +226,8 @@ def _client_main(endpoint: str, transport: str, batch: int, seconds: float, cpus
             client.update_priorities(got.index, rng.uniform(0.1, 2, batch).astype(np.float32))
             client.release(got)
         result.put(clock.rates(len(arrivals)) | {
-            "arrivals": arrivals, "shm": client.counters["shm_batches"], "tcp": client.counters["tcp_batches"],
+            "arrivals": arrivals, "shm": int(client.counters.shm_batches_total),
+            "tcp": int(client.counters.tcp_batches_total),
             "start": start})
 
 
