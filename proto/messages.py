@@ -33,11 +33,6 @@ class SampleRequest(Message):
     """Learner -> replay: ask for one batch; replies carry the same request_id."""
 
     KIND: ClassVar[str] = "sample_request"
-    SCALARS: ClassVar[dict[str, str]] = {
-        "request_id": INT, "batch_size": INT, "beta": FLOAT,
-        "shm": BOOL, "shm_segment": STR, "release_slot": INT, "slots": INT, "compact": BOOL,
-        "packed": BOOL,
-    }
     request_id: int
     batch_size: int
     beta: float = 0.4
@@ -70,8 +65,6 @@ class SampleBatch(Transition[np.ndarray], Message):
     """Replay -> learner: a ready-to-use batch with replay indices and importance weights."""
 
     KIND: ClassVar[str] = "sample_batch"
-    SCALARS: ClassVar[dict[str, str]] = {"request_id": INT, "replay_size": INT, "shm": SCALAR_MAP,
-                                         "packing": SCALAR_MAP}
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {
         **TRANSITION_ARRAYS,
         "index": BATCH_I64,
@@ -207,7 +200,6 @@ class SampleRefused(Message):
     above its max_batch_size, then in ``limit``), so the client need not wait for it; old clients count a wrong kind."""
 
     KIND: ClassVar[str] = "sample_refused"
-    SCALARS: ClassVar[dict[str, str]] = {"request_id": INT, "reason": STR, "detail": STR, "limit": INT}
     request_id: int
     reason: str
     detail: str = ""
@@ -236,7 +228,6 @@ class Weights(Message):
     """Learner -> actors: a full set of network parameters with a strictly increasing version."""
 
     KIND: ClassVar[str] = "weights"
-    SCALARS: ClassVar[dict[str, str]] = {"version": INT, "network": STR}
     DYNAMIC_ARRAYS: ClassVar[tuple[str, ArraySpec] | None] = (
         "tensors", ArraySpec(("float32", "float16", "int64"), 0, 4),
     )
@@ -254,10 +245,6 @@ class Telemetry(Message):
     """Any service -> gateway: cumulative counters, gauges and info of one instance."""
 
     KIND: ClassVar[str] = "telemetry"
-    SCALARS: ClassVar[dict[str, str]] = {
-        "service": STR, "instance": STR, "seq": INT, "time": FLOAT,
-        "counters": FLOAT_MAP, "gauges": FLOAT_MAP, "info": STR_MAP,
-    }
     service: str
     instance: str
     seq: int
@@ -272,7 +259,6 @@ class Control(Message):
     """Gateway -> services: a command for a service kind ("*" for all) or one instance."""
 
     KIND: ClassVar[str] = "control"
-    SCALARS: ClassVar[dict[str, str]] = {"seq": INT, "command": STR, "target": STR, "args": SCALAR_MAP}
     seq: int
     command: str
     target: str = "*"
@@ -284,7 +270,6 @@ class LeaseRequest(Message):
     """Actor -> gateway: claim or renew (or release) an exploration slot."""
 
     KIND: ClassVar[str] = "lease_request"
-    SCALARS: ClassVar[dict[str, str]] = {"instance": STR, "release": BOOL}
     instance: str
     release: bool = False
 
@@ -294,7 +279,6 @@ class LeaseReply(Message):
     """Gateway -> actor: slot ``index`` of ``count`` live actors, valid for ``ttl`` seconds."""
 
     KIND: ClassVar[str] = "lease_reply"
-    SCALARS: ClassVar[dict[str, str]] = {"instance": STR, "index": INT, "count": INT, "ttl": FLOAT}
     instance: str
     index: int
     count: int
@@ -316,11 +300,6 @@ class ClipChunk(Message):
     """
 
     KIND: ClassVar[str] = "clip_chunk"
-    SCALARS: ClassVar[dict[str, str]] = {
-        "instance": STR, "clip": INT, "index": INT, "count": INT, "total_bytes": INT, "weight_version": INT,
-        "env_id": STR, "fps": FLOAT, "frames": INT, "episode_return": FLOAT, "length": INT, "x_pos": INT,
-        "flag": BOOL, "time": FLOAT,
-    }
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {"data": ArraySpec(("uint8",))}
     instance: str
     clip: int

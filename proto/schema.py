@@ -25,9 +25,15 @@ class ArraySpec:
     optional: bool = False
 
 
+# The codec tag of each scalar field's annotation (as written: the modules use postponed annotations).
+_TAGS = {"int": INT, "float": FLOAT, "str": STR, "bool": BOOL, "dict[str, float]": FLOAT_MAP,
+         "dict[str, str]": STR_MAP, "dict[str, Any]": SCALAR_MAP}
+
+
 @dataclass
 class Message:
-    """Base class: subclasses declare KIND, SCALARS and ARRAYS (or DYNAMIC_ARRAYS)."""
+    """Base class: subclasses declare KIND and ARRAYS (or DYNAMIC_ARRAYS) and their fields; SCALARS, each
+    scalar field's codec tag, is read off the fields' annotations when the class is made."""
 
     KIND: ClassVar[str] = ""
     SCALARS: ClassVar[dict[str, str]] = {}
@@ -35,8 +41,29 @@ class Message:
     # When set, arrays are free-named entries of this dict attribute, each checked against the spec.
     DYNAMIC_ARRAYS: ClassVar[tuple[str, ArraySpec] | None] = None
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.SCALARS = scalar_tags(cls)
+
     def validate(self) -> None:
         """Cross-field checks after decoding (and before encoding); raise BadShape."""
+
+
+def scalar_tags(cls: type[Message]) -> dict[str, str]:
+    """``{field: tag}`` of a message class's scalar fields, in field order (bases first): every annotated field
+    that is not a ClassVar or an array; a TypeError at import for a field type the codec cannot carry."""
+    arrays = set(cls.ARRAYS) | ({cls.DYNAMIC_ARRAYS[0]} if cls.DYNAMIC_ARRAYS else set())
+    tags: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            written = str(annotation)
+            if written.startswith("ClassVar") or name in arrays or name in tags:
+                continue
+            if written not in _TAGS:
+                raise TypeError(f"{cls.__name__}.{name}: {written} is not a type the codec carries "
+                                f"({', '.join(_TAGS)}, or an array named in ARRAYS)")
+            tags[name] = _TAGS[written]
+    return tags
 
 
 BATCH_F32 = ArraySpec(("float32",))

@@ -122,7 +122,6 @@ class TransitionBatch(Transition[np.ndarray], Message):
     """Actor -> replay: n-step transitions with the weight version that produced them."""
 
     KIND: ClassVar[str] = "transitions"
-    SCALARS: ClassVar[dict[str, str]] = {"actor": STR, "weight_version": INT, "seq": INT}
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {
         **TRANSITION_ARRAYS,
         "priority": ArraySpec(("float32",), optional=True),

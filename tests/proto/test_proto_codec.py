@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 import numpy as np
@@ -732,3 +732,32 @@ def test_fuzz_header_structure(msg: Message, data: st.DataObject) -> None:
 
 def test_module_exports() -> None:
     assert set(proto.__all__) >= {"decode", "encode", "peek_kind", "Limits", "DecodeError", "FAULTS"}
+
+
+def test_scalar_tags_are_read_off_the_field_annotations() -> None:
+    """Each message's scalar fields carry their codec tag from their own annotation; arrays and ClassVars are not
+    scalars; a field type the codec cannot carry fails when the class is made, naming the field."""
+    from dataclasses import dataclass as make_dataclass
+
+    from flywheel.proto import schema
+
+    assert proto.Telemetry.SCALARS == {"service": "str", "instance": "str", "seq": "int", "time": "float",
+                                       "counters": "float_map", "gauges": "float_map", "info": "str_map"}
+    assert proto.TransitionBatch.SCALARS == {"actor": "str", "weight_version": "int", "seq": "int"}
+    assert proto.PriorityUpdate.SCALARS == {}  # arrays only
+    assert "args" in proto.Control.SCALARS and proto.Control.SCALARS["args"] == "scalar_map"
+
+    @make_dataclass
+    class Probe(schema.Message):
+        KIND: ClassVar[str] = "probe"
+        ARRAYS: ClassVar[dict[str, schema.ArraySpec]] = {"data": schema.BATCH_F32}
+        name: str
+        data: np.ndarray
+        ratio: float = 0.5
+
+    assert Probe.SCALARS == {"name": "str", "ratio": "float"}
+
+    with pytest.raises(TypeError, match=r"Bad\.when: list\[int\] is not a type the codec carries"):
+        class Bad(schema.Message):
+            KIND: ClassVar[str] = "bad"
+            when: list[int]
