@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 import numpy as np
 
 from .errors import BadShape
-from .schema import INT, STR, ArraySpec, Message, batch_size
+from .schema import ArraySpec, Message, batch_size
 
 A = TypeVar("A")  # the array type: np.ndarray on the host, torch.Tensor on the learner's device
 

@@ -8,8 +8,10 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,16 @@ class BenchContext:
     seed: int = 0
     options: dict[str, str] = field(default_factory=dict)
     load_at_start: tuple[float, float, float] = field(default_factory=lambda: _loadavg())
+
+    @contextmanager
+    def workdir(self, suite: str) -> Iterator[Path]:
+        """The folder ``--opt workdir=DIR`` names (kept afterwards), else a temporary one removed at the end."""
+        kept = self.option("workdir", "")
+        if kept:
+            yield Path(kept).resolve()
+            return
+        with tempfile.TemporaryDirectory(prefix=f"flywheel-bench-{suite}-") as tmp:
+            yield Path(tmp).resolve()
 
     def option(self, name: str, default: str) -> str:
         """A suite-specific ``--opt NAME=VALUE`` value, or ``default``."""

@@ -64,6 +64,27 @@ class Snapshot:
     def total(self, service: str, name: str) -> float:
         return self.counters.get(service, {}).get(name, 0.0)
 
+    def actors(self) -> list[dict[str, float]]:
+        """The actors' gauges, one dict per instance, in instance order."""
+        return sorted(self.gauges.get("actor", []), key=lambda g: str(g.get("instance")))
+
+    def per_actor(self, gauge: str) -> dict[str, float | None]:
+        """One actor gauge by instance."""
+        return {str(g.get("instance")): g.get(gauge) for g in self.actors()}
+
+    def progress_point(self, started: float) -> dict[str, Any]:
+        """What every learning benchmark records per snapshot: seconds since ``started``, the system's counts,
+        each actor's exploration rate, the replay's size, CPU seconds per process and the load average."""
+        return {
+            "t": self.t - started, "env_steps": self.total("actor", "env_steps_total"),
+            "episodes": self.total("actor", "episodes_total"), "updates": self.total("learner", "updates_total"),
+            "samples": self.total("learner", "samples_total"),
+            "transitions": self.total("replay", "transitions_received_total"),
+            "epsilon": self.per_actor("epsilon"),
+            "replay_size": sum(g.get("size_transitions", 0.0) for g in self.gauges.get("replay", [])),
+            "cpu": dict(self.cpu), "load": list(os.getloadavg()),
+        }
+
 
 def all_up(status: dict[str, Any] | None, actors: int) -> bool:
     """The gateway's /status shows a live replay, a live learner and ``actors`` live actors."""

@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, _cpu_model
-from flywheel.bench.suites.mario import _take_checkpoint, open_run
+from flywheel.bench.suites.mario import _take_checkpoint, open_run, train_and_poll
 from flywheel.envs import env_family, env_spec, evaluation_env_id
 from flywheel.run import default_actors
 from flywheel.testing.run import FlywheelRun, Snapshot
@@ -52,37 +49,16 @@ FRAME_SKIP = 4
 
 
 def _point(run: FlywheelRun, snap: Snapshot) -> dict[str, Any]:
-    actors = sorted(snap.gauges.get("actor", []), key=lambda g: str(g.get("instance")))
-    return {
-        "t": snap.t - run.started, "env_steps": snap.total("actor", "env_steps_total"),
-        "episodes": snap.total("actor", "episodes_total"), "updates": snap.total("learner", "updates_total"),
-        "samples": snap.total("learner", "samples_total"),
-        "transitions": snap.total("replay", "transitions_received_total"),
-        "training_return": {str(g.get("instance")): g.get("episode_return_mean") for g in actors},
-        "epsilon": {str(g.get("instance")): g.get("epsilon") for g in actors},
-        "replay_size": sum(g.get("size_transitions", 0.0) for g in snap.gauges.get("replay", [])),
-        "cpu": dict(snap.cpu), "load": list(os.getloadavg()),
-    }
+    return {**snap.progress_point(run.started), "training_return": snap.per_actor("episode_return_mean")}
 
 
 def _train(ctx: BenchContext, run: FlywheelRun, minutes: float, poll_s: float,
            points: list[dict[str, Any]]) -> None:
-    end = run.started + 60 * minutes
-    next_poll = run.started + poll_s
-    while time.monotonic() < end:
-        run.check_alive()
-        time.sleep(max(0.0, min(next_poll, end) - time.monotonic()))
-        if time.monotonic() < next_poll:
-            continue
-        next_poll = time.monotonic() + poll_s
-        snap = run.snapshot()
-        if snap is not None:
-            points.append(_point(run, snap))
-            p = points[-1]
-            ret = ", ".join(f"{k} {v:.1f}" for k, v in p["training_return"].items() if v is not None) or "-"
-            ctx.progress(f"{p['t'] / 60:5.1f} min: {p['env_steps']:,.0f} agent steps, {p['updates']:,.0f} updates, "
-                         f"replay {p['replay_size']:,.0f}, training game score (rolling) {ret}, "
-                         f"load {p['load'][0]:.2f}")
+    def score(p: dict[str, Any]) -> str:
+        ret = ", ".join(f"{k} {v:.1f}" for k, v in p["training_return"].items() if v is not None) or "-"
+        return f"replay {p['replay_size']:,.0f}, training game score (rolling) {ret}"
+
+    train_and_poll(ctx, run, minutes, poll_s, points, lambda snap: _point(run, snap), score)
 
 
 def evaluate_both(env_id: str, checkpoint: str, seeds: list[int], *, epsilon: float, workers: int,
@@ -127,10 +103,7 @@ def run(ctx: BenchContext) -> SuiteResult:
     if episodes < 1 or workers < 1 or actors < 1 or max_steps < 0 or minutes <= 0:
         raise BenchError("eval_episodes, eval_workers and actors must be >= 1, eval_max_steps >= 0, minutes > 0")
     seeds = list(range(seed_base, seed_base + episodes))
-    kept = ctx.option("workdir", "")
-    tmp = None if kept else tempfile.TemporaryDirectory(prefix="flywheel-bench-atari-")
-    workdir = Path(tmp.name if tmp is not None else kept).resolve()
-    try:
+    with ctx.workdir("atari") as workdir:
         run_, token = open_run(workdir, env_id, actors, sets)
         loads: dict[str, Any] = {"start": list(os.getloadavg())}
         points: list[dict[str, Any]] = []
@@ -149,11 +122,8 @@ def run(ctx: BenchContext) -> SuiteResult:
         settings = {"env_id": env_id, "eval_env_id": evaluation_env_id(env_id), "minutes": minutes,
                     "actors": actors, "sets": sets, "eval_episodes": episodes, "eval_epsilon": epsilon,
                     "eval_workers": workers, "eval_max_steps": max_steps, "seeds": seeds,
-                    "workdir": str(workdir) if kept else None}
+                    "workdir": str(workdir) if ctx.option("workdir", "") else None}
         return summarize(settings, points, checkpoint, records, loads)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
 
 
 def _scores(records: list[dict[str, Any]]) -> list[float]:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -72,21 +72,14 @@ Training = FlywheelRun | ComposeStack
 
 
 def _point(run: Training, snap: Snapshot) -> dict[str, Any]:
-    actors = sorted(snap.gauges.get("actor", []), key=lambda g: str(g.get("instance")))
     learner = (snap.gauges.get("learner") or [{}])[0]
     return {
-        "t": snap.t - run.started, "env_steps": snap.total("actor", "env_steps_total"),
-        "episodes": snap.total("actor", "episodes_total"), "updates": snap.total("learner", "updates_total"),
-        "samples": snap.total("learner", "samples_total"),
-        "transitions": snap.total("replay", "transitions_received_total"),
-        "distance": {str(g.get("instance")): g.get("mario_distance_mean") for g in actors},
-        "distance_max_by_actor": {str(g.get("instance")): g.get("mario_distance_max") for g in actors},
-        "distance_max": max((g.get("mario_distance_max") or 0.0 for g in actors), default=0.0),
-        "flag_rate": {str(g.get("instance")): g.get("mario_flag_rate") for g in actors},
-        "epsilon": {str(g.get("instance")): g.get("epsilon") for g in actors},
-        "replay_size": sum(g.get("size_transitions", 0.0) for g in snap.gauges.get("replay", [])),
-        "loss": learner.get("loss"), "cpu": dict(snap.cpu), "load": list(os.getloadavg()),
-        "machine_cpu_s": _machine_cpu_seconds(),
+        **snap.progress_point(run.started),
+        "distance": snap.per_actor("mario_distance_mean"),
+        "distance_max_by_actor": snap.per_actor("mario_distance_max"),
+        "distance_max": max((g.get("mario_distance_max") or 0.0 for g in snap.actors()), default=0.0),
+        "flag_rate": snap.per_actor("mario_flag_rate"),
+        "loss": learner.get("loss"), "machine_cpu_s": _machine_cpu_seconds(),
     }
 
 
@@ -155,8 +148,11 @@ def _take_checkpoint(run: Training, token: str, minute: float, workdir: Path) ->
             "weight_version": policy.weight_version}
 
 
-def _train(ctx: BenchContext, run: Training, token: str, workdir: Path, minutes: float, marks: list[float],
-           poll_s: float, points: list[dict[str, Any]], checkpoints: list[dict[str, Any]]) -> None:
+def train_and_poll(ctx: BenchContext, run: Training, minutes: float, poll_s: float, points: list[dict[str, Any]],
+                   point: Callable[[Snapshot], dict[str, Any]], describe: Callable[[dict[str, Any]], str],
+                   marks: Sequence[float] = (), at_mark: Callable[[float], None] | None = None) -> None:
+    """Let ``run`` train for ``minutes``, reading the gateway every ``poll_s`` seconds into ``points`` (one
+    progress line each, ``describe`` saying what the suite watches) and calling ``at_mark`` at each minute mark."""
     end = run.started + 60 * minutes
     pending = list(marks)
     next_poll = run.started + poll_s
@@ -169,17 +165,29 @@ def _train(ctx: BenchContext, run: Training, token: str, workdir: Path, minutes:
             next_poll = now + poll_s
             snap = run.snapshot()
             if snap is not None:
-                points.append(_point(run, snap))
+                points.append(point(snap))
                 p = points[-1]
-                dist = ", ".join(f"{k} {v:.0f}" for k, v in p["distance"].items() if v is not None) or "-"
                 ctx.progress(f"{p['t'] / 60:5.1f} min: {p['env_steps']:,.0f} agent steps, {p['updates']:,.0f} "
-                             f"updates, distance (rolling) {dist}, load {p['load'][0]:.2f}")
+                             f"updates, {describe(p)}, load {p['load'][0]:.2f}")
         if pending and now >= due:
             minute = pending.pop(0)
-            checkpoints.append(_take_checkpoint(run, token, minute, workdir))
-            c = checkpoints[-1]
-            ctx.progress(f"checkpoint at {minute:g} min: {c['env_steps'] or 0:,.0f} agent steps, "
-                         f"{c['checkpoint_updates']:,} updates -> {c['dir']}")
+            if at_mark is not None:
+                at_mark(minute)
+
+
+def _train(ctx: BenchContext, run: Training, token: str, workdir: Path, minutes: float, marks: list[float],
+           poll_s: float, points: list[dict[str, Any]], checkpoints: list[dict[str, Any]]) -> None:
+    def checkpoint(minute: float) -> None:
+        checkpoints.append(_take_checkpoint(run, token, minute, workdir))
+        c = checkpoints[-1]
+        ctx.progress(f"checkpoint at {minute:g} min: {c['env_steps'] or 0:,.0f} agent steps, "
+                     f"{c['checkpoint_updates']:,} updates -> {c['dir']}")
+
+    def distance(p: dict[str, Any]) -> str:
+        return "distance (rolling) " + (", ".join(f"{k} {v:.0f}" for k, v in p["distance"].items()
+                                                  if v is not None) or "-")
+
+    train_and_poll(ctx, run, minutes, poll_s, points, lambda snap: _point(run, snap), distance, marks, checkpoint)
 
 
 def _evaluate(ctx: BenchContext, env_id: str, name: str, checkpoint: str | None, seeds: list[int], epsilon: float,
@@ -247,10 +255,7 @@ def run(ctx: BenchContext) -> SuiteResult:
     if episodes < 1 or workers < 1 or stall_steps < 0 or actors < 1 or noop_max < 0:
         raise BenchError("eval_episodes, eval_workers and actors must be >= 1, stall_steps and noop_max >= 0")
     seeds = list(range(seed_base, seed_base + episodes))
-    kept = ctx.option("workdir", "")
-    tmp = None if kept else tempfile.TemporaryDirectory(prefix="flywheel-bench-mario-")
-    workdir = Path(tmp.name if tmp is not None else kept).resolve()
-    try:
+    with ctx.workdir("mario") as workdir:
         loads: dict[str, Any] = {"start": list(os.getloadavg())}
         points: list[dict[str, Any]] = []
         checkpoints: list[dict[str, Any]] = []
@@ -282,7 +287,7 @@ def run(ctx: BenchContext) -> SuiteResult:
         settings = {"env_id": env_id, "minutes": minutes, "actors": actors, "deploys": deploys, "sets": sets,
                     "checkpoint_at": marks, "eval_episodes": episodes, "eval_epsilon": epsilon,
                     "eval_workers": workers, "noop_max": noop_max, "stall_steps": stall_steps, "seeds": seeds,
-                    "workdir": str(workdir) if kept else None}
+                    "workdir": str(workdir) if ctx.option("workdir", "") else None}
         result = summarize(settings, points, checkpoints, random_records, loads)
         try:  # after an hour of training the numbers matter more than the picture: no plot is a note
             if checkpoints:
@@ -292,6 +297,3 @@ def run(ctx: BenchContext) -> SuiteResult:
         except BenchError as exc:
             result.notes.append(f"No plot: {exc}")
         return result
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
