@@ -182,7 +182,8 @@ class ReplayGauges(Gauges):
 @dataclass(kw_only=True, slots=True)
 class ActorCounters(Counters):
     env_steps_total: Annotated[float, "environment steps taken (every env slot)"]
-    episodes_total: Annotated[float, "training episodes finished"]
+    episodes_total: Annotated[float, "training episodes finished that began at the level start (all of them unless "
+                              "the start-state curriculum restarts some: restarted_episodes_total)"]
     eval_episodes_total: Annotated[float, "greedy evaluation episodes finished"]
     transitions_sent_total: Annotated[float, "transitions sent to the replay"]
     transitions_dropped_total: Annotated[float, "transitions dropped because the replay was not taking them"]
@@ -201,6 +202,9 @@ class ActorCounters(Counters):
     clips_sent_total: Annotated[float | None, "episode clips sent to the gateway"] = None
     clips_failed_total: Annotated[float | None, "episode clips that could not be filmed or sent"] = None
     clip_seconds_total: Annotated[float | None, "seconds spent filming clips"] = None
+    restarted_episodes_total: Annotated[
+        float | None, "training episodes that began at a kept start state (start-state curriculum; not in "
+        "episodes_total or the episode gauges)"] = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -230,6 +234,12 @@ class ActorGauges(Gauges):
     mario_stage_last: Annotated[float | None, "stage of the last episode's end"] = None
     eval_return_mean: Annotated[float | None, "mean return of the recent greedy evaluation episodes"] = None
     eval_return_last: Annotated[float | None, "return of the last greedy evaluation episode"] = None
+    start_state_share_actual: Annotated[
+        float | None, "share of the last 100 training episodes that began at a kept start state"] = None
+    start_state_progress_mean: Annotated[
+        float | None, "mean progress (Mario: x) the last 100 restarted episodes began at"] = None
+    start_states_kept: Annotated[float | None, "start states kept, summed over the env slots"] = None
+    restarted_return_mean: Annotated[float | None, "mean return of the last 100 restarted episodes"] = None
 
 
 # ---- learner -------------------------------------------------------------------------------------------------------

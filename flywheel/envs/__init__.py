@@ -27,6 +27,7 @@ from flywheel.envs.mario import MarioConfig, MarioEnv, mario_env_ids, parse_mari
 from flywheel.envs.metta import METTAGRID_IDS, is_mettagrid_id
 from flywheel.envs.snake import SNAKE_IDS, SnakeConfig, SnakeEnv, SnakeVector, register_snake
 from flywheel.envs.spaces import action_count, observation_shape
+from flywheel.envs.start_states import StartStateConfig, StartStateCurriculum, StartStatesUnsupported
 from flywheel.envs.vector import EpisodeEnd, InProcessVector, VectorEnv, VectorStep
 from flywheel.extras import MissingExtra
 
@@ -34,6 +35,8 @@ __all__ = [
     "EnvModuleError",
     "EnvSpec",
     "EpisodeEnd",
+    "StartStateConfig",
+    "StartStatesUnsupported",
     "UnknownEnvironmentError",
     "VectorEnv",
     "VectorStep",
@@ -227,18 +230,35 @@ def make_env(env_id: str, seed: int | None = None, **options: Any) -> gymnasium.
     return env
 
 
+def _check_start_states(env_id: str, base: str, family: Family) -> None:
+    """Refuse, before building anything, the families that cannot keep start states (others are checked by
+    :class:`StartStateCurriculum` when it wraps the env)."""
+    if family in ("snake", "mettagrid"):
+        raise StartStatesUnsupported(env_id, "a natively vectorised env without state snapshots")
+    mario = parse_mario_id(base)
+    if mario is not None and mario.target is None:
+        raise StartStatesUnsupported(env_id, "only single-stage ids SuperMarioBros-W-S-vN, where x_pos is progress")
+
+
 def make_vector_env(env_id: str, num_envs: int, seed: int | None = None, *,
                     mode: Literal["inprocess", "subprocess"] = "inprocess", workers: int | None = None,
-                    groups: int = 2, slot_offset: int = 0, **options: Any) -> VectorEnv:
+                    groups: int = 2, slot_offset: int = 0,
+                    start_states: StartStateConfig | dict[str, Any] | None = None, **options: Any) -> VectorEnv:
     """``num_envs`` slots of ``env_id`` with auto-reset; slot ``i`` is seeded with ``seed + i``.
 
     ``inprocess`` steps them in this process (Snake and MettaGrid natively vectorised, others one
     after another); ``subprocess`` spreads them over ``workers`` processes (default: the usable
-    cores) sharing memory, double-buffered in ``groups`` halves.
+    cores) sharing memory, double-buffered in ``groups`` halves. ``start_states`` with a share > 0 wraps each
+    env in the start-state curriculum (training envs only; StartStatesUnsupported for an env that cannot).
     """
     base, family, options = _resolve(env_id, options)
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    curriculum = StartStateConfig.from_json(start_states) if start_states is not None else None
+    if curriculum is not None and curriculum.share > 0:
+        _check_start_states(env_id, base, family)
+    else:
+        curriculum = None
     if mode == "subprocess":
         from flywheel.envs.subproc import SubprocessVector
 
@@ -246,9 +266,10 @@ def make_vector_env(env_id: str, num_envs: int, seed: int | None = None, *,
         spec = env_spec(base, **options)
         count = workers if workers else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
+        worker_options = options if curriculum is None else {**options, "start_states": curriculum.to_json()}
         return SubprocessVector(base, num_envs, obs_shape=spec.obs_shape, obs_dtype=spec.obs_dtype,
                                 n_actions=spec.n_actions, seed=seed, workers=count, groups=groups,
-                                atom=spec.agents, options=options, make_vector_env=make_vector_env)
+                                atom=spec.agents, options=worker_options, make_vector_env=make_vector_env)
     if mode != "inprocess":
         raise ValueError(f"vector mode must be 'inprocess' or 'subprocess', got {mode!r}")
     if family == "snake":
@@ -258,10 +279,13 @@ def make_vector_env(env_id: str, num_envs: int, seed: int | None = None, *,
 
         return MettaGridVector(base, num_envs, seed, slot_offset=slot_offset, **options)
     seeds = [None if seed is None else seed + i for i in range(num_envs)]
-    envs = []
+    envs: list[gymnasium.Env[np.ndarray, Any]] = []
     try:
         for _ in range(num_envs):
-            envs.append(make_env(base, **options))
+            env = make_env(base, **options)
+            envs.append(env)
+            if curriculum is not None:
+                envs[-1] = StartStateCurriculum(env, curriculum, env_id)
     except BaseException:
         for env in envs:
             env.close()

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 
+from flywheel.envs.ale_states import AleStartStates
 from flywheel.envs.options import EnvOptions
 from flywheel.envs.preprocessing import FrameStack, resize_area
 
@@ -172,6 +173,23 @@ class AtariEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._game_length = 0
         self.noops = 0  # no-op frames at the start of the current game
         self._closed = False
+        self._start_states: AleStartStates | None = None
+
+    def start_states(self) -> AleStartStates:
+        """Its start states for the curriculum (flywheel.envs.start_states): ``cloneState``, many."""
+        if self._start_states is None:
+            self._start_states = AleStartStates(self)
+        return self._start_states
+
+    def _continue_from_state(self, state: Any, steps: int, states: AleStartStates) -> tuple[np.ndarray, dict[str, Any]]:
+        """Restore an emulator state as a new game (return counted from here): (obs, info)."""
+        self._ale.restoreState(state)
+        states.offset = steps
+        self._continue_game = False
+        self._game_return, self._game_length = 0.0, 0
+        self._lives = self._ale.lives()
+        self._grab(0)
+        return self._stack.reset(self._observe(self._frames[0])), {"lives": self._lives, "noops": 0}
 
     def get_action_meanings(self) -> list[str]:
         """Names of the minimal (or full) action set."""

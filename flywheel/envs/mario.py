@@ -13,6 +13,7 @@ import gymnasium
 import numpy as np
 
 from flywheel.envs import nes_compat
+from flywheel.envs.nes_states import NesStartStates
 from flywheel.envs.options import EnvOptions
 from flywheel.envs.preprocessing import FrameStack, bgrx_to_grey, resize_area, rgb_to_grey
 
@@ -207,9 +208,7 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
             stages = list(self.config.stages) if self.config.stages else None
             self._nes = smb.SuperMarioBrosRandomStagesEnv(rom_mode=parsed.rom_mode, stages=stages)
         else:
-            self._nes = smb.SuperMarioBrosEnv(
-                rom_mode=parsed.rom_mode, lost_levels=parsed.lost_levels, target=parsed.target
-            )
+            self._nes = self._new_emulator()
         buttons = ACTION_SETS[self.config.actions]
         self._action_bytes = [sum(BUTTONS[b] for b in combo) for combo in buttons]
         self._action_meanings = [" ".join(combo) for combo in buttons]
@@ -222,9 +221,35 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._flag = False
         self._needs_reset = True
         self._closed = False
+        self._start_states: NesStartStates | None = None
         # Called after every emulator frame, skipped ones included, with the RGB screen (240, 256, 3) as a view
         # that the next frame overwrites: videos at the game's real frame rate (flywheel play). None: not called.
         self.frame_hook: Callable[[np.ndarray], None] | None = None
+
+    def _new_emulator(self) -> Any:
+        """A SuperMarioBrosEnv of this (non-random) id, at the level start with it in its backup slot."""
+        import gym_super_mario_bros as smb
+
+        parsed = self.mario_id
+        return smb.SuperMarioBrosEnv(rom_mode=parsed.rom_mode, lost_levels=parsed.lost_levels, target=parsed.target)
+
+    def start_states(self) -> NesStartStates | None:
+        """Its start states for the curriculum (flywheel.envs.start_states): single-stage ids only, where x_pos
+        measures progress; None for whole-game and random-stage ids."""
+        if self.mario_id.target is None:
+            return None
+        if self._start_states is None:
+            self._start_states = NesStartStates(self)
+        return self._start_states
+
+    def _continue_from_emulator(self) -> tuple[np.ndarray, dict[str, Any]]:
+        """Begin an episode from the emulator's current state (a restored start state): (obs, info)."""
+        self._steps = 0
+        self._needs_reset = False
+        obs = self._stack.reset(self._observe(self._grey()))
+        info = self._info()
+        self._life, self._flag = info.get("life"), bool(info.get("flag_get", False))
+        return obs, info
 
     @property
     def _active(self) -> Any:
@@ -262,12 +287,7 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
             self._nes.reset(seed=seed, options=options)
         else:
             self._nes.reset(seed=seed)
-        self._steps = 0
-        self._needs_reset = False
-        obs = self._stack.reset(self._observe(self._grey()))
-        info = self._info()
-        self._life, self._flag = info.get("life"), bool(info.get("flag_get", False))
-        return obs, info
+        return self._continue_from_emulator()
 
     def step(self, action: int | np.integer[Any]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Repeat ``action`` for ``frame_skip`` frames; max-pool the last two frames."""
@@ -325,5 +345,7 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         """Free the emulator(s); safe to call twice."""
         if not self._closed and hasattr(self, "_nes"):
             self._closed = True
+            if self._start_states is not None:
+                self._start_states.close()
             self._nes.close()
         super().close()

@@ -10,29 +10,38 @@ import gymnasium
 import numpy as np
 
 from flywheel.envs.spaces import action_count, observation_shape
+from flywheel.envs.start_states import RESTARTED, START_PROGRESS, STATES_KEPT
 
-# Info keys of an episode's last step that become episode metrics (Mario: distance, flag, world, stage).
-EPISODE_INFO_METRICS: dict[str, str] = {"x_pos": "distance", "flag_get": "flag", "world": "world", "stage": "stage"}
+# Info keys of an episode's last step that become episode metrics (Mario: distance, flag, world, stage; the
+# start-state curriculum: states kept).
+EPISODE_INFO_METRICS: dict[str, str] = {"x_pos": "distance", "flag_get": "flag", "world": "world", "stage": "stage",
+                                        STATES_KEPT: "start_states"}
 
 
 @dataclass
 class EpisodeEnd:
-    """One finished episode of one env slot: its return and length plus env-specific metrics."""
+    """One finished episode of one env slot: its return and length plus env-specific metrics.
+
+    ``restarted``: it began at a kept start state (flywheel.envs.start_states), at progress ``start_progress``.
+    """
 
     slot: int
     ret: float
     length: int
     metrics: dict[str, float] = field(default_factory=dict)
+    restarted: bool = False
+    start_progress: float = 0.0
 
     def to_json(self) -> list[Any]:
         """A JSON-able form (subprocess workers send these through a pipe)."""
-        return [self.slot, self.ret, self.length, self.metrics]
+        return [self.slot, self.ret, self.length, self.metrics, self.restarted, self.start_progress]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> EpisodeEnd:
         """Rebuild from :meth:`to_json`."""
-        slot, ret, length, metrics = data
-        return cls(int(slot), float(ret), int(length), {str(k): float(v) for k, v in metrics.items()})
+        slot, ret, length, metrics, restarted, start_progress = data
+        return cls(int(slot), float(ret), int(length), {str(k): float(v) for k, v in metrics.items()},
+                   bool(restarted), float(start_progress))
 
 
 @dataclass
@@ -197,10 +206,14 @@ class InProcessVector(SyncVectorEnv):
             done = info.get("episode")
             if done is not None:
                 metrics = {k: float(v) for k, v in done.items() if k not in ("return", "length")}
-                episodes.append(EpisodeEnd(slot, float(done["return"]), int(done["length"]), metrics))
+                if STATES_KEPT in info:
+                    metrics[EPISODE_INFO_METRICS[STATES_KEPT]] = float(info[STATES_KEPT])
+                episodes.append(EpisodeEnd(slot, float(done["return"]), int(done["length"]), metrics,
+                                           bool(info.get(RESTARTED, False)), float(info.get(START_PROGRESS, 0.0))))
             return
         metrics = {name: float(info[key]) for key, name in EPISODE_INFO_METRICS.items() if key in info}
-        episodes.append(EpisodeEnd(slot, float(self._ret[i]), int(self._len[i]), metrics))
+        episodes.append(EpisodeEnd(slot, float(self._ret[i]), int(self._len[i]), metrics,
+                                   bool(info.get(RESTARTED, False)), float(info.get(START_PROGRESS, 0.0))))
         self._ret[i] = 0.0
         self._len[i] = 0
 

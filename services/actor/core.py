@@ -10,15 +10,36 @@ from typing import Literal
 
 import numpy as np
 
-from flywheel.envs import EpisodeEnd, VectorEnv, make_vector_env
+from flywheel.envs import EpisodeEnd, StartStateConfig, VectorEnv, make_vector_env
 
 from .nstep import Emitted, NStepAccumulator
 from .policy import Policy
 
 
 @dataclass
+class RestartStats:
+    """Training episodes that began at a kept start state (flywheel.envs.start_states), apart from the rest."""
+
+    episodes: int = 0
+    returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    start_progress: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    recent: deque[bool] = field(default_factory=lambda: deque(maxlen=100))  # restarted or not, every episode
+    states_kept: dict[int, float] = field(default_factory=dict)  # per env slot, as its last episode reported
+
+    def record(self, episode: EpisodeEnd) -> None:
+        """Note one finished training episode (restarted or not)."""
+        self.recent.append(episode.restarted)
+        if "start_states" in episode.metrics:
+            self.states_kept[episode.slot] = episode.metrics["start_states"]
+        if episode.restarted:
+            self.episodes += 1
+            self.returns.append(episode.ret)
+            self.start_progress.append(episode.start_progress)
+
+
+@dataclass
 class EpisodeStats:
-    """Rolling episode figures reported as telemetry."""
+    """Rolling episode figures reported as telemetry: level-start episodes only (restarted ones in ``restarts``)."""
 
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     lengths: deque[int] = field(default_factory=lambda: deque(maxlen=100))
@@ -28,9 +49,13 @@ class EpisodeStats:
     last_metrics: dict[str, float] = field(default_factory=dict)
     episodes: int = 0
     eval_episodes: int = 0
+    restarts: RestartStats = field(default_factory=RestartStats)
 
     def record(self, episode: EpisodeEnd) -> None:
-        """Add one finished training episode."""
+        """Add one finished training episode (one that began at a kept start state goes to ``restarts`` only)."""
+        self.restarts.record(episode)
+        if episode.restarted:
+            return
         self.returns.append(episode.ret)
         self.lengths.append(episode.length)
         if "distance" in episode.metrics:
@@ -61,8 +86,9 @@ class ActorCore:
 
     def __init__(self, vec: VectorEnv, policy: Policy, *, n_step: int, gamma: float,
                  eval_vec: VectorEnv | None = None, seed: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, start_states: StartStateConfig | None = None) -> None:
         self.clock = clock  # what the time split counts: wall time (telemetry) or thread CPU time (benchmarks)
+        self.start_states = start_states  # the curriculum ``vec``'s envs run (None: off), for telemetry
         self.vec = vec
         self.eval_vec = eval_vec
         self.policy = policy
@@ -181,9 +207,13 @@ class ActorCore:
 
 def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int, gamma: float, eval_envs: int = 0,
                seed: int | None = None, vector_mode: Literal["inprocess", "subprocess"] = "inprocess",
-               workers: int | None = None) -> ActorCore:
-    """An ActorCore over ``num_envs`` slots of ``env_id``; ``eval_envs`` adds one greedy env (one simulation)."""
-    vec = make_vector_env(env_id, num_envs, seed, mode=vector_mode, workers=workers)
+               workers: int | None = None, start_states: StartStateConfig | None = None) -> ActorCore:
+    """An ActorCore over ``num_envs`` slots of ``env_id``; ``eval_envs`` adds one greedy env (one simulation).
+
+    ``start_states`` (the start-state curriculum) goes to the training envs only: the greedy env starts every
+    episode at the level start.
+    """
+    vec = make_vector_env(env_id, num_envs, seed, mode=vector_mode, workers=workers, start_states=start_states)
     eval_vec = None
     try:
         if eval_envs:  # evaluation settings (Atari: whole games, unclipped scores), same observations and actions
@@ -191,7 +221,8 @@ def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int, gamma
 
             eval_id = evaluation_env_id(env_id)
             eval_vec = make_vector_env(eval_id, env_spec(eval_id).agents, None if seed is None else seed + 10_000)
-        return ActorCore(vec, policy, n_step=n_step, gamma=gamma, eval_vec=eval_vec, seed=seed)
+        return ActorCore(vec, policy, n_step=n_step, gamma=gamma, eval_vec=eval_vec, seed=seed,
+                         start_states=start_states)
     except BaseException:
         vec.close()
         if eval_vec is not None:

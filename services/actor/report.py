@@ -59,6 +59,13 @@ def actor_report(core: ActorCore, sender: TransitionSender, weights: WeightsRece
     if stats.eval_returns:
         gauges.eval_return_mean = _mean(stats.eval_returns)
         gauges.eval_return_last = stats.eval_returns[-1]
+    restarts = stats.restarts
+    if core.start_states is not None:
+        gauges.start_state_share_actual = _mean(restarts.recent)
+        gauges.start_states_kept = sum(restarts.states_kept.values())
+        if restarts.returns:
+            gauges.restarted_return_mean = _mean(restarts.returns)
+            gauges.start_state_progress_mean = _mean(restarts.start_progress)
     times = core.times
     counters = ActorCounters(
         env_steps_total=core.env_steps, episodes_total=stats.episodes, eval_episodes_total=stats.eval_episodes,
@@ -68,5 +75,6 @@ def actor_report(core: ActorCore, sender: TransitionSender, weights: WeightsRece
         send_seconds_total=sender.send_s, send_blocked_seconds_total=sender.blocked_s,
         send_reconnects_total=sender.reconnects, weights_load_seconds_total=weights.load_s,
         env_seconds_total=times.env, inference_seconds_total=times.inference, bookkeeping_seconds_total=times.other,
+        restarted_episodes_total=restarts.episodes if core.start_states is not None else None,
     )
     return counters, gauges

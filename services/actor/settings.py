@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from flywheel.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from flywheel.envs.start_states import StartStateConfig
 
 
 class ActorSettings(CommonSettings):
@@ -57,5 +60,24 @@ class ActorSettings(CommonSettings):
     lease_endpoint: str = Field("tcp://127.0.0.1:5560", description="gateway lease ROUTER endpoint")
     weights_interval_s: float = Field(0.0, ge=0, le=3600, description="load new weights at most this often "
                                       "(0: as soon as they arrive; newer ones replace waiting ones)")
+    start_state_share: float = Field(0.0, ge=0, le=1, description="share of training episodes started from a "
+                                     "state the agent reached near its frontier (0: off; envs that can save state: "
+                                     "single-stage Mario, Atari); evaluation always starts at the level start")
+    start_state_margin: float = Field(100.0, ge=0, le=1e9, allow_inf_nan=False, description="start states are "
+                                      "kept where an episode passes the frontier minus this much progress (Mario: "
+                                      "x pixels; Atari: agent steps into the game)")
+    start_state_window: int = Field(20, ge=1, le=100_000, description="the frontier is the furthest progress of "
+                                    "each env's last this many episodes")
+    start_state_pool: int = Field(8, ge=1, le=1024, description="start states each env keeps at most (the least "
+                                  "advanced replaced first; Mario's emulator keeps 1)")
     max_env_steps: int = Field(0, ge=0, description="stop after this many env steps (0: run until stopped)")
+
+    def start_states(self) -> StartStateConfig | None:
+        """The start-state curriculum these settings ask for (None: off)."""
+        from flywheel.envs.start_states import StartStateConfig
+
+        if self.start_state_share <= 0:
+            return None
+        return StartStateConfig(self.start_state_share, self.start_state_margin, self.start_state_window,
+                                self.start_state_pool)
     seed: int | None = Field(None, description="seed for environments and exploration")

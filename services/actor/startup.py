@@ -29,7 +29,7 @@ def build_acting(settings: ActorSettings) -> tuple[ActorCore, EnvSpec]:
         policy = acting_policy(settings, spec)
         core = build_core(settings.env_id, settings.num_envs, policy, n_step=settings.n_step, gamma=settings.gamma,
                           eval_envs=settings.eval_envs, seed=settings.seed, vector_mode=settings.vector_mode,
-                          workers=settings.workers or None)
+                          workers=settings.workers or None, start_states=settings.start_states())
     except UnknownEnvironmentError:
         raise
     except (TypeError, ValueError, ImportError, RuntimeError) as exc:

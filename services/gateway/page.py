@@ -130,7 +130,9 @@ function renderStatus(s) {
   for (const [service, info] of Object.entries(s.services)) {
     for (const inst of info.instances) {
       const key = KEY_RATE[service];
-      const rate = key ? fmt(inst.rates[key[0]], 1) + " " + key[1] : "";
+      const restarted = inst.gauges.start_state_share_actual;  // the start-state curriculum, where an actor runs it
+      const rate = (key ? fmt(inst.rates[key[0]], 1) + " " + key[1] : "") +
+                   (has(restarted) ? ", " + (100 * restarted).toFixed(0) + " % restarted" : "");
       const tr = document.createElement("tr");
       tr.className = "instance";
       const cells = [service, inst.instance, inst.up ? "up" : "down", inst.version || "-", rate,

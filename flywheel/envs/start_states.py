@@ -1,0 +1,216 @@
+"""Start-state curriculum: training episodes that start from states the agent itself reached near its frontier.
+
+In the spirit of Backplay and Go-Explore restarts, an env whose emulator can save and restore its state
+(:class:`StartStates`: Mario's nes-py, Atari's ``cloneState``) is wrapped in :class:`StartStateCurriculum`, which
+runs in the env's own process. It tracks the env's frontier, the furthest progress (Mario: ``x_pos``; Atari: agent
+steps into the game) over its last ``window`` episodes, keeps the state of an episode that passes
+``frontier - margin`` (at most one per episode, at most ``pool`` states; one behind that point or kept for
+``window`` episodes is replaced, the least advanced first), and starts a share of its episodes from one of them,
+picked uniformly. Restarted episodes are marked in ``info`` (``restarted``, ``start_progress``) so that the actor
+keeps them out of its level-start episode statistics.
+Only training envs get it: evaluation always starts at the level start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import gymnasium
+import numpy as np
+
+# info keys every step of a wrapped env carries (the vector copies them into EpisodeEnd)
+RESTARTED, START_PROGRESS, STATES_KEPT = "restarted", "start_progress", "start_states_kept"
+
+
+@runtime_checkable
+class StartStates(Protocol):
+    """An env's saved states: ``capacity`` slots kept at once, progress of an info dict, save and restore."""
+
+    capacity: int
+
+    def progress(self, info: dict[str, Any]) -> float:
+        """How far the episode has come (higher: further), from a step's or reset's info."""
+        ...
+
+    def starts_anew(self) -> bool:
+        """Whether the next ``reset`` begins a new game or level (Atari after a lost life: the same game goes on,
+        and the episode that follows belongs to the game before)."""
+        ...
+
+    def level_start(self) -> None:
+        """Before the env's ``reset``: make that reset start at the level start (not at a saved state)."""
+        ...
+
+    def save(self, slot: int) -> None:
+        """Keep the env's current state in ``slot`` (0 <= slot < capacity), replacing what was there."""
+        ...
+
+    def restore(self, slot: int) -> tuple[np.ndarray, dict[str, Any]]:
+        """Right after a ``reset``: continue from the state in ``slot``; its observation (a consistent frame
+        stack) and info."""
+        ...
+
+    def close(self) -> None:
+        """Free what the saved states hold (the env itself is closed by its owner)."""
+        ...
+
+
+class StartStatesUnsupported(ValueError):
+    """Raised when start states are asked of an env that cannot save and restore its state."""
+
+    def __init__(self, env_id: str, why: str = "") -> None:
+        """One line naming the env id."""
+        super().__init__(f"start_state_share > 0 needs an env that can save and restore its state; {env_id!r} "
+                         f"cannot{' (' + why + ')' if why else ''} (set start_state_share to 0)")
+
+
+@dataclass(frozen=True)
+class StartStateConfig:
+    """The curriculum's settings: ``share`` of episodes restarted, ``margin`` behind the frontier where states are
+    kept, ``window`` of episodes the frontier is the furthest progress of, ``pool`` of states kept at most."""
+
+    share: float = 0.0
+    margin: float = 100.0
+    window: int = 20
+    pool: int = 8
+
+    def __post_init__(self) -> None:
+        """Reject bad values with a clear message."""
+        if not (isinstance(self.share, int | float) and 0.0 <= self.share <= 1.0):
+            raise ValueError(f"start state share must be a number in [0, 1], got {self.share!r}")
+        if not (isinstance(self.margin, int | float) and math.isfinite(self.margin) and self.margin >= 0):
+            raise ValueError(f"start state margin must be a finite number >= 0, got {self.margin!r}")
+        for name in ("window", "pool"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"start state {name} must be an integer >= 1, got {value!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able form (subprocess workers get it through their options)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | StartStateConfig) -> StartStateConfig:
+        """Rebuild from :meth:`to_json` (a config is returned as it is)."""
+        if isinstance(data, StartStateConfig):
+            return data
+        return cls(**data)
+
+
+def start_states_of(env: gymnasium.Env[Any, Any]) -> StartStates | None:
+    """The env's :class:`StartStates` (from its ``start_states()`` method), or None if it has none."""
+    make = getattr(env.unwrapped, "start_states", None)
+    states = make() if callable(make) else None
+    return states if isinstance(states, StartStates) and states.capacity >= 1 else None
+
+
+@dataclass
+class KeptState:
+    """One kept state: its slot in the env's :class:`StartStates` and the progress it was saved at."""
+
+    slot: int
+    progress: float
+    episode: int  # the env's episode count when it was kept
+
+
+class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
+    """Starts ``config.share`` of the episodes from kept states near the env's frontier (module docstring).
+
+    The draw comes from the wrapper's own generator, seeded by the first seeded ``reset``. Every ``info`` gets
+    ``restarted`` (bool), ``start_progress`` (where the episode began) and ``start_states_kept``.
+    """
+
+    def __init__(self, env: gymnasium.Env[np.ndarray, Any], config: StartStateConfig, env_id: str) -> None:
+        """Wrap ``env``; StartStatesUnsupported if it cannot save and restore its state."""
+        super().__init__(env)
+        states = start_states_of(env)
+        if states is None:
+            raise StartStatesUnsupported(env_id)
+        self.states = states
+        self.config = config
+        self.capacity = min(config.pool, states.capacity)
+        self.kept: list[KeptState] = []
+        self.recent: deque[float] = deque(maxlen=config.window)  # furthest progress of each finished episode
+        self.rng = np.random.default_rng()
+        self.restarted = False
+        self.start_progress = 0.0
+        self.best = 0.0  # furthest progress of this episode
+        self.saved = False  # a state was kept in this episode
+        self.episodes = 0  # episodes finished
+
+    @property
+    def frontier(self) -> float | None:
+        """The furthest progress of the last ``window`` finished episodes (None before the first)."""
+        return max(self.recent) if self.recent else None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[np.ndarray, dict[str, Any]]:
+        """The env's reset, then, with probability ``share`` and a state kept, a jump to one of the kept states."""
+        if seed is not None:
+            self.rng = np.random.default_rng([seed, 0x5747])
+        if not self.states.starts_anew() and seed is None:  # the same game goes on: it keeps its marks
+            obs, info = self.env.reset(options=options)
+            self.best = self.states.progress(info)
+            self.saved = False
+            return obs, self._mark(info)
+        draw = self.rng.random()
+        kept = self.kept[int(self.rng.integers(len(self.kept)))] if self.kept and draw < self.config.share else None
+        if kept is None:
+            self.states.level_start()
+        obs, info = self.env.reset(seed=seed, options=options)
+        if kept is not None:
+            obs, info = self.states.restore(kept.slot)
+        self.restarted = kept is not None
+        self.start_progress = self.best = self.states.progress(info)
+        self.saved = False
+        return obs, self._mark(info)
+
+    def step(self, action: Any) -> tuple[np.ndarray, Any, bool, bool, dict[str, Any]]:
+        """The env's step; keeps the state where the episode first passes ``frontier - margin``."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        progress = self.states.progress(info)
+        self.best = max(self.best, progress)
+        if terminated or truncated:
+            self.recent.append(self.best)
+            self.episodes += 1
+        elif not self.saved:
+            self._maybe_keep(progress)
+        return obs, reward, terminated, truncated, self._mark(info)
+
+    def _maybe_keep(self, progress: float) -> None:
+        """Keep this state if it is past ``frontier - margin`` and the pool has room, or holds a state behind that
+        point or kept for ``window`` episodes already (so a state where every episode dies does not stay forever):
+        the least advanced of those is replaced."""
+        frontier = self.frontier
+        if frontier is None or progress <= self.start_progress:
+            return
+        threshold = frontier - self.config.margin
+        if progress < threshold:
+            return
+        if len(self.kept) < self.capacity:
+            self.kept.append(KeptState(len(self.kept), progress, self.episodes))
+            slot = len(self.kept) - 1
+        else:
+            replaceable = [k for k in self.kept
+                           if k.progress < threshold or self.episodes - k.episode >= self.config.window]
+            if not replaceable:
+                return
+            victim = min(replaceable, key=lambda k: k.progress)
+            victim.progress, victim.episode = progress, self.episodes
+            slot = victim.slot
+        self.states.save(slot)
+        self.saved = True
+
+    def _mark(self, info: dict[str, Any]) -> dict[str, Any]:
+        info[RESTARTED] = self.restarted
+        info[START_PROGRESS] = self.start_progress
+        info[STATES_KEPT] = len(self.kept)
+        return info
+
+    def close(self) -> None:
+        """Free the kept states, then the env."""
+        self.states.close()
+        super().close()
