@@ -113,21 +113,14 @@ class LearnerSettings(CommonSettings):
     @field_validator("sample_transport", mode="before")
     @classmethod
     def _transport_word(cls, value: object) -> object:
-        if isinstance(value, str):
-            value = value.strip().lower()
-            if value not in ("auto", "shm", "tcp"):
-                raise ValueError(f"must be auto, shm or tcp (got {value!r}): auto takes the replay's shared memory "
-                                 "when it runs on this host, tcp between hosts")
-        return value
+        return _one_of(value, ("auto", "shm", "tcp"), "must be auto, shm or tcp (got {value!r}): auto takes the "
+                       "replay's shared memory when it runs on this host, tcp between hosts")
 
     @field_validator("resume", mode="before")
     @classmethod
     def _resume_word(cls, value: object) -> object:
-        if isinstance(value, str):
-            value = value.strip().lower()
-            if value not in ("auto", "true", "false", "1", "0", "yes", "no", "on", "off"):
-                raise ValueError("must be auto, true or false")
-        return value
+        return _one_of(value, ("auto", "true", "false", "1", "0", "yes", "no", "on", "off"),
+                       "must be auto, true or false")
 
     @field_validator("resume")
     @classmethod
@@ -144,3 +137,13 @@ class LearnerSettings(CommonSettings):
             raise ValueError("demos_path is read only for pretraining: set --pretrain-updates (the replay's "
                              "--demo-path feeds demonstrations during RL)")
         return self
+
+
+def _one_of(value: object, words: tuple[str, ...], problem: str) -> object:
+    """A word setting as written (any case, spaces around) checked against ``words``; other types pass on to
+    pydantic's own check. ``problem`` may name the value as ``{value!r}``."""
+    if isinstance(value, str):
+        value = value.strip().lower()
+        if value not in words:
+            raise ValueError(problem.format(value=value))
+    return value
