@@ -4,9 +4,15 @@ from __future__ import annotations
 
 
 class DecodeError(ValueError):
-    """A message was refused; ``fault`` names the kind of fault for metrics labels."""
+    """A message was refused; ``fault`` names the kind of fault for metrics labels (the class's, unless one is
+    given when raised)."""
 
     fault = "malformed"
+
+    def __init__(self, *args: object, fault: str | None = None) -> None:
+        super().__init__(*args)
+        if fault is not None:
+            self.fault = fault
 
 
 class MalformedMessage(DecodeError):

@@ -26,11 +26,8 @@ CLIP_BUFFER_BYTES = 64 << 20  # every clip in flight together (GatewaySettings.c
 
 
 class ClipRejected(proto.DecodeError):
-    """A clip piece that cannot be used; ``fault`` says which kind (counted and logged once per kind)."""
-
-    def __init__(self, fault: str, message: str) -> None:
-        super().__init__(message)
-        self.fault = fault
+    """A clip piece that cannot be used; raised with the ``fault`` that says which kind (counted and logged once
+    per kind)."""
 
 
 @dataclass
@@ -99,15 +96,15 @@ class ClipAssembler:
         if (chunk.count, chunk.total_bytes, chunk.weight_version) != (first.count, first.total_bytes,
                                                                       first.weight_version):
             self._drop(key)
-            raise ClipRejected("clip_mismatch", f"clip_chunk: piece {chunk.index} of clip {chunk.clip} from "
-                               f"{chunk.instance} disagrees with its first piece")
+            raise ClipRejected(f"clip_chunk: piece {chunk.index} of clip {chunk.clip} from "
+                               f"{chunk.instance} disagrees with its first piece", fault="clip_mismatch")
         if chunk.index in partial.pieces:
-            raise ClipRejected("clip_duplicate", f"clip_chunk: piece {chunk.index} of clip {chunk.clip} from "
-                               f"{chunk.instance} came twice")
+            raise ClipRejected(f"clip_chunk: piece {chunk.index} of clip {chunk.clip} from "
+                               f"{chunk.instance} came twice", fault="clip_duplicate")
         size = int(chunk.data.shape[0])
         if partial.held + size > first.total_bytes:  # cannot happen after _check; kept as the invariant
-            raise ClipRejected("clip_piece", f"clip_chunk: clip {chunk.clip} from {chunk.instance} would pass its "
-                               f"{first.total_bytes} bytes")
+            raise ClipRejected(f"clip_chunk: clip {chunk.clip} from {chunk.instance} would pass its "
+                               f"{first.total_bytes} bytes", fault="clip_piece")
         while self.held + size > self.max_buffer_bytes:  # the oldest other clips in flight give way
             self._push_out(key)
         partial.pieces[chunk.index] = chunk.data.tobytes()
@@ -129,19 +126,20 @@ class ClipAssembler:
         """Refuse a piece that no clip the actor sends could have (before it takes any room)."""
         where = f"clip_chunk: piece {chunk.index} of clip {chunk.clip} from {chunk.instance}"
         if chunk.total_bytes > self.max_bytes:
-            raise ClipRejected("clip_size",
-                               f"clip_chunk: a {chunk.total_bytes}-byte clip is larger than {self.max_bytes}")
+            raise ClipRejected(f"clip_chunk: a {chunk.total_bytes}-byte clip is larger than {self.max_bytes}",
+                               fault="clip_size")
         count = -(-chunk.total_bytes // self.chunk_bytes)
         if chunk.count != count:
-            raise ClipRejected("clip_count", f"{where}: {chunk.count} pieces for {chunk.total_bytes} bytes, "
-                               f"expected {count} of {self.chunk_bytes}")
+            raise ClipRejected(f"{where}: {chunk.count} pieces for {chunk.total_bytes} bytes, "
+                               f"expected {count} of {self.chunk_bytes}", fault="clip_count")
         expected = self.chunk_bytes if chunk.index < count - 1 else chunk.total_bytes - (count - 1) * self.chunk_bytes
         if chunk.data.shape[0] != expected:
-            raise ClipRejected("clip_piece", f"{where}: {chunk.data.shape[0]} bytes, expected {expected}")
+            raise ClipRejected(f"{where}: {chunk.data.shape[0]} bytes, expected {expected}", fault="clip_piece")
         for name in ("fps", "episode_return", "time"):
             value = getattr(chunk, name)
             if not (math.isfinite(value) and abs(value) <= MAX_ABS_VALUE):
-                raise ClipRejected("clip_value", f"{where}: {name} {value!r} is not a finite number within +-2**53")
+                raise ClipRejected(f"{where}: {name} {value!r} is not a finite number within +-2**53",
+                                   fault="clip_value")
 
     def _drop(self, key: tuple[str, int]) -> None:
         partial = self._partial.pop(key)
@@ -151,8 +149,8 @@ class ClipAssembler:
     def _push_out(self, keep: tuple[str, int]) -> None:
         others = [k for k in self._partial if k != keep]
         if not others:  # cannot happen: one clip fits (max_bytes <= max_buffer_bytes)
-            raise ClipRejected("clip_size",
-                               f"clip_chunk: clip {keep[1]} from {keep[0]} does not fit {self.max_buffer_bytes} bytes")
+            raise ClipRejected(f"clip_chunk: clip {keep[1]} from {keep[0]} does not fit {self.max_buffer_bytes} "
+                               "bytes", fault="clip_size")
         oldest = min(others, key=lambda k: self._partial[k].started)
         if not self._logged_pushed_out:
             self._logged_pushed_out = True
