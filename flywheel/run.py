@@ -30,6 +30,7 @@ from flywheel.tracking import track_env, track_line
 STOP_ORDER = ("actor", "learner", "replay", "gateway")
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
 SOCKET_PARENT_MAX = 64  # bytes: PARENT/flywheel-run-PID-XXXXXXXX/transitions fits in sun_path (107 + NUL)
+STOP_CHECK_INTERVAL_S = 1.0  # --steps, --target-return and --time-limit are checked this often
 
 NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES")  # the learner's values go to the actors too
 
@@ -334,6 +335,8 @@ def _run(args: argparse.Namespace) -> int:
         if (tracking := track_line(plan.env["gateway"])) is not None:  # where W&B tracking goes
             print(tracking, flush=True)
         next_progress = time.monotonic() + min(args.progress_interval, 3.0)
+        watching = bool(args.steps or args.target_return is not None or args.time_limit)
+        next_check = min(next_progress, time.monotonic() + STOP_CHECK_INTERVAL_S) if watching else next_progress
         while not stop_reason:
             time.sleep(0.2)
             c = supervisor.poll(stopping=lambda: bool(stop_reason))
@@ -343,20 +346,24 @@ def _run(args: argparse.Namespace) -> int:
                 code = 1
                 break
             now = time.monotonic()
-            if now < next_progress:
+            if now < next_check:
                 continue
-            next_progress = now + args.progress_interval
+            printing = now >= next_progress  # the progress line every progress_interval, the stop checks each second
+            if printing:
+                next_progress = now + args.progress_interval
+            next_check = now + STOP_CHECK_INTERVAL_S if watching else next_progress
             status = fetch_status(plan.gateway_url)
             if status is None:
                 continue
             summary = curves.summarize(status)
-            print(progress_line(now - started, summary) + supervisor.progress(), flush=True)
             if args.steps and (summary["env_steps"] or 0) >= args.steps:
                 stop_reason.append(f"reached {args.steps} env steps")
             if (reached := target_reached(summary, args.target_return)) is not None:
                 stop_reason.append(reached)
             if args.time_limit and now - started >= args.time_limit:
                 stop_reason.append(f"time limit of {args.time_limit:.0f} s")
+            if printing or stop_reason:  # the figures a stop was decided on are printed with it
+                print(progress_line(now - started, summary) + supervisor.progress(), flush=True)
     finally:
         if stop_reason:
             print(f"flywheel: stopping ({stop_reason[0]}) after {time.monotonic() - started:.0f} s; "

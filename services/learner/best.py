@@ -1,13 +1,15 @@
 """The best policy so far (SB3's EvalCallback best_model): the learner's weights evaluated greedily on a schedule.
 
 Every ``interval_s`` the learner writes its online network to a candidate file and a child process (spawned once,
-at a lower CPU priority than the actors, one torch thread) plays ``episodes`` greedy episodes of it on fixed seeds
-with flywheel/evaluation.py, the code ``flywheel evaluate`` uses. A candidate whose mean return beats the best so
-far (strictly, as SB3's) replaces DIR/best.safetensors, and DIR/best.json says which version it is and how it
-did. The learner never waits for an evaluation: it checks for a result each turn. ``flywheel play``,
+at a lower CPU priority than the actors, one torch thread) plays ``episodes`` greedy episodes of it with
+flywheel/evaluation.py, the code ``flywheel evaluate`` uses. Each round plays new seeds (``seed + episodes * k``
+for round k), as ``flywheel bench sb3`` does. A candidate whose round beats the best so far is played once more on
+the next round's seeds before it is kept, and its score is the mean of both rounds: picking the maximum of many
+noisy rounds on the same few seeds keeps a policy that was lucky on those seeds (seen on CartPole: a kept best
+that scored 500 on its 10 seeds averaged 359 on 10 fresh ones). A confirmed candidate whose score beats the best
+(strictly, as SB3's) replaces DIR/best.safetensors, and DIR/best.json says which version it is, how it did and on
+which seeds. The learner never waits for an evaluation: it checks for a result each turn. ``flywheel play``,
 ``Policy.load`` and ``flywheel export`` take best.safetensors by default (``--which latest``: the newest weights).
-Every version is evaluated on the same seeds, so the comparison is fair between versions; the seeds are chosen
-on, so report a policy's return on other seeds (``flywheel evaluate --seed``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import multiprocessing
 import os
 import signal
 import time
+from dataclasses import dataclass, field
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any
@@ -78,6 +81,19 @@ def _evaluate(env_id: str, candidate: str, seeds: list[int], max_steps: int | No
     return evaluate(env_id, seeds, checkpoint=candidate, epsilon=0.0, workers=1, max_steps=max_steps)
 
 
+@dataclass
+class Round:
+    """One evaluation in flight: the candidate's version, its seeds, and the earlier round's records when this one
+    confirms it."""
+
+    result: AsyncResult[list[dict[str, Any]]]
+    version: int
+    started: float
+    seeds: list[int]
+    first: list[dict[str, Any]] = field(default_factory=list)
+    first_seeds: list[int] = field(default_factory=list)
+
+
 class BestKeeper:
     """Schedules greedy evaluations of the learner's weights and keeps the best (see the module docstring)."""
 
@@ -85,10 +101,11 @@ class BestKeeper:
                  max_steps: int | None = None, resumed: bool = True) -> None:
         self.directory = Path(directory)
         self.env_id, self.interval_s, self.episodes, self.max_steps = env_id, interval_s, episodes, max_steps
-        self.seeds = list(range(seed, seed + episodes))
+        self.seed = seed
+        self.rounds = 0  # rounds started: round k plays seeds seed + episodes * k ...
         self.candidate = self.directory / CANDIDATE_FILE
         self.pool: Pool | None = None
-        self.pending: tuple[AsyncResult[list[dict[str, Any]]], int, float] | None = None
+        self.pending: Round | None = None
         self.next_at = time.monotonic() + interval_s
         self.evaluated_version = -1
         self.evaluations = 0
@@ -122,14 +139,14 @@ class BestKeeper:
         return dict(best)
 
     def tick(self, now: float, core: LearnerCore, version: int) -> None:
-        """Take a finished evaluation; start the next one when due and the weights are new since the last."""
-        if self.pending is not None and self.pending[0].ready():
-            self._finish(*self.pending)
-            self.pending = None
-        elif self.pending is not None and now - self.pending[2] > max(EVAL_TIMEOUT_S, 3 * self.interval_s):
+        """Take a finished round; start the next one when due and the weights are new since the last."""
+        if self.pending is not None and self.pending.result.ready():
+            done, self.pending = self.pending, None
+            self._finish(done, now)
+        elif self.pending is not None and now - self.pending.started > max(EVAL_TIMEOUT_S, 3 * self.interval_s):
             self.failures += 1  # a child killed mid-task (e.g. out of memory) never answers
             log.error("learner: greedy evaluation of weight version %d gave no result in %.0f s; restarting its "
-                      "process", self.pending[1], now - self.pending[2])
+                      "process", self.pending.version, now - self.pending.started)
             self.pending = None
             self._stop_pool()
         if self.pending is not None or now < self.next_at or version <= self.evaluated_version or version <= 0:
@@ -142,45 +159,66 @@ class BestKeeper:
             self.failures += 1
             log.error("learner: cannot write the evaluation candidate %s: %s", self.candidate, exc)
             return
-        if self.pool is None:
-            self.pool = multiprocessing.get_context("spawn").Pool(1, initializer=_evaluator_start)
-        result = self.pool.apply_async(_evaluate, (self.env_id, str(self.candidate), self.seeds, self.max_steps))
-        self.pending = (result, version, now)
+        self._start(version, now)
         self.evaluated_version = version
 
-    def _finish(self, result: AsyncResult[list[dict[str, Any]]], version: int, started: float) -> None:
+    def _start(self, version: int, now: float, first: Round | None = None,
+               first_records: list[dict[str, Any]] | None = None) -> None:
+        """Play the candidate file on the next round's seeds (a confirmation of ``first`` when given)."""
+        seeds = list(range(self.seed + self.episodes * self.rounds, self.seed + self.episodes * (self.rounds + 1)))
+        self.rounds += 1
+        if self.pool is None:
+            self.pool = multiprocessing.get_context("spawn").Pool(1, initializer=_evaluator_start)
+        result = self.pool.apply_async(_evaluate, (self.env_id, str(self.candidate), seeds, self.max_steps))
+        self.pending = Round(result, version, now, seeds, first_records or [], first.seeds if first else [])
+
+    def _finish(self, done: Round, now: float) -> None:
         try:
-            records = result.get(0)
+            records = done.result.get(0)
         except Exception as exc:  # the env or the policy failed in the child: counted, the run goes on
             self.failures += 1
-            log.error("learner: greedy evaluation of weight version %d failed: %s", version,
+            log.error("learner: greedy evaluation of weight version %d failed: %s", done.version,
                       str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
             return
         self.evaluations += 1
+        confirming = bool(done.first)
+        records = done.first + records
         returns = [float(r["return"]) for r in records]
         mean = sum(returns) / len(returns)
-        self.last = {"weight_version": version, "mean_return": mean, "min_return": min(returns),
-                     "max_return": max(returns), "episodes": len(returns), "seeds": self.seeds, "epsilon": 0.0,
-                     "seconds": time.monotonic() - started, "evaluated_at": time.time(),
+        self.last = {"weight_version": done.version, "mean_return": mean, "min_return": min(returns),
+                     "max_return": max(returns), "episodes": len(returns), "seeds": done.first_seeds + done.seeds,
+                     "epsilon": 0.0, "seconds": now - done.started, "evaluated_at": time.time(),
                      "ends": [r["end"] for r in records]}
         better = self.best is None or mean > float(self.best["mean_return"])
-        if better:
-            tmp = self.directory / f".{BEST_JSON}.{os.getpid()}.tmp"
-            try:  # both written before either is replaced: the pair changes together (but for a crash between)
-                tmp.write_text(json.dumps(self.last, indent=1) + "\n")
-                os.replace(self.candidate, self.directory / BEST_FILE)
-                os.replace(tmp, self.directory / BEST_JSON)
-            except OSError as exc:
-                tmp.unlink(missing_ok=True)
-                self.failures += 1
-                log.error("learner: cannot keep weight version %d as the best policy: %s", version, exc)
-                return
-            self.best = self.last
+        if better and not confirming:  # one round beat the best: the next seeds say whether it was luck
+            log.info("learner: greedy evaluation of weight version %d: mean return %.2f over %d episodes; playing "
+                     "it on %d more seeds before it is kept", done.version, mean, len(returns), self.episodes)
+            self._start(done.version, now, done, records)
+            return
+        if better and not self._keep():
+            return
         log.info("learner: greedy evaluation of weight version %d: mean return %.2f over %d episodes (%.0f s)%s",
-                 version, mean, len(returns), self.last["seconds"],
+                 done.version, mean, len(returns), self.last["seconds"],
                  "; the best so far, kept as " + str(self.directory / BEST_FILE) if better else
                  f"; the best stays version {self.best['weight_version']} ({self.best['mean_return']:.2f})"
                  if self.best else "")
+
+    def _keep(self) -> bool:
+        """The candidate file becomes best.safetensors and ``last`` best.json; False (logged) when they cannot."""
+        assert self.last is not None
+        tmp = self.directory / f".{BEST_JSON}.{os.getpid()}.tmp"
+        try:  # both written before either is replaced: the pair changes together (but for a crash between)
+            tmp.write_text(json.dumps(self.last, indent=1) + "\n")
+            os.replace(self.candidate, self.directory / BEST_FILE)
+            os.replace(tmp, self.directory / BEST_JSON)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            self.failures += 1
+            log.error("learner: cannot keep weight version %d as the best policy: %s", self.last["weight_version"],
+                      exc)
+            return False
+        self.best = self.last
+        return True
 
     def gauges(self) -> GreedyEvalGauges:
         """The last evaluation and the best kept (each left out until there is one)."""

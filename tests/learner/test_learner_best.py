@@ -45,7 +45,7 @@ def evaluate_now(keeper: BestKeeper, core: LearnerCore, version: int) -> None:
     """Start an evaluation of ``version`` and turn the keeper until its result is taken."""
     keeper.next_at = 0.0
     keeper.tick(time.monotonic(), core, version)
-    assert keeper.pending is not None and keeper.pending[1] == version
+    assert keeper.pending is not None and keeper.pending.version == version
     deadline = time.monotonic() + DEADLINE_S
     while keeper.pending is not None:
         assert time.monotonic() < deadline, "no evaluation result"
@@ -60,10 +60,10 @@ def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path
         Policy.load(tmp_path, which="best")
     keeper = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=3, seed=11)
     try:
-        evaluate_now(keeper, core, 5)
+        evaluate_now(keeper, core, 5)  # a first round and, as it beats no best yet, a confirmation round
         best = json.loads((tmp_path / BEST_JSON).read_text())
-        assert (best["weight_version"], best["mean_return"], best["episodes"], best["seeds"]) == (5, 500.0, 3,
-                                                                                                  [11, 12, 13])
+        assert (best["weight_version"], best["mean_return"], best["episodes"], best["seeds"]) == (
+            5, 500.0, 6, [11, 12, 13, 14, 15, 16])
         assert keeper.gauges() == GreedyEvalGauges(eval_greedy_return=500.0, eval_greedy_version=5.0,
                                                    best_greedy_return=500.0, best_weight_version=5.0)
 
@@ -73,8 +73,9 @@ def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path
         assert keeper.pending is None  # no new weights since the last evaluation: nothing to do
         evaluate_now(keeper, core, 9)
         assert keeper.last is not None and keeper.last["mean_return"] < 20  # the collapse, seen
+        assert keeper.last["seeds"] == [17, 18, 19]  # each round on new seeds; no confirmation of a worse one
         assert keeper.gauges().best_weight_version == 5.0 and keeper.counters() == GreedyEvalCounters(
-            greedy_evaluations_total=2.0, greedy_evaluation_failures_total=0.0)
+            greedy_evaluations_total=3.0, greedy_evaluation_failures_total=0.0)
     finally:
         keeper.close()
     assert not (tmp_path / CANDIDATE_FILE).exists()
@@ -128,3 +129,39 @@ def test_an_unreadable_best_json_is_said_once_and_the_next_evaluation_sets_the_b
         "the next evaluation sets the best anew")
     with pytest.raises(PolicyError, match="which must be one of auto, best, latest, got 'newest'"):
         Policy.load(tmp_path, which="newest")
+
+
+def test_a_round_that_beats_the_best_is_played_again_and_kept_only_if_both_rounds_do(tmp_path: Path,
+                                                                                    caplog: pytest.LogCaptureFixture
+                                                                                    ) -> None:
+    from flywheel.evaluation import evaluate
+    from flywheel.services.learner.best import write_policy
+
+    core = cartpole_core()
+    set_policy(core, right_when_leaning_right=False)  # drops the pole within ~10 steps; how soon depends on the seed
+    probe = tmp_path / "probe.safetensors"
+    write_policy(probe, core, 1, "CartPole-v1")
+    returns = [float(r["return"]) for r in evaluate("CartPole-v1", list(range(60)), checkpoint=str(probe),
+                                                    epsilon=0.0, workers=1)]
+    # seeds where a first round of 3 is luckier than the 3 after it: one round beats the best, both do not
+    seed = next(s for s in range(54) if sum(returns[s:s + 3]) > sum(returns[s + 3:s + 6]))
+    first, both = sum(returns[seed:seed + 3]) / 3, sum(returns[seed:seed + 6]) / 6
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "best.safetensors").write_bytes(b"kept")
+    (folder / BEST_JSON).write_text(json.dumps({"weight_version": 2, "mean_return": (first + both) / 2}))
+    keeper = BestKeeper(folder, "CartPole-v1", interval_s=3600, episodes=3, seed=seed)
+    try:
+        with caplog.at_level("INFO", logger="flywheel.learner"):
+            evaluate_now(keeper, core, 7)
+    finally:
+        keeper.close()
+    assert keeper.last is not None and keeper.last["episodes"] == 6
+    assert keeper.last["mean_return"] == pytest.approx(both)
+    assert keeper.last["seeds"] == list(range(seed, seed + 6))
+    assert keeper.best is not None and keeper.best["weight_version"] == 2  # the lucky round was not kept
+    assert (folder / "best.safetensors").read_bytes() == b"kept"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("playing it on 3 more seeds before it is kept" in m for m in messages)
+    assert any("the best stays version 2" in m for m in messages)
+    assert keeper.counters().greedy_evaluations_total == 2.0

@@ -18,7 +18,7 @@ def test_a_run_keeps_its_best_policy_and_play_takes_it(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     learner = tmp_path / "ckpt" / "learner"
     best = json.loads((learner / "best.json").read_text())
-    assert best["episodes"] == 2 and best["weight_version"] >= 1 and best["epsilon"] == 0.0
+    assert best["episodes"] == 4 and best["weight_version"] >= 1 and best["epsilon"] == 0.0  # 2, and 2 confirming
     assert (learner / "best.safetensors").is_file() and not (learner / ".best-candidate.safetensors").exists()
     assert any(f" best {best['mean_return']:.1f} (v{best['weight_version']:,})" in line
                for line in run.stdout.splitlines()), run.stdout

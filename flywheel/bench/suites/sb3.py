@@ -97,7 +97,7 @@ def _sb3_worker(config: dict[str, Any]) -> None:
             if now < self.next_eval:
                 return True
             cpu = time.process_time()
-            q_net = self.model.q_net
+            q_net = model.q_net  # the DQN below (self.model is typed as its base class)
 
             def q_values(obs: np.ndarray) -> np.ndarray:
                 with torch.no_grad():
@@ -127,7 +127,15 @@ def _sb3_worker(config: dict[str, Any]) -> None:
         final = float(zoo["hyperparameters"]["exploration_final_eps"])
         model.exploration_schedule = lambda _progress: final  # go on past the zoo's budget at the final epsilon
         model.learn(total_timesteps=10**9, callback=callback, reset_num_timesteps=False)
-    emit(event="end", steps=model.num_timesteps)
+    emit(event="end", steps=model.num_timesteps, t=time.monotonic())
+    if int(config.get("play_episodes", 0)) > 0:  # the final model on fresh seeds, after the clock stopped
+
+        def final_q(obs: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                return model.q_net(torch.as_tensor(obs)).numpy()
+
+        returns = greedy_returns(final_q, env_id, int(config["play_episodes"]), int(config["play_seed"]))
+        emit(event="play", returns=[float(r) for r in returns])
 
 
 def _run_sb3(ctx: BenchContext, seed: int, cap_s: float, opts: dict[str, Any], workdir: Path,
