@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flywheel.bench.runner import _cpu_model
+from flywheel.bench.runner import _cpu_model, median_ci
 
 TARGET, LIMIT_S = 475.0, 120.0
 STOP = re.compile(r"flywheel: stopping \((?P<why>.*)\) after (?P<s>\d+) s")
@@ -83,6 +83,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     stopped = [r["seconds"] for r in runs if r["stopped_at_target"]]
     return {"runs": len(runs), "stopped_at_target": sum(r["stopped_at_target"] for r in runs),
             "median_seconds_when_stopped": statistics.median(stopped) if stopped else None,
+            "median_seconds_ci95": list(median_ci([r["seconds"] or LIMIT_S for r in runs])),
             "median_seconds_all_censored_at_exit": statistics.median(r["seconds"] or LIMIT_S for r in runs),
             "play_episodes_475": sum(x >= TARGET for r in runs for x in r["play_returns"]),
             "play_episodes_500": sum(x >= 500 for r in runs for x in r["play_returns"]),
@@ -96,7 +97,19 @@ def main() -> int:
     parser.add_argument("--seeds", default="4001-4010", help="learner/replay seeds, FIRST-LAST (default 4001-4010)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sides", default="flywheel,sb3", help="flywheel, sb3 or both (default)")
+    parser.add_argument("--resummarize", action="store_true",
+                        help="recompute the summaries of an existing --out document from its runs (no training)")
     args = parser.parse_args()
+    if args.resummarize:
+        document = json.loads(args.out.read_text())
+        if document.get("runs"):
+            document["summary"] = {**_summary(document["runs"]),
+                                   **{k: v for k, v in document["summary"].items() if k.startswith("by_")}}
+        if document.get("sb3_runs"):
+            document["sb3_summary"] = _summary(document["sb3_runs"])
+        args.out.write_text(json.dumps(document, indent=1) + "\n")
+        print(json.dumps({"flywheel": document["summary"], "sb3": document["sb3_summary"]}))
+        return 0
     sides = [s for s in args.sides.split(",") if s]
     if not sides or set(sides) - {"flywheel", "sb3"}:
         parser.error(f"--sides {args.sides!r}: expected flywheel, sb3 or flywheel,sb3")
