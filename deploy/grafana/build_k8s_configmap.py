@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from flywheel.generated import write_or_check
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 OUT = ROOT / "k8s" / "grafana-config.yaml"
@@ -66,16 +68,11 @@ def main(argv: list[str]) -> int:
     if argv not in ([], ["--check"]):
         print("usage: python deploy/grafana/build_k8s_configmap.py [--check]", file=sys.stderr)
         return 2
-    text = configmap_text()
-    if argv == ["--check"]:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"error: {OUT} is out of step with deploy/grafana: run python deploy/grafana/build_k8s_configmap.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT} ({len(dashboard_files())} dashboards)")
-    return 0
+    code = write_or_check(OUT, configmap_text(), check=bool(argv),
+                          regenerate="python deploy/grafana/build_k8s_configmap.py")
+    if not argv:
+        print(f"wrote {OUT} ({len(dashboard_files())} dashboards)")
+    return code
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.generated import write_or_check
+
 HERE = Path(__file__).parent
 ORDER = ["replay", "actor", "learner", "sb3", "origins", "scaling", "mario", "demos", "reliability"]
 LABELS = ("Raw result not kept", "Hand measurement", "Not measured")
@@ -451,15 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"assemble.py: {problem}", file=sys.stderr)
     if problems:
         return 1
-    text = build(args.dir)
-    if args.check:
-        if not out.is_file() or out.read_text() != text:
-            print(f"assemble.py: {out} is not what the sections build: run python docs/benchmarks/assemble.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    out.write_text(text)
-    return 0
+    return write_or_check(out, build(args.dir), check=args.check, regenerate="python docs/benchmarks/assemble.py")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -38,8 +39,7 @@ class BadBatch(ValueError):
     fault = "batch"
 
 
-def _default(name: str) -> Any:
-    return setting_default(LearnerSettings, name)
+_default = partial(setting_default, LearnerSettings)  # a settings field's default: each value is written once
 
 
 @dataclass

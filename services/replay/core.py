@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,8 +34,7 @@ class ActionOutOfRange(InsertRejected):
     fault = "action"
 
 
-def _default(name: str) -> Any:
-    return setting_default(ReplaySettings, name)
+_default = partial(setting_default, ReplaySettings)  # a settings field's default: each value is written once
 
 
 @dataclass
