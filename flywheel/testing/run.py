@@ -131,6 +131,7 @@ class FlywheelRun:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self._procs: dict[str, psutil.Process] = {}
+        self._names: dict[int, str | None] = {}  # pid -> the instance name in its environment (None: none)
 
     def start(self, timeout: float = 300.0) -> FlywheelRun:
         """Start and wait until every service reports (the gateway's URL and the weights endpoint are read from
@@ -232,16 +233,20 @@ class FlywheelRun:
         except psutil.Error:
             found = []
         for child in found:
-            if any(p.pid == child.pid for p in self._procs.values()):
+            if child.pid in self._names:
                 continue
             try:
                 env = child.environ()
+                parent = child.ppid()
             except psutil.Error:
                 continue
-            for service in SERVICES:
-                name = env.get(f"FLYWHEEL_{service.upper()}_INSTANCE")
-                if name:
-                    self._procs[name] = child
+            name = next((env[key] for service in SERVICES
+                         if (key := f"FLYWHEEL_{service.upper()}_INSTANCE") in env and env[key]), None)
+            self._names[child.pid] = name
+            # a service's own children (env workers, the learner's evaluator, compiler workers) inherit its
+            # environment and so its instance name: the service is the one whose parent is not named so
+            if name and self._names.get(parent) != name:
+                self._procs[name] = child  # a restarted service replaces the one before
         return dict(self._procs)
 
     def cpu_seconds(self) -> dict[str, float]:

@@ -101,6 +101,13 @@ def test_bench_harness_measures_a_real_run(tmp_path: Path) -> None:
         assert last.total("replay", "transitions_received_total") > 0
         assert all(last.cpu[name] >= first.cpu.get(name, 0.0) for name in last.cpu)
         assert last.cpu["actor-0"] > 0 and last.cpu["learner-0"] > 0
+        # the learner's evaluator (a spawned child, every 2 s in the CartPole preset) inherits the learner's
+        # environment, instance name included: the CPU figures stay the services' own
+        learner = run.children()["learner-0"]
+        wait_until(lambda: bool(learner.children()), 60, "the learner's evaluation child", [run.log])
+        run.children()
+        assert {p.ppid() for p in run.children().values()} == {run.proc.pid}
+        assert run.children()["learner-0"].pid == learner.pid
         pids = [p.pid for p in run.children().values()]
     assert run.proc is not None and run.proc.returncode == 0
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
