@@ -9,12 +9,13 @@ out, so it may run a little past 120 s); its final model then plays 10 episodes 
 sides' seconds are wall clock from launch to exit (Flywheel: every service started, checkpointed and stopped).
 Writes one JSON document: every run's stop line, seconds, what stopped it, the kept best, and the play returns.
 
-    python scripts/measure_cartpole_target.py --seeds 5001-5010 --out docs/benchmarks/results/cartpole_target.json
+    python scripts/measure_cartpole_target.py --seeds 5001-5010 --out docs/benchmarks/results/cartpole_target_DATE.json
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -79,6 +80,11 @@ def one_sb3_run(seed: int) -> dict[str, Any]:
             "play_returns": play["returns"] if play else [], "stderr_tail": worker.stderr.strip()[-300:]}
 
 
+def _flywheel_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {**_summary(runs), "by_learner_best": sum(r["stopped_by"] == "learner's kept best" for r in runs),
+            "by_actor_greedy": sum(r["stopped_by"] == "actors' greedy return" for r in runs)}
+
+
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     stopped = [r["seconds"] for r in runs if r["stopped_at_target"]]
     return {"runs": len(runs), "stopped_at_target": sum(r["stopped_at_target"] for r in runs),
@@ -96,15 +102,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="4001-4010", help="learner/replay seeds, FIRST-LAST (default 4001-4010)")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--sides", default="flywheel,sb3", help="flywheel, sb3 or both (default)")
+    parser.add_argument("--sides", default="flywheel,sb3", help="flywheel, sb3 or flywheel,sb3 (default: both)")
     parser.add_argument("--resummarize", action="store_true",
                         help="recompute the summaries of an existing --out document from its runs (no training)")
     args = parser.parse_args()
     if args.resummarize:
         document = json.loads(args.out.read_text())
         if document.get("runs"):
-            document["summary"] = {**_summary(document["runs"]),
-                                   **{k: v for k, v in document["summary"].items() if k.startswith("by_")}}
+            document["summary"] = _flywheel_summary(document["runs"])
         if document.get("sb3_runs"):
             document["sb3_summary"] = _summary(document["sb3_runs"])
         args.out.write_text(json.dumps(document, indent=1) + "\n")
@@ -113,6 +118,8 @@ def main() -> int:
     sides = [s for s in args.sides.split(",") if s]
     if not sides or set(sides) - {"flywheel", "sb3"}:
         parser.error(f"--sides {args.sides!r}: expected flywheel, sb3 or flywheel,sb3")
+    if "sb3" in sides and importlib.util.find_spec("stable_baselines3") is None:
+        parser.error("the SB3 side needs stable-baselines3: pip install 'flywheel-rl[bench]' (or --sides flywheel)")
     runs: list[dict[str, Any]] = []
     sb3_runs: list[dict[str, Any]] = []
     loads = [" ".join(f"{x:.2f}" for x in os.getloadavg())]
@@ -136,10 +143,7 @@ def main() -> int:
                        "episodes every 2 s, stop at the target or the cap; then 10 episodes on seeds 9000+10S...)",
         "machine": f"{os.cpu_count()} CPUs ({cpu}), nothing else running", "loadavg_after_each": loads, "git": git,
         "sides": sides, "runs": runs, "sb3_runs": sb3_runs,
-        "summary": {**_summary(runs),
-                    "by_learner_best": sum(r["stopped_by"] == "learner's kept best" for r in runs),
-                    "by_actor_greedy": sum(r["stopped_by"] == "actors' greedy return" for r in runs)}
-        if runs else None,
+        "summary": _flywheel_summary(runs) if runs else None,
         "sb3_summary": _summary(sb3_runs) if sb3_runs else None,
     }
     args.out.write_text(json.dumps(document, indent=1) + "\n")

@@ -97,12 +97,6 @@ def _sb3_worker(config: dict[str, Any]) -> None:
             if now < self.next_eval:
                 return True
             cpu = time.process_time()
-            q_net = model.q_net  # the DQN below (self.model is typed as its base class)
-
-            def q_values(obs: np.ndarray) -> np.ndarray:
-                with torch.no_grad():
-                    return q_net(torch.as_tensor(obs)).numpy()
-
             returns = greedy_returns(q_values, env_id, int(config["eval_episodes"]),
                                      EVAL_SEED + 100 * self.evals)
             self.evals += 1
@@ -121,6 +115,12 @@ def _sb3_worker(config: dict[str, Any]) -> None:
 
     model = DQN(env=gymnasium.make(env_id), seed=int(config["seed"]), device="cpu", verbose=0,
                 **zoo["hyperparameters"])
+
+    def q_values(obs: np.ndarray) -> np.ndarray:
+        """The model's Q-values now (its evaluations, and the final model's play)."""
+        with torch.no_grad():
+            return model.q_net(torch.as_tensor(obs)).numpy()
+
     callback = GreedyEvalCallback()
     model.learn(total_timesteps=zoo["timesteps"], callback=callback)
     if model.num_timesteps >= zoo["timesteps"] and time.monotonic() - callback.paused < deadline:
@@ -129,12 +129,7 @@ def _sb3_worker(config: dict[str, Any]) -> None:
         model.learn(total_timesteps=10**9, callback=callback, reset_num_timesteps=False)
     emit(event="end", steps=model.num_timesteps, t=time.monotonic())
     if int(config.get("play_episodes", 0)) > 0:  # the final model on fresh seeds, after the clock stopped
-
-        def final_q(obs: np.ndarray) -> np.ndarray:
-            with torch.no_grad():
-                return model.q_net(torch.as_tensor(obs)).numpy()
-
-        returns = greedy_returns(final_q, env_id, int(config["play_episodes"]), int(config["play_seed"]))
+        returns = greedy_returns(q_values, env_id, int(config["play_episodes"]), int(config["play_seed"]))
         emit(event="play", returns=[float(r) for r in returns])
 
 
