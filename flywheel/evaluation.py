@@ -197,3 +197,50 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def interquartile_mean(values: Sequence[float] | np.ndarray) -> float:
+    """The mean of the middle half: ``int(n / 4)`` values cut from each end, as scipy's trim_mean(x, 0.25) and
+    rliable's IQM do (so under 4 values it is the plain mean)."""
+    data = np.sort(np.asarray(values, dtype=np.float64))
+    cut = len(data) // 4
+    return float(data[cut:len(data) - cut].mean())
+
+
+def across_runs(runs: Sequence[Sequence[float]], flags: Sequence[Sequence[bool]], *,
+                resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
+    """Several training runs' evaluations of one task, aggregated as rliable does: each run's score is its mean over
+    its episodes; the median and interquartile mean of the run scores (and of the runs' flag rates) with 95%
+    percentile intervals from a bootstrap over runs (rliable's stratified bootstrap, one task: runs resampled with
+    replacement). Also the pooled episodes' mean and flag rate with a two-level bootstrap (runs, then episodes
+    within each), which carries both the run-to-run and the episode-to-episode noise. A single run has no interval
+    over runs (None)."""
+    if len(runs) < 1 or len(flags) != len(runs) or any(
+            len(r) < 1 or len(r) != len(f) for r, f in zip(runs, flags, strict=True)):
+        raise ValueError("across_runs needs one non-empty list of values and one of flags per run, of equal length")
+    values = [np.asarray(r, dtype=np.float64) for r in runs]
+    rates = [np.mean(np.asarray(f, dtype=bool)) for f in flags]
+    scores = np.array([v.mean() for v in values])
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(len(runs), size=(resamples, len(runs)))
+    out: dict[str, Any] = {"runs": len(runs), "episodes": [len(v) for v in values], "run_means": scores.tolist(),
+                           "run_flag_rates": [float(r) for r in rates]}
+    for name, per_run in (("mean", scores), ("flag_rate", np.array(rates))):
+        boot = per_run[picks]
+        for stat, resampled, point in (
+                ("median", np.median(boot, axis=1), np.median(per_run)),
+                ("iqm", np.array([interquartile_mean(row) for row in boot]), interquartile_mean(per_run))):
+            low, high = np.percentile(resampled, [2.5, 97.5])
+            out[f"{stat}_{name}"] = float(point)  # one run says nothing of the spread between runs: no CI
+            out[f"{stat}_{name}_ci"] = [float(low), float(high)] if len(runs) > 1 else None
+    pooled_x, pooled_flag = [], []
+    for row in picks[: max(1, resamples // 10)]:  # two levels cost more: a tenth of the resamples
+        xs = [values[i][rng.integers(len(values[i]), size=len(values[i]))] for i in row]
+        fs = [np.asarray(flags[i], dtype=bool)[rng.integers(len(values[i]), size=len(values[i]))] for i in row]
+        pooled_x.append(np.concatenate(xs).mean())
+        pooled_flag.append(np.concatenate(fs).mean())
+    out["pooled_mean"] = float(np.concatenate(values).mean())
+    out["pooled_mean_ci"] = [float(v) for v in np.percentile(pooled_x, [2.5, 97.5])]
+    out["pooled_flag_rate"] = float(np.mean(np.concatenate([np.asarray(f, dtype=bool) for f in flags])))
+    out["pooled_flag_rate_ci"] = [float(v) for v in np.percentile(pooled_flag, [2.5, 97.5])]
+    return out

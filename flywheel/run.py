@@ -46,10 +46,13 @@ def _check_port(port: int, what: str, flag: str) -> None:
             ) from None
 
 
-def default_actors(obs_dtype: str, cores: int | None = None) -> int:
-    """One actor per core; for pixels one per core but one, which the CPU learner needs (docs/benchmarks/mario.md)."""
+def default_actors(preset: Preset, cores: int | None = None) -> int:
+    """One actor per core, less the preset's ``run.spare_cores`` (cores left to the learner; Atari: 1), at least 1."""
     cores = cores or os.cpu_count() or 1
-    return max(1, cores - 1) if obs_dtype == "uint8" else cores
+    spare = preset.sections.get("run", {}).get("spare_cores", 0)
+    if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
+        raise SettingsError(f"preset {preset.name}: run.spare_cores must be a whole number >= 0, got {spare!r}")
+    return max(1, cores - spare)
 
 
 def preset_for(args: argparse.Namespace, obs_dtype: str) -> Preset:
@@ -97,8 +100,9 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
         spec = env_spec(args.env)
     except (UnknownEnvironmentError, MissingExtra) as exc:
         raise SettingsError(f"flywheel run: {exc}") from None
+    preset = preset_for(args, spec.obs_dtype)
     if args.actors is None:
-        args.actors = default_actors(spec.obs_dtype)
+        args.actors = default_actors(preset)
     base = args.base_port
     names = ("transitions", "sample", "weights", "telemetry", "control", "lease")
     ports = {what: base + i for i, what in enumerate(names)} if base else {}
@@ -123,7 +127,6 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
         transitions_bind = f"{transitions_connect},{transitions_bind}"
         sample_bind = f"{sample_connect},{sample_bind}"
     ckpt = args.checkpoint_dir.resolve()
-    preset = preset_for(args, spec.obs_dtype)
     env: dict[str, dict[str, str]] = {
         "gateway": {"TELEMETRY_ENDPOINT": local("telemetry"), "CONTROL_ENDPOINT": local("control"),
                     "LEASE_ENDPOINT": local("lease"), "HTTP_HOST": "127.0.0.1",

@@ -63,8 +63,8 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                         help="tuned settings: a preset name (flywheel presets list) or a YAML file (default: chosen "
                              "from --env); FLYWHEEL_* variables and --set override its values")
     parser.add_argument("--actors", type=int, default=None,
-                        help="actor processes (default: one per core; for pixels one per core but one, which the "
-                             "learner needs)")
+                        help="actor processes (default: one per core, less the preset's run.spare_cores: one "
+                             "left to the learner for Atari)")
     parser.add_argument("--envs-per-actor", type=int, default=None, help="environments per actor")
     parser.add_argument("--steps", type=int, default=0, help="stop after this many env steps in total (0: never)")
     parser.add_argument("--target-return", type=float, default=None,

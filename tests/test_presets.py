@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,6 @@ ActorSettings = settings_class("actor")
 @pytest.fixture(autouse=True)
 def _no_preset_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests choose presets themselves (tests/conftest.py sets FLYWHEEL_PRESET=none for every other test)."""
-    import os
-
     for name in [n for n in os.environ if n.startswith("FLYWHEEL_")]:
         monkeypatch.delenv(name)
 
@@ -41,7 +40,7 @@ def test_every_shipped_preset_names_real_settings_and_builds(name: str) -> None:
         settings = build_settings(settings_class(service), values, service)
         for key, value in preset.section(service).items():  # each value arrives, as its field's type
             assert getattr(settings, key) == type(getattr(settings, key))(value), (name, service, key)
-    assert set(preset.sections.get("run", {})) <= {"clip_interval_s"}
+    assert set(preset.sections.get("run", {})) <= set(presets.RUN_KEYS)
 
 
 def test_presets_are_chosen_from_the_env_id() -> None:
@@ -113,6 +112,7 @@ def test_a_preset_extends_another_and_overrides_some_of_its_values(tmp_path: Pat
     ("learner: {lr: [1]}\n", "learner.lr must be a single value"),
     ("learner: {lr: 0.1\n", "not valid YAML"),
     ("learner: {lr: -1}\n", "invalid value"),
+    ("run: {spare_core: 1}\n", "run.spare_core is not one of flywheel run's choices (clip_interval_s, spare_cores)"),
 ])
 def test_a_bad_preset_file_is_one_line_naming_it(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / f"bad{abs(hash(content))}.yaml"
@@ -199,3 +199,19 @@ def test_a_service_names_its_preset_in_its_first_lines(tmp_path: Path) -> None:
     assert f"learner: preset vector (sha256 {vector.sha256[:12]})" in start_lines(FLYWHEEL_PRESET="")
     assert "learner: preset pixel" in start_lines(FLYWHEEL_PRESET="pixel")
     assert "preset" not in start_lines()  # clean_env: FLYWHEEL_PRESET=none, and errors stay one line
+
+
+def test_the_actor_count_follows_the_presets_spare_cores(tmp_path: Path) -> None:
+    assert run_module.default_actors(presets.load("pixel"), cores=2) == 2  # Mario: one actor per core
+    assert run_module.default_actors(presets.load("atari"), cores=8) == 7  # a core left to the 84x84 learner
+    assert run_module.default_actors(presets.load("atari"), cores=1) == 1
+    assert run_module.default_actors(presets.load("vector"), cores=3) == 3
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: pixel\nrun: {spare_cores: 3}\n")
+    args, plan = _plan(tmp_path, "--env", "CartPole-v1", "--preset", str(mine))
+    assert args.actors == max(1, (os.cpu_count() or 1) - 3) == len(plan.actor_extra)
+    for bad in ("-1", "1.5", "two", "true"):
+        mine.write_text(f"run: {{spare_cores: {bad}}}\n")
+        presets._load.cache_clear()
+        with pytest.raises(SettingsError, match=r"run.spare_cores must be a whole number >= 0"):
+            _plan(tmp_path, "--env", "CartPole-v1", "--preset", str(mine))

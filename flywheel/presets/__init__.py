@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 PRESET_DIR = Path(__file__).parent
 SERVICES = ("actor", "replay", "learner", "gateway")
 SECTIONS = ("description", "extends", "common", "run", *SERVICES)
+RUN_KEYS = ("clip_interval_s", "spare_cores")  # flywheel run's own choices (flywheel/run.py reads them)
 GLOBAL_VARIABLE = "FLYWHEEL_PRESET"
 NONE = "none"
 
@@ -96,6 +97,10 @@ def _load(path: Path) -> Preset:
         bad = [k for k, v in values.items() if not isinstance(v, str | int | float | bool)]
         if bad:
             raise PresetError(f"preset file {path}: {name}.{bad[0]} must be a single value")
+        unknown_run = sorted(set(values) - set(RUN_KEYS)) if name == "run" else []
+        if unknown_run:
+            raise PresetError(f"preset file {path}: run.{unknown_run[0]} is not one of flywheel run's choices "
+                              f"({', '.join(RUN_KEYS)})")
         sections[name] = {**sections.get(name, {}), **values}
     stem = path.stem if path.parent == PRESET_DIR else str(path)
     digest = hashlib.sha256(raw + (base.sha256.encode() if base else b"")).hexdigest()  # the base's values too

@@ -197,6 +197,25 @@ def test_mario_compose_beside_flywheel_run_at_the_nearest_agent_steps() -> None:
     assert row.met is False  # above random, but its mean is outside flywheel run's interval
 
 
+def test_mario_second_epsilon_table_sits_beside_the_headline() -> None:
+    settings = {"env_id": "SuperMarioBros-1-1-v0?size=42", "minutes": 30.0, "actors": 1, "sets": [],
+                "eval_episodes": 50, "eval_epsilon": 0.05, "also_epsilon": 0.001, "eval_workers": 2,
+                "noop_max": 30, "stall_steps": 0, "seeds": list(range(100_000, 100_050))}
+    checkpoints = [{"minute": 30.0, "env_steps": 30_000, "episodes": _episodes([900.0, 1100.0] * 25),
+                    "episodes_also": _episodes([1400.0, 1600.0] * 25, flags=25)}]
+    result = mario_report.summarize(settings, [], checkpoints, _episodes([400.0, 600.0] * 25),
+                                    {"start": [0.5, 0.5, 0.5]})
+    assert result.rows[0].flywheel == 1000.0  # the headline stays at the headline's epsilon
+    [_, table] = result.sections
+    assert "at epsilon 0.001" in table and "| mean x, eps 0.05 |" in table
+    assert "| run 30 min | 1,500 (" in table and "| 1,000 | 0% |" in table
+    assert "| 50% (" in table  # 25 flags of 50 at epsilon 0.001, with a Wilson interval
+    assert "| random | 500 (" in table
+    without = mario_report.summarize({**settings, "also_epsilon": None}, [], checkpoints,
+                                     _episodes([400.0, 600.0] * 25), {"start": [0.5, 0.5, 0.5]})
+    assert len(without.sections) == 1
+
+
 def test_mario_deploy_option_refuses_what_it_cannot_train(tmp_path: Path) -> None:
     assert mario._deploys("run, compose") == ["run", "compose"] and mario._deploys("compose") == ["compose"]
     for bad in ("", "kubernetes", "run,run"):

@@ -51,6 +51,22 @@ def _policy_table(rnd: dict[str, Any], checkpoints: list[dict[str, Any]], settin
     return "\n".join(lines)
 
 
+def _also_table(rnd: dict[str, Any], checkpoints: list[dict[str, Any]], settings: dict[str, Any]) -> str:
+    """Markdown: each checkpoint on the same seeds at the second exploration rate, beside the headline rate's."""
+    eps, also = settings["eval_epsilon"], settings["also_epsilon"]
+    lines = [f"The same {len(settings['seeds'])} seeds at epsilon {also:g} (the random policy ignores epsilon: its "
+             f"figures are the headline's), beside the headline's epsilon {eps:g}; episodes end as the headline's do.",
+             "",
+             f"| policy | mean x, eps {also:g} (95% CI) | median x, eps {also:g} (95% CI) | flag rate, eps {also:g} "
+             f"(95% CI) | mean x, eps {eps:g} | flag rate, eps {eps:g} |", "|---|---:|---:|---:|---:|---:|"]
+    for name, s, h in [("random", rnd, rnd)] + [(f"{c.get('deploy', 'run')} {c['minute']:g} min", c["summary_also"],
+                                                  c["summary"]) for c in checkpoints]:
+        lines.append(f"| {name} | {s['mean']:,.0f} ({s['ci_low']:,.0f}-{s['ci_high']:,.0f}) | {s['median']:,.0f} "
+                     f"({s['median_ci_low']:,.0f}-{s['median_ci_high']:,.0f}) | {s['flag_rate']:.0%} "
+                     f"({s['flag_ci_low']:.0%}-{s['flag_ci_high']:.0%}) | {h['mean']:,.0f} | {h['flag_rate']:.0%} |")
+    return "\n".join(lines)
+
+
 def _compose_row(checkpoints: list[dict[str, Any]], rnd: dict[str, Any]) -> Row | None:
     """Compose's last checkpoint against random and against flywheel run's checkpoint nearest in agent steps."""
     composed = [c for c in checkpoints if c.get("deploy") == "compose"]
@@ -89,6 +105,8 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
     for c in checkpoints:
         c["summary"] = stats(_x(c["episodes"]), [r["flag"] for r in c["episodes"]])
         c["stall_rule"] = stats(*_stall_rule(c["episodes"]))
+        if c.get("episodes_also") is not None:
+            c["summary_also"] = stats(_x(c["episodes_also"]), [r["flag"] for r in c["episodes_also"]])
         s = c["summary"]
         prefix = f"{c.get('deploy', 'run')}: " if len(deploys) > 1 else ""
         result.rows.append(Row(
@@ -116,7 +134,11 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
         result.rows.append(row)
     if checkpoints:
         result.sections.append(_policy_table(random_entry, checkpoints, settings))
+        if settings.get("also_epsilon") is not None:
+            result.sections.append(_also_table(rnd, checkpoints, settings))
     points_run = [p for p in points if p.get("deploy", "run") == "run"]
+    last_part = max((p.get("part", 0) for p in points_run), default=0)
+    points_run = [p for p in points_run if p.get("part", 0) == last_part]  # CPU counters restart in every part
     bare = sum(r["length"] for r in random_records) / max(sum(r["seconds"] for r in random_records), 1e-9)
     model = ScaleModel.from_points(points_run, actors=settings["actors"], frame_skip=FRAME_SKIP,
                                    bare_env_steps_per_s=bare)
@@ -132,6 +154,11 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
             + "".join(f" `--set {s}`" for s in settings["sets"]) + f", {settings['minutes']:g} min from process "
             "start; nothing was evaluated while it trained (actor.eval_envs=0 also turns off actor-0's greedy env); "
             "checkpoints via POST /control/checkpoint (learner only).")
+    if settings.get("parts", 1) > 1:
+        result.notes.append(
+            f"Trained in {settings['parts']} parts, each continuing the last with `flywheel run --resume` "
+            "(`--opt resume=1`): minutes and agent steps count from the first part's start, without the time "
+            "between parts; the rates and per-process CPU are the last part's.")
     if "compose" in deploys:
         result.notes.append(
             f"`docker compose up --scale actor={settings['actors']}` of the shipped docker-compose.yml (its default "

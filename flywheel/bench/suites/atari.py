@@ -23,9 +23,10 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from flywheel import presets
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, _cpu_model
 from flywheel.bench.suites.mario import _take_checkpoint, open_run, train_and_poll
-from flywheel.envs import env_family, env_spec, evaluation_env_id
+from flywheel.envs import env_family, evaluation_env_id
 from flywheel.run import default_actors
 from flywheel.testing.run import FlywheelRun, Snapshot
 
@@ -34,7 +35,7 @@ DESCRIPTION = "Atari (Breakout): last weights of a timed flywheel run vs a rando
 OPTIONS = {
     "minutes": "length of the flywheel run (default 30; --quick 3)",
     "env": f"Atari id, options after '?' allowed (default {DEFAULT_ENV})",
-    "actors": "actor processes (default: as flywheel run, one per core but one)",
+    "actors": "actor processes (default: as flywheel run, one per core less the preset's run.spare_cores)",
     "set": "extra flywheel run --set overrides, ';'-separated, e.g. replay.min_size_to_sample=5000 "
            "(actor.eval_envs=0 and learner.best_eval_interval_s=0 are added unless given: no evaluation in training)",
     "eval_episodes": "evaluation episodes (games) for the trained and the random policy (default 30; --quick 5)",
@@ -89,7 +90,7 @@ def run(ctx: BenchContext) -> SuiteResult:
     if env_family(env_id) != "atari":
         raise BenchError(f"--opt env={env_id!r} is not an Atari (ale-py) id")
     minutes = ctx.option_float("minutes", 3.0 if ctx.quick else 30.0)
-    actors = ctx.option_int("actors", default_actors(env_spec(env_id).obs_dtype))
+    actors = ctx.option_int("actors", default_actors(presets.load(presets.name_for_env(env_id))))
     sets = [s.strip() for s in ctx.option("set", "").split(";") if s.strip()]
     for default in ("learner.best_eval_interval_s=0", "actor.eval_envs=0"):  # evaluation takes no training CPU
         if not any(s.startswith(default.split("=")[0] + "=") for s in sets):

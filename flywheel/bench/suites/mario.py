@@ -27,9 +27,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from flywheel import presets
 from flywheel.bench.parts.mario_report import plot, summarize
+from flywheel.bench.parts.mario_state import MarioState
 from flywheel.bench.runner import BenchContext, BenchError, SuiteResult
-from flywheel.envs import env_spec
 from flywheel.run import DEFAULT_ENV, default_actors
 from flywheel.testing.compose import ComposeStack
 from flywheel.testing.run import FlywheelRun, Snapshot
@@ -39,14 +40,19 @@ DESCRIPTION = ("Mario 1-1: checkpoints of a timed flywheel run (or docker compos
 OPTIONS = {
     "minutes": "length of the flywheel run (default 60; --quick 2)",
     "env": f"environment id, options after '?' allowed (default {DEFAULT_ENV}, as flywheel run)",
-    "actors": "actor processes (default: as flywheel run, one per core but one for pixels)",
+    "actors": "actor processes (default: as flywheel run, one per core less the preset's run.spare_cores)",
     "set": "extra flywheel run --set overrides, ';'-separated, e.g. learner.lr=0.0002;actor.gamma=0.9 "
            "(actor.eval_envs=0 is always added unless given: no greedy env during training)",
+    "train_seed": "a training run's seed: the learner's network initialisation and the replay's sampling "
+                  "(learner.seed, replay.seed; actors stay unseeded, as in scripts/measure_cartpole_target.py); "
+                  "default none",
     "checkpoint_at": "minutes at which a checkpoint is taken, comma-separated (default 15,30,45,60; --quick 1,2)",
     "deploy": "what trains: run (flywheel run, default), compose (docker compose up --scale actor=<actors> of the "
               "shipped compose file on a private Docker engine) or run,compose (both, one after the other)",
     "eval_episodes": "evaluation episodes per checkpoint and for the random policy (default 100; --quick 4)",
     "eval_epsilon": "exploration during evaluation (default 0.05)",
+    "also_epsilon": "a second exploration rate every checkpoint also plays the same seeds at, reported in a table "
+                    "beside the headline (e.g. 0.001; default: none)",
     "eval_workers": "evaluation processes (default 2)",
     "noop_max": "each evaluation episode starts with 0..noop_max NOOP actions (default 30)",
     "stall_steps": "an evaluation episode ends after this many steps without a new max x_pos (default 0: never; "
@@ -54,19 +60,25 @@ OPTIONS = {
     "seed_base": "evaluation seeds are seed_base .. seed_base + eval_episodes - 1 (default 100000)",
     "poll_s": "seconds between reads of the gateway (default 15; --quick 5)",
     "workdir": "folder for the run and its ckpt-<M>min/ copies, kept afterwards (default: a temporary folder)",
+    "resume": "1: continue the training kept in --opt workdir=DIR (flywheel run --resume) for `minutes` more; "
+              "checkpoint_at counts from the first part's start; earlier parts' checkpoints and evaluations, kept "
+              "in DIR/bench-mario-state.json, are reported with the new ones (the same recipe and evaluation only)",
     "docs_plot": "1: copy the plot to docs/img/mario_distance.png, the figure docs/benchmarks/mario.md shows "
                  "(default 0: the plot stays in --out)",
 }
 REPO_IMG = Path(__file__).resolve().parents[3] / "docs" / "img"
 
 
-def _minutes_list(raw: str, minutes: float) -> list[float]:
+def _minutes_list(raw: str, minutes: float, offset: float = 0.0) -> list[float]:
+    """Checkpoint minutes, counted from the first part's start: each in (offset, offset + minutes]."""
     try:
         marks = sorted({float(m) for m in raw.split(",") if m.strip()})
     except ValueError:
         raise BenchError(f"--opt checkpoint_at={raw!r}: expected minutes separated by commas") from None
-    if not marks or marks[0] <= 0 or marks[-1] > minutes:
-        raise BenchError(f"--opt checkpoint_at={raw!r}: each must be in (0, minutes={minutes:g}]")
+    if not marks or marks[0] <= offset or marks[-1] > offset + minutes:
+        within = f"({offset:g}, {offset + minutes:g}] (the training so far ends at {offset:g} min)" if offset else \
+            f"(0, minutes={minutes:g}]"
+        raise BenchError(f"--opt checkpoint_at={raw!r}: each must be in {within}")
     return marks
 
 
@@ -105,7 +117,8 @@ def _request_checkpoint(run: Training, token: str) -> None:
         raise BenchError(f"POST /control/checkpoint answered {exc.code}: {exc.read()[:200]!r}") from None
 
 
-def open_run(workdir: Path, env_id: str, actors: int, sets: list[str]) -> tuple[FlywheelRun, str]:
+def open_run(workdir: Path, env_id: str, actors: int, sets: list[str],
+             resume: bool = False) -> tuple[FlywheelRun, str]:
     """A `flywheel run` (not started yet) in workdir/run whose gateway takes control with the returned token (a
     0600 file in workdir): the runs the mario and atari suites train and checkpoint."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +127,8 @@ def open_run(workdir: Path, env_id: str, actors: int, sets: list[str]) -> tuple[
     token_file.write_text(token)
     token_file.chmod(0o600)
     run = FlywheelRun(env_id, workdir / "run", actors=actors, progress_interval=30.0,
-                      sets=[*sets, f"gateway.control_token_file={token_file}"], args=["--no-video"])
+                      sets=[*sets, f"gateway.control_token_file={token_file}"],
+                      args=["--no-video", *(["--resume"] if resume else [])])
     return run, token
 
 
@@ -178,9 +192,10 @@ def train_and_poll(ctx: BenchContext, run: Training, minutes: float, poll_s: flo
 
 
 def _train(ctx: BenchContext, run: Training, token: str, workdir: Path, minutes: float, marks: list[float],
-           poll_s: float, points: list[dict[str, Any]], checkpoints: list[dict[str, Any]]) -> None:
-    def checkpoint(minute: float) -> None:
-        checkpoints.append(_take_checkpoint(run, token, minute, workdir))
+           poll_s: float, points: list[dict[str, Any]], checkpoints: list[dict[str, Any]],
+           offset: float = 0.0) -> None:
+    def checkpoint(minute: float) -> None:  # minute of this part; its checkpoint is named from the first part's start
+        checkpoints.append(_take_checkpoint(run, token, offset + minute, workdir))
         c = checkpoints[-1]
         ctx.progress(f"checkpoint at {minute:g} min: {c['env_steps'] or 0:,.0f} agent steps, "
                      f"{c['checkpoint_updates']:,} updates -> {c['dir']}")
@@ -189,7 +204,8 @@ def _train(ctx: BenchContext, run: Training, token: str, workdir: Path, minutes:
         return "distance (rolling) " + (", ".join(f"{k} {v:.0f}" for k, v in p["distance"].items()
                                                   if v is not None) or "-")
 
-    train_and_poll(ctx, run, minutes, poll_s, points, lambda snap: _point(run, snap), distance, marks, checkpoint)
+    train_and_poll(ctx, run, minutes, poll_s, points, lambda snap: _point(run, snap), distance,
+                   [m - offset for m in marks], checkpoint)
 
 
 def _evaluate(ctx: BenchContext, env_id: str, name: str, checkpoint: str | None, seeds: list[int], epsilon: float,
@@ -218,10 +234,10 @@ def _deploys(raw: str) -> list[str]:
 
 
 def _open(deploy: str, stack: ExitStack, workdir: Path, env_id: str, actors: int,
-          sets: list[str]) -> tuple[Training, str]:
+          sets: list[str], resume: bool = False) -> tuple[Training, str]:
     """The training for ``deploy`` (not started yet) and the control token its gateway takes."""
     if deploy == "run":
-        return open_run(workdir, env_id, actors, sets)
+        return open_run(workdir, env_id, actors, sets, resume)
     if [s for s in sets if s != "actor.eval_envs=0"]:  # the compose actors' default
         raise BenchError(f"deploy=compose trains the compose file as shipped: no --opt set ({'; '.join(sets)})")
     from flywheel.testing.dockerhost import EngineUnavailable, docker_engine
@@ -241,14 +257,21 @@ def _open(deploy: str, stack: ExitStack, workdir: Path, env_id: str, actors: int
 def run(ctx: BenchContext) -> SuiteResult:
     env_id = ctx.option("env", DEFAULT_ENV)
     minutes = ctx.option_float("minutes", 2.0 if ctx.quick else 60.0)
-    actors = ctx.option_int("actors", default_actors(env_spec(env_id).obs_dtype))
+    actors = ctx.option_int("actors", default_actors(presets.load(presets.name_for_env(env_id))))
     deploys = _deploys(ctx.option("deploy", "run"))
     sets = [s.strip() for s in ctx.option("set", "").split(";") if s.strip()]
     if not any(s.startswith("actor.eval_envs=") for s in sets):
         sets.insert(0, "actor.eval_envs=0")  # no greedy env in actor 0 either: evaluation takes no training CPU
-    marks = _minutes_list(ctx.option("checkpoint_at", "1,2" if ctx.quick else "15,30,45,60"), minutes)
+    train_seed = ctx.option_int("train_seed", -1)
+    if train_seed >= 0:
+        sets += [f"learner.seed={train_seed}", f"replay.seed={train_seed}"]
+    resume = bool(ctx.option_int("resume", 0))
+    if resume and (not ctx.option("workdir", "") or deploys != ["run"]):
+        raise BenchError("--opt resume=1 continues a flywheel run kept with --opt workdir=DIR (deploy=run): "
+                         "name the same workdir")
     episodes = ctx.option_int("eval_episodes", 4 if ctx.quick else 100)
     epsilon = ctx.option_float("eval_epsilon", 0.05)
+    also = ctx.option_float("also_epsilon", -1.0)
     workers = ctx.option_int("eval_workers", 2)
     noop_max = ctx.option_int("noop_max", 30)
     stall_steps = ctx.option_int("stall_steps", 0)
@@ -256,44 +279,66 @@ def run(ctx: BenchContext) -> SuiteResult:
     poll_s = ctx.option_float("poll_s", 5.0 if ctx.quick else 15.0)
     if episodes < 1 or workers < 1 or stall_steps < 0 or actors < 1 or noop_max < 0:
         raise BenchError("eval_episodes, eval_workers and actors must be >= 1, stall_steps and noop_max >= 0")
+    if not 0.0 <= epsilon <= 1.0 or not (also == -1.0 or 0.0 <= also <= 1.0):
+        raise BenchError(f"eval_epsilon ({epsilon:g}) and also_epsilon ({also:g}) must be in [0, 1]")
     seeds = list(range(seed_base, seed_base + episodes))
+    recipe = {"env_id": env_id, "actors": actors, "deploys": deploys, "sets": sets}
+    evaluation = {"seeds": seeds, "eval_epsilon": epsilon, "also_epsilon": also if also >= 0 else None,
+                  "noop_max": noop_max, "stall_steps": stall_steps}
     with ctx.workdir("mario") as workdir:
+        state = MarioState(recipe, evaluation)
+        if resume:
+            state = MarioState.load(workdir)
+            state.check_same(recipe, evaluation)
+        offset = state.trained_minutes
+        default_marks = [offset + m for m in ((1.0, 2.0) if ctx.quick else (15.0, 30.0, 45.0, 60.0, 75.0, 90.0))
+                         if m <= minutes]
+        marks = _minutes_list(ctx.option("checkpoint_at", ",".join(f"{m:g}" for m in default_marks)), minutes,
+                              offset)
         loads: dict[str, Any] = {"start": list(os.getloadavg())}
-        points: list[dict[str, Any]] = []
-        checkpoints: list[dict[str, Any]] = []
         for deploy in deploys:
             where = workdir / deploy if len(deploys) > 1 else workdir
+            points: list[dict[str, Any]] = []
+            found: list[dict[str, Any]] = []
             with ExitStack() as stack:
-                training, token = _open(deploy, stack, where, env_id, actors, sets)
+                training, token = _open(deploy, stack, where, env_id, actors, sets, resume)
                 what = (f"flywheel run --env {env_id} --actors {actors} {' '.join('--set ' + s for s in sets)}"
-                        if deploy == "run" else f"docker compose up --scale actor={actors} (env {env_id})")
-                ctx.progress(f"{what} for {minutes:g} min, checkpoints at {', '.join(f'{m:g}' for m in marks)} "
-                             f"min (log {training.log})")
+                        + (" --resume" if resume else "") if deploy == "run" else
+                        f"docker compose up --scale actor={actors} (env {env_id})")
+                ctx.progress(f"{what} for {minutes:g} min{f' (after {offset:g} min before)' if offset else ''}, "
+                             f"checkpoints at {', '.join(f'{m:g}' for m in marks)} min (log {training.log})")
                 loads[f"{deploy}_start"] = list(os.getloadavg())
                 stack.enter_context(training)
-                seen: list[dict[str, Any]] = []
-                found: list[dict[str, Any]] = []
-                _train(ctx, training, token, where, minutes, marks, poll_s, seen, found)
+                _train(ctx, training, token, where, minutes, marks, poll_s, points, found, offset)
                 loads[f"{deploy}_end_of_training"] = list(os.getloadavg())
-            points += [{**p, "deploy": deploy} for p in seen]
-            checkpoints += [{**c, "deploy": deploy} for c in found]
+            state.add_part(minutes, [{**p, "deploy": deploy} for p in points],
+                           [{**c, "deploy": deploy} for c in found], loads, advance=deploy == deploys[-1])
+            state.save(workdir)
         loads["end_of_training"] = list(os.getloadavg())
-        ctx.progress(f"evaluating {len(checkpoints)} checkpoints and the random policy on seeds {seeds[0]}.."
-                     f"{seeds[-1]} (epsilon {epsilon:g}, 0..{noop_max} no-ops, {workers} workers, stall rule "
-                     f"{stall_steps or 'off'})")
+        pending = [c for c in state.checkpoints if "episodes" not in c]
+        ctx.progress(f"evaluating {len(pending)} checkpoints{' and the random policy' if state.random is None else ''}"
+                     f" on seeds {seeds[0]}..{seeds[-1]} (epsilon {epsilon:g}, 0..{noop_max} no-ops, {workers} "
+                     f"workers, stall rule {stall_steps or 'off'})")
         args = (seeds, epsilon, workers, stall_steps, noop_max)
-        random_records = _evaluate(ctx, env_id, "random policy", None, *args)
-        for c in checkpoints:
-            c["episodes"] = _evaluate(ctx, env_id, f"{c['deploy']} checkpoint {c['minute']:g} min", c["dir"], *args)
+        if state.random is None:
+            state.random = _evaluate(ctx, env_id, "random policy", None, *args)
+            state.save(workdir)
+        for c in pending:
+            name = f"{c['deploy']} checkpoint {c['minute']:g} min"
+            c["episodes"] = _evaluate(ctx, env_id, name, c["dir"], *args)
+            if also >= 0:  # the random policy ignores epsilon: its episodes above stand for both rates
+                c["episodes_also"] = _evaluate(ctx, env_id, f"{name}, epsilon {also:g}", c["dir"], seeds, also,
+                                               *args[2:])
+            state.save(workdir)
         loads["end"] = list(os.getloadavg())
-        settings = {"env_id": env_id, "minutes": minutes, "actors": actors, "deploys": deploys, "sets": sets,
-                    "checkpoint_at": marks, "eval_episodes": episodes, "eval_epsilon": epsilon,
-                    "eval_workers": workers, "noop_max": noop_max, "stall_steps": stall_steps, "seeds": seeds,
+        settings = {**recipe, **evaluation, "minutes": state.trained_minutes, "checkpoint_at": marks,
+                    "eval_episodes": episodes, "eval_workers": workers, "parts": len(state.parts),
                     "workdir": str(workdir) if ctx.option("workdir", "") else None}
-        result = summarize(settings, points, checkpoints, random_records, loads)
+        result = summarize(settings, state.points, state.checkpoints, state.random, loads)
         try:  # after an hour of training the numbers matter more than the picture: no plot is a note
-            if checkpoints:
-                result.plots.append(plot(ctx, env_id, points, checkpoints, result.extra["random"]["summary"]))
+            if state.checkpoints:
+                result.plots.append(plot(ctx, env_id, state.points, state.checkpoints,
+                                         result.extra["random"]["summary"]))
                 if ctx.option_int("docs_plot", 0) and REPO_IMG.is_dir():  # only the run the docs cite
                     shutil.copy2(ctx.out_dir / result.plots[-1], REPO_IMG / "mario_distance.png")
         except BenchError as exc:

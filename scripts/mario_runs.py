@@ -1,0 +1,129 @@
+"""Several `flywheel bench mario` training runs, one checkpoint each, aggregated across runs as a paper would.
+
+Each bench result file is one training run (its own day and machine allowed); every run's checkpoint at ``--minute``
+must have been evaluated on the same seeds. Per run: agent steps, updates, their rates (the suite's scale model),
+CPU model, load, the whole machine's busy cores while it trained (busy CPU seconds over wall seconds between the
+first and last poll of its last part), the mean and median furthest x and the flag rate with their intervals. Per
+side (``--side NAME FILE...``, repeatable: with and without a setting): the median and interquartile mean of the
+run scores with a bootstrap over runs (rliable's stratified bootstrap for one task), and the pooled episodes with
+a two-level bootstrap (flywheel.evaluation.across_runs).
+Prints markdown and writes one JSON document with every figure and where it came from.
+
+    python scripts/mario_runs.py --minute 60 --side "share 0" a.json b.json c.json \
+        --side "share 0.25" d.json e.json f.json --out docs/benchmarks/results/mario_seeds_DATE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from flywheel.evaluation import across_runs, summarize
+
+
+class RunsError(Exception):
+    """A result file that cannot be aggregated: one line for the user."""
+
+
+def _checkpoint(result: dict[str, Any], minute: float | None, name: str) -> dict[str, Any]:
+    found = [c for c in result.get("extra", {}).get("checkpoints", []) if c.get("episodes")]
+    if not found:
+        raise RunsError(f"{name}: no evaluated checkpoint (is it a `flywheel bench mario` result?)")
+    if minute is None:
+        return found[-1]
+    for c in found:
+        if abs(float(c["minute"]) - minute) < 1e-9:
+            return c
+    have = ", ".join(f"{c['minute']:g}" for c in found)
+    raise RunsError(f"{name}: no checkpoint at {minute:g} min (it has {have})")
+
+
+def one_run(path: Path, minute: float | None) -> dict[str, Any]:
+    """One training run's row: where it ran, how far it got, and its checkpoint's evaluation."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RunsError(f"{path}: {exc}") from None
+    c = _checkpoint(result, minute, str(path))
+    episodes = c["episodes"]
+    xs = [float(e["x_pos_max"] or 0) for e in episodes]
+    flags = [bool(e["flag"]) for e in episodes]
+    points = result["extra"].get("points", [])
+    model = result["extra"].get("scale_model") or {}  # the suite's rates over the last part, start-up left out
+    loads = [p["load"][0] for p in points if p.get("load")]
+    timed = [p for p in points if p.get("machine_cpu_s") is not None and p.get("part", 0) == points[-1].get("part", 0)]
+    busy = ((timed[-1]["machine_cpu_s"] - timed[0]["machine_cpu_s"]) / (timed[-1]["t"] - timed[0]["t"])
+            if len(timed) > 1 and timed[-1]["t"] > timed[0]["t"] else None)
+    return {"file": str(path), "command": result.get("command"), "time": result.get("time"),
+            "cpu_model": result.get("machine", {}).get("cpu_model"), "minute": c["minute"],
+            "env_steps": c.get("env_steps"), "updates": c.get("checkpoint_updates"),
+            "load_median": sorted(loads)[len(loads) // 2] if loads else None, "busy_cores": busy,
+            "env_steps_per_s": model.get("env_steps_per_s"), "updates_per_s": model.get("updates_per_s"),
+            "seeds": [e["seed"] for e in episodes], "x": xs, "flags": flags, "summary": summarize(xs, flags)}
+
+
+def aggregate(sides: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per side: across_runs over its runs; every run of every side must have played the same seeds."""
+    seeds = {tuple(r["seeds"]) for runs in sides.values() for r in runs}
+    if len(seeds) != 1:
+        raise RunsError("the runs' checkpoints were evaluated on different seeds: they cannot be compared")
+    return {name: across_runs([r["x"] for r in runs], [r["flags"] for r in runs]) for name, runs in sides.items()}
+
+
+def markdown(sides: dict[str, list[dict[str, Any]]], totals: dict[str, Any]) -> str:
+    lines = ["| side | run | CPU | agent steps | updates | agent steps/s | updates/s | load (median) | busy cores | "
+             "mean x (95% CI) | median x | flag rate (95% CI) |", "|---|---|---|" + "---:|" * 9]
+    for name, runs in sides.items():
+        for r in runs:
+            s = r["summary"]
+            busy = "-" if r["busy_cores"] is None else f"{r['busy_cores']:.2f}"
+            rates = " | ".join("-" if r[k] is None else f"{r[k]:.1f}" for k in ("env_steps_per_s", "updates_per_s"))
+            lines.append(f"| {name} | {Path(r['file']).name} | {r['cpu_model']} | {r['env_steps'] or 0:,.0f} | "
+                         f"{r['updates'] or 0:,} | {rates} | {r['load_median'] or 0:.2f} | {busy} | {s['mean']:,.0f} "
+                         f"({s['ci_low']:,.0f}-{s['ci_high']:,.0f}) | {s['median']:,.0f} | {s['flag_rate']:.0%} "
+                         f"({s['flag_ci_low']:.0%}-{s['flag_ci_high']:.0%}) |")
+    lines += ["", "| side | runs | median of run means (95% CI) | IQM of run means (95% CI) | median flag rate "
+              "(95% CI) | pooled mean x (95% CI) | pooled flag rate (95% CI) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, t in totals.items():
+        def ci(key: str, pct: bool = False, t: dict[str, Any] = t) -> str:
+            value, interval = t[key], t.get(f"{key}_ci")
+            shown = (lambda v: f"{v:.0%}") if pct else (lambda v: f"{v:,.0f}")
+            return f"{shown(value)} ({'-'.join(map(shown, interval)) if interval else 'one run: no interval'})"
+
+        lines.append(f"| {name} | {t['runs']} | {ci('median_mean')} | {ci('iqm_mean')} | "
+                     f"{ci('median_flag_rate', True)} | {ci('pooled_mean')} | {ci('pooled_flag_rate', True)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", nargs="+", action="append", required=True, metavar=("NAME", "FILE"),
+                        help="a side's name and its runs' `flywheel bench mario` result files (repeatable)")
+    parser.add_argument("--minute", type=float, default=None, help="which checkpoint (default: each run's last)")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON document here")
+    args = parser.parse_args(argv)
+    try:
+        if any(len(side) < 2 for side in args.side):
+            raise RunsError("--side takes a name and at least one result file")
+        sides = {side[0]: [one_run(Path(f), args.minute) for f in side[1:]] for side in args.side}
+        totals = aggregate(sides)
+    except RunsError as exc:
+        print(f"mario_runs: {exc}", file=sys.stderr)
+        return 2
+    text = markdown(sides, totals)
+    print(text)
+    if args.out is not None:
+        runs = {name: [{k: v for k, v in r.items() if k not in ("x", "flags", "seeds")} for r in rs]
+                for name, rs in sides.items()}
+        document = {"command": shlex.join(["python", *sys.argv]), "minute": args.minute, "runs": runs,
+                    "aggregate": totals, "markdown": text}
+        args.out.write_text(json.dumps(document, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

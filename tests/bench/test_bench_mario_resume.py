@@ -1,0 +1,67 @@
+"""`flywheel bench mario --opt resume=1`: a training in two parts, the second a real `flywheel run --resume` of the
+first, reported as one (CartPole stands in for Mario: the same suite code, seconds instead of minutes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flywheel.bench.parts.mario_state import STATE_FILE, MarioState
+from flywheel.bench.runner import BenchError
+from flywheel.cli import main
+
+
+def _bench(out: Path, workdir: Path, *opts: str) -> int:
+    args = ["bench", "mario", "--quick", "--out", str(out), "--opt", "env=CartPole-v1", "--opt", "actors=1",
+            "--opt", "eval_episodes=2", "--opt", "poll_s=2", "--opt", f"workdir={workdir}"]
+    for opt in opts:
+        args += ["--opt", opt]
+    return main(args)
+
+
+@pytest.mark.timeout(420)
+def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = tmp_path / "kept"
+    assert _bench(tmp_path / "one", workdir, "minutes=0.4", "checkpoint_at=0.4", "train_seed=3") == 0
+    first = MarioState.load(workdir)
+    assert [c["minute"] for c in first.checkpoints] == [0.4] and first.trained_minutes == pytest.approx(0.4)
+    assert "learner.seed=3" in first.recipe["sets"] and first.random is not None
+    # what cannot continue this training is refused before anything starts, and the kept state is untouched
+    before = (workdir / STATE_FILE).read_bytes()
+    assert _bench(tmp_path / "x", workdir, "minutes=0.4", "checkpoint_at=0.8", "train_seed=4", "resume=1") == 2
+    assert "its recipe differs (sets:" in capsys.readouterr().err
+    assert _bench(tmp_path / "x", workdir, "minutes=0.4", "checkpoint_at=0.3", "train_seed=3", "resume=1") == 2
+    assert "each must be in (0.4, 0.8] (the training so far ends at 0.4 min)" in capsys.readouterr().err
+    assert (workdir / STATE_FILE).read_bytes() == before
+
+    assert _bench(tmp_path / "two", workdir, "minutes=0.4", "checkpoint_at=0.8", "train_seed=3", "resume=1") == 0
+    state = MarioState.load(workdir)
+    one, two = state.checkpoints
+    assert (one["minute"], two["minute"]) == (0.4, 0.8) and [p["part"] for p in state.parts] == [0, 1]
+    assert two["checkpoint_updates"] > one["checkpoint_updates"]  # the learner went on from its checkpoint
+    assert two["env_steps"] > one["env_steps"] and two["t"] > 0.4 * 60  # counted from the first part's start
+    assert one["episodes"] == first.checkpoints[0]["episodes"]  # evaluated once, kept
+    assert state.random == first.random
+    steps = [p["env_steps"] for p in state.points]
+    assert steps == sorted(steps) and {p["part"] for p in state.points} == {0, 1}
+    logs = "".join(f.read_text() for f in (workdir / "run" / "checkpoints" / "logs").glob("learner*"))
+    assert f"learner: resumed from {workdir / 'run' / 'checkpoints' / 'learner'}" in logs
+    result = json.loads((tmp_path / "two" / "mario.json").read_text())
+    cases = [r["case"] for r in result["rows"]]
+    assert any(c.startswith("checkpoint at 0.4 min") for c in cases)
+    assert any(c.startswith("checkpoint at 0.8 min") for c in cases)
+    assert any(n.startswith("Trained in 2 parts") for n in result["notes"])
+
+
+def test_resume_needs_the_kept_workdir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "mario", "--quick", "--out", str(tmp_path), "--opt", "resume=1"]) == 2
+    assert "continues a flywheel run kept with --opt workdir=DIR" in capsys.readouterr().err
+    assert _bench(tmp_path / "out", tmp_path / "empty", "resume=1") == 2
+    assert f"{STATE_FILE} is missing" in capsys.readouterr().err
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / STATE_FILE).write_text('{"format": "something-else"}')
+    with pytest.raises(BenchError, match="is not a flywheel-bench-mario-state file"):
+        MarioState.load(tmp_path / "bad")

@@ -1,0 +1,96 @@
+"""Training runs aggregated as rliable does (flywheel.evaluation.across_runs) and scripts/mario_runs.py over real
+`flywheel bench mario` result files' layout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flywheel.evaluation import across_runs, interquartile_mean
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mario_runs.py"
+
+
+def test_interquartile_mean_cuts_a_quarter_from_each_end_as_scipy_does() -> None:
+    assert interquartile_mean([1, 2, 3]) == 2.0  # under 4 values nothing is cut
+    assert interquartile_mean([100, 1, 2, 3, -50, 4, 5, 6]) == pytest.approx(3.5)  # 2 cut from each end
+    assert interquartile_mean([0, 10, 10, 1000]) == 10.0
+
+
+def test_across_runs_medians_and_intervals() -> None:
+    runs = [[1000.0, 1200.0] * 50, [2000.0, 2200.0] * 50, [3000.0, 3200.0] * 50]
+    flags = [[False] * 100, [True] * 10 + [False] * 90, [True] * 40 + [False] * 60]
+    out = across_runs(runs, flags)
+    assert out["run_means"] == [1100.0, 2100.0, 3100.0] and out["run_flag_rates"] == [0.0, 0.1, 0.4]
+    assert out["median_mean"] == 2100.0 and out["iqm_mean"] == pytest.approx(2100.0)
+    assert out["median_flag_rate"] == 0.1 and out["pooled_flag_rate"] == pytest.approx(50 / 300)
+    assert out["median_mean_ci"] == [1100.0, 3100.0]  # three runs: resampled medians span the runs
+    low, high = out["pooled_mean_ci"]
+    assert low < out["pooled_mean"] < high and high - low > 500  # the run-to-run spread is in the interval
+    same = across_runs([[1500.0, 1501.0] * 50] * 3, [[False] * 100] * 3)
+    one_level = same["median_mean_ci"]
+    assert one_level[0] == one_level[1] == 1500.5  # identical runs: no run-to-run noise at all
+    alone = across_runs([[900.0, 1100.0] * 10], [[False] * 20])
+    assert alone["median_mean"] == 1000.0 and alone["median_mean_ci"] is None  # one run: no spread between runs
+    assert alone["pooled_mean_ci"][0] < 1000.0 < alone["pooled_mean_ci"][1]  # its episodes still have one
+    with pytest.raises(ValueError, match="one non-empty list"):
+        across_runs([[1.0], []], [[True], []])
+    with pytest.raises(ValueError, match="of equal length"):
+        across_runs([[1.0, 2.0]], [[True]])
+
+
+def _bench_result(path: Path, x: float, flags: int, seeds: range, minute: float = 60.0) -> Path:
+    episodes = [{"seed": s, "x_pos_max": x + (i % 2) * 100, "flag": i < flags} for i, s in enumerate(seeds)]
+    result = {"command": "flywheel bench mario --opt minutes=60", "time": "2026-11-26T12:00:00+0000",
+              "machine": {"cpu_model": "AMD EPYC"},
+              "extra": {"scale_model": {"env_steps_per_s": 140.0, "updates_per_s": 35.0},
+                        "points": [{"t": 10.0, "machine_cpu_s": 100.0, "load": [1.8, 1.7, 1.6]},
+                                   {"t": 110.0, "machine_cpu_s": 280.0, "load": [2.0, 1.8, 1.7]}],
+                        "checkpoints": [{"minute": 30.0, "env_steps": 250_000, "checkpoint_updates": 60_000,
+                                         "episodes": [{**e, "flag": False} for e in episodes]},
+                                        {"minute": minute, "env_steps": 500_000, "checkpoint_updates": 120_000,
+                                         "episodes": episodes}]}}
+    path.write_text(json.dumps(result))
+    return path
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_script_tables_each_run_and_each_side(tmp_path: Path) -> None:
+    seeds = range(300_000, 300_020)
+    without = [_bench_result(tmp_path / f"off{i}.json", 900.0 + 100 * i, 0, seeds) for i in range(3)]
+    share = [_bench_result(tmp_path / f"on{i}.json", 1900.0 + 100 * i, 5 * i, seeds) for i in range(3)]
+    out = tmp_path / "agg.json"
+    done = run_script("--minute", "60", "--side", "without", *map(str, without), "--side", "share 0.25",
+                      *map(str, share), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "| without | off0.json | AMD EPYC | 500,000 | 120,000 | 140.0 | 35.0 | 2.00 | 1.80 | 950 (" in done.stdout
+    saved = json.loads(out.read_text())
+    assert saved["aggregate"]["without"]["median_mean"] == 1050.0
+    assert saved["aggregate"]["share 0.25"]["run_flag_rates"] == [0.0, 0.25, 0.5]
+    assert saved["aggregate"]["share 0.25"]["median_flag_rate"] == 0.25
+    assert "| share 0.25 | 3 | 2,050 (" in saved["markdown"]
+    assert np.isclose(saved["aggregate"]["share 0.25"]["pooled_flag_rate"], 15 / 60)
+    at_30 = run_script("--minute", "30", "--side", "share", *map(str, share))
+    assert at_30.returncode == 0 and "| share | 3 |" in at_30.stdout and "| 0% (0%-0%) |" in at_30.stdout
+    single = run_script("--side", "one", str(share[0]))
+    assert single.returncode == 0 and "| one | 1 | 1,950 (one run: no interval) |" in single.stdout
+
+
+def test_the_script_refuses_what_it_cannot_compare(tmp_path: Path) -> None:
+    a = _bench_result(tmp_path / "a.json", 1000.0, 0, range(100, 110))
+    b = _bench_result(tmp_path / "b.json", 1000.0, 0, range(200, 210))
+    done = run_script("--side", "x", str(a), str(b))
+    assert done.returncode == 2 and "evaluated on different seeds" in done.stderr
+    missing = run_script("--minute", "45", "--side", "x", str(a))
+    assert missing.returncode == 2 and "no checkpoint at 45 min (it has 30, 60)" in missing.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert "broken.json" in run_script("--side", "x", str(broken)).stderr
