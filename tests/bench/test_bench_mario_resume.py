@@ -65,3 +65,19 @@ def test_resume_needs_the_kept_workdir(tmp_path: Path, capsys: pytest.CaptureFix
     (tmp_path / "bad" / STATE_FILE).write_text('{"format": "something-else"}')
     with pytest.raises(BenchError, match="is not a flywheel-bench-mario-state file"):
         MarioState.load(tmp_path / "bad")
+    (tmp_path / "bad" / STATE_FILE).write_text('{"format": ')  # cut off mid-write by hand
+    with pytest.raises(BenchError, match=f"{STATE_FILE} cannot be read"):
+        MarioState.load(tmp_path / "bad")
+
+
+@pytest.mark.parametrize(("opt", "message"), [
+    ("train_seed=-2", "--opt train_seed=-2: a seed is a whole number >= 0"),
+    ("also_epsilon=1.5", "--opt also_epsilon=1.5: an exploration rate is in [0, 1]"),
+    ("eval_epsilon=-0.1", "--opt eval_epsilon=-0.1: an exploration rate is in [0, 1]"),
+])
+def test_bad_options_are_one_line_before_anything_trains(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         opt: str, message: str) -> None:
+    workdir = tmp_path / "kept"
+    assert _bench(tmp_path / "out", workdir, opt) == 2
+    assert message in capsys.readouterr().err
+    assert not workdir.exists()

@@ -46,7 +46,8 @@ OPTIONS = {
     "train_seed": "a training run's seed: the learner's network initialisation and the replay's sampling "
                   "(learner.seed, replay.seed; actors stay unseeded, as in scripts/measure_cartpole_target.py); "
                   "default none",
-    "checkpoint_at": "minutes at which a checkpoint is taken, comma-separated (default 15,30,45,60; --quick 1,2)",
+    "checkpoint_at": "minutes at which a checkpoint is taken, comma-separated, counted from the first part's start "
+                     "(default: every 15 minutes of this part and its end; --quick every minute)",
     "deploy": "what trains: run (flywheel run, default), compose (docker compose up --scale actor=<actors> of the "
               "shipped compose file on a private Docker engine) or run,compose (both, one after the other)",
     "eval_episodes": "evaluation episodes per checkpoint and for the random policy (default 100; --quick 4)",
@@ -262,8 +263,10 @@ def run(ctx: BenchContext) -> SuiteResult:
     sets = [s.strip() for s in ctx.option("set", "").split(";") if s.strip()]
     if not any(s.startswith("actor.eval_envs=") for s in sets):
         sets.insert(0, "actor.eval_envs=0")  # no greedy env in actor 0 either: evaluation takes no training CPU
-    train_seed = ctx.option_int("train_seed", -1)
-    if train_seed >= 0:
+    if ctx.option("train_seed", ""):
+        train_seed = ctx.option_int("train_seed", 0)
+        if train_seed < 0:
+            raise BenchError(f"--opt train_seed={train_seed}: a seed is a whole number >= 0")
         sets += [f"learner.seed={train_seed}", f"replay.seed={train_seed}"]
     resume = bool(ctx.option_int("resume", 0))
     if resume and (not ctx.option("workdir", "") or deploys != ["run"]):
@@ -279,8 +282,9 @@ def run(ctx: BenchContext) -> SuiteResult:
     poll_s = ctx.option_float("poll_s", 5.0 if ctx.quick else 15.0)
     if episodes < 1 or workers < 1 or stall_steps < 0 or actors < 1 or noop_max < 0:
         raise BenchError("eval_episodes, eval_workers and actors must be >= 1, stall_steps and noop_max >= 0")
-    if not 0.0 <= epsilon <= 1.0 or not (also == -1.0 or 0.0 <= also <= 1.0):
-        raise BenchError(f"eval_epsilon ({epsilon:g}) and also_epsilon ({also:g}) must be in [0, 1]")
+    for name, value in (("eval_epsilon", epsilon), ("also_epsilon", None if also == -1.0 else also)):
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise BenchError(f"--opt {name}={value:g}: an exploration rate is in [0, 1]")
     seeds = list(range(seed_base, seed_base + episodes))
     recipe = {"env_id": env_id, "actors": actors, "deploys": deploys, "sets": sets}
     evaluation = {"seeds": seeds, "eval_epsilon": epsilon, "also_epsilon": also if also >= 0 else None,
@@ -291,8 +295,8 @@ def run(ctx: BenchContext) -> SuiteResult:
             state = MarioState.load(workdir)
             state.check_same(recipe, evaluation)
         offset = state.trained_minutes
-        default_marks = [offset + m for m in ((1.0, 2.0) if ctx.quick else (15.0, 30.0, 45.0, 60.0, 75.0, 90.0))
-                         if m <= minutes]
+        step = 1.0 if ctx.quick else 15.0  # a checkpoint every `step` minutes of the part, and at its end
+        default_marks = sorted({offset + step * k for k in range(1, int(minutes // step) + 1)} | {offset + minutes})
         marks = _minutes_list(ctx.option("checkpoint_at", ",".join(f"{m:g}" for m in default_marks)), minutes,
                               offset)
         loads: dict[str, Any] = {"start": list(os.getloadavg())}
