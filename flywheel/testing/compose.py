@@ -22,10 +22,11 @@ SERVICES = ("control-token", "curve-keys", "gateway", "replay", "learner", "acto
 
 class ComposeStack:
     """``docker compose up -d --scale actor=N`` of the compose file as shipped (its default job, or ``env_id`` through
-    FLYWHEEL_ENV_ID), the gateway published on 127.0.0.1:``port`` and its control token set to ``token``."""
+    FLYWHEEL_ENV_ID), the gateway published on 127.0.0.1:``port`` and its control token set to ``token``; ``seed``
+    seeds the learner and the replay through FLYWHEEL_LEARNER_SEED and FLYWHEEL_REPLAY_SEED."""
 
     def __init__(self, engine: Engine, workdir: Path, *, env_id: str = DEFAULT_ENV, actors: int, port: int,
-                 token: str, project: str = "flywheel-bench") -> None:
+                 token: str, project: str = "flywheel-bench", seed: int | None = None) -> None:
         self.engine, self.workdir, self.env_id, self.actors = engine, workdir, env_id, actors
         self.url = f"http://127.0.0.1:{port}"
         self.log = workdir / "compose.log"
@@ -35,6 +36,10 @@ class ComposeStack:
                           FLYWHEEL_CONTROL_TOKEN=token)
         if env_id != DEFAULT_ENV:  # else the compose file's own default, as a user gets it
             engine.env["FLYWHEEL_ENV_ID"] = env_id
+        for name in ("FLYWHEEL_LEARNER_SEED", "FLYWHEEL_REPLAY_SEED"):
+            engine.env.pop(name, None)
+            if seed is not None:
+                engine.env[name] = str(seed)
 
     def compose(self, *args: str, timeout: float = 300, check: bool = True, capture: bool = True) -> str:
         return self.engine.compose(self.compose_file, *args, timeout=timeout, check=check, capture=capture).stdout

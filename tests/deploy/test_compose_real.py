@@ -175,7 +175,8 @@ SETTINGS_PROBE = ("import json, sys; from flywheel.registry import settings_clas
 
 def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> None:
     """Each service's settings as its container builds them: the compose file's default env (the default job) comes
-    with the pixel preset, FLYWHEEL_ENV_ID=CartPole-v1 with the vector one, and a variable still wins."""
+    with the pixel preset, FLYWHEEL_ENV_ID=CartPole-v1 with the vector one, and variables still win (the learner's lr;
+    the learner's and the replay's seeds, which `flywheel bench mario --opt deploy=compose --opt train_seed=K` sets)."""
     from flywheel import presets
     from flywheel.runplan import DEFAULT_ENV
 
@@ -191,12 +192,15 @@ def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> Non
                                      service, "-c", SETTINGS_PROBE, service, timeout=300).stdout
                 settings = json.loads(out.strip().splitlines()[-1])
                 assert settings["env_id"] == (env_id or DEFAULT_ENV), (service, settings["env_id"])
+                assert service == "actor" or settings["seed"] is None, f"{service}: an empty seed variable seeds"
                 for key, value in presets.load(preset).section(service).items():
                     assert settings[key] == value, f"{service}: {key}={settings[key]}, the {preset} preset's {value}"
-        engine.env["FLYWHEEL_LEARNER_LR"] = "0.0123"
-        out = engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python", "learner",
-                             "-c", SETTINGS_PROBE, "learner", timeout=300).stdout
-        assert json.loads(out.strip().splitlines()[-1])["lr"] == 0.0123, "a variable overrides the preset"
+        engine.env.update(FLYWHEEL_LEARNER_LR="0.0123", FLYWHEEL_LEARNER_SEED="7", FLYWHEEL_REPLAY_SEED="7")
+        for service, wanted in (("learner", {"lr": 0.0123, "seed": 7}), ("replay", {"seed": 7})):
+            out = engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python", service,
+                                 "-c", SETTINGS_PROBE, service, timeout=300).stdout
+            settings = json.loads(out.strip().splitlines()[-1])
+            assert {k: settings[k] for k in wanted} == wanted, f"{service}: variables override the preset"
     finally:
         engine.env.clear()
         engine.env.update(saved)

@@ -30,7 +30,8 @@ from deploy_helpers import (
     k8s_objects,
 )
 
-from flywheel.testing.dockerhost import tool
+from flywheel.testing.compose import ComposeStack
+from flywheel.testing.dockerhost import Engine, _compose_config_dir, tool
 
 KUBERNETES_VERSION = "1.33.0"  # a release kubernetes-validate ships strict schemas for; the manifests use GA APIs
 
@@ -104,6 +105,23 @@ def test_the_actor_service_is_scale_safe() -> None:
         assert not actor.get("ports"), f"{name}: a host port breaks --scale actor=N"
         assert "replicas" not in actor.get("deploy", {}), f"{name}: the replica count belongs to --scale"
         assert actor.get("network_mode") is None, f"{name}: replicas need their own network namespace"
+
+
+def test_the_bench_compose_stack_seeds_the_learner_and_the_replay(tmp_path: Path) -> None:
+    """`flywheel bench mario --opt deploy=compose --opt train_seed=K`: the variables ComposeStack sets, as Compose
+    resolves the shipped file for the learner and the replay (empty without a seed: each service stays unseeded)."""
+    (tmp_path / "context").mkdir()
+    (tmp_path / "docker-config").mkdir()
+    shutil.copy(COMPOSE, tmp_path / "context" / COMPOSE.name)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "DOCKER_CLI_HINTS": "false",
+           "DOCKER_CONFIG": str(_compose_config_dir(tmp_path / "docker-config"))}
+    engine = Engine(env=env, private=False, docker=need("docker", "make system-deps (Debian package docker.io)"))
+    for seed, wanted in ((3, "3"), (None, ""), (0, "0")):
+        stack = ComposeStack(engine, tmp_path, actors=2, port=18080, token="t" * 48, seed=seed)
+        model = json.loads(stack.compose("config", "--format", "json", timeout=60))["services"]
+        assert model["learner"]["environment"]["FLYWHEEL_LEARNER_SEED"] == wanted, f"seed {seed}"
+        assert model["replay"]["environment"]["FLYWHEEL_REPLAY_SEED"] == wanted, f"seed {seed}"
+        assert not any("SEED" in key for key in model["actor"]["environment"]), "actors stay unseeded"
 
 
 # ---- the compose-spec schema -----------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ OPTIONS = {
            "(actor.eval_envs=0 is always added unless given: no greedy env during training)",
     "train_seed": "a training run's seed: the learner's network initialisation and the replay's sampling "
                   "(learner.seed, replay.seed; actors stay unseeded, as in scripts/measure_cartpole_target.py); "
-                  "default none",
+                  "deploy=compose passes it as FLYWHEEL_LEARNER_SEED and FLYWHEEL_REPLAY_SEED; default none",
     "checkpoint_at": "minutes at which a checkpoint is taken, comma-separated, counted from the first part's start "
                      "(default: every 15 minutes of this part and its end; --quick every minute)",
     "deploy": "what trains: run (flywheel run, default), compose (docker compose up --scale actor=<actors> of the "
@@ -234,12 +234,18 @@ def _deploys(raw: str) -> list[str]:
     return chosen
 
 
+def _seed_sets(train_seed: int | None) -> list[str]:
+    """What ``--opt train_seed`` sets: the learner's and the replay's seeds (compose: their FLYWHEEL_*_SEED)."""
+    return [] if train_seed is None else [f"learner.seed={train_seed}", f"replay.seed={train_seed}"]
+
+
 def _open(deploy: str, stack: ExitStack, workdir: Path, env_id: str, actors: int,
-          sets: list[str], resume: bool = False) -> tuple[Training, str]:
+          sets: list[str], resume: bool = False, train_seed: int | None = None) -> tuple[Training, str]:
     """The training for ``deploy`` (not started yet) and the control token its gateway takes."""
     if deploy == "run":
         return open_run(workdir, env_id, actors, sets, resume)
-    if [s for s in sets if s != "actor.eval_envs=0"]:  # the compose actors' default
+    shipped = {"actor.eval_envs=0", *_seed_sets(train_seed)}  # the compose actors' default; the seed's variables
+    if [s for s in sets if s not in shipped]:
         raise BenchError(f"deploy=compose trains the compose file as shipped: no --opt set ({'; '.join(sets)})")
     from flywheel.testing.dockerhost import EngineUnavailable, docker_engine
     from flywheel.testing.ports import free_port
@@ -248,7 +254,7 @@ def _open(deploy: str, stack: ExitStack, workdir: Path, env_id: str, actors: int
     try:
         engine = stack.enter_context(docker_engine())
         compose = ComposeStack(engine, workdir, env_id=env_id, actors=actors, port=free_port(), token=token,
-                               project="flywheel-bench-mario")
+                               project="flywheel-bench-mario", seed=train_seed)
         compose.build()
     except EngineUnavailable as exc:
         raise BenchError(f"deploy=compose: {exc}") from None
@@ -263,11 +269,10 @@ def run(ctx: BenchContext) -> SuiteResult:
     sets = [s.strip() for s in ctx.option("set", "").split(";") if s.strip()]
     if not any(s.startswith("actor.eval_envs=") for s in sets):
         sets.insert(0, "actor.eval_envs=0")  # no greedy env in actor 0 either: evaluation takes no training CPU
-    if ctx.option("train_seed", ""):
-        train_seed = ctx.option_int("train_seed", 0)
-        if train_seed < 0:
-            raise BenchError(f"--opt train_seed={train_seed}: a seed is a whole number >= 0")
-        sets += [f"learner.seed={train_seed}", f"replay.seed={train_seed}"]
+    train_seed = ctx.option_int("train_seed", 0) if ctx.option("train_seed", "") else None
+    if train_seed is not None and train_seed < 0:
+        raise BenchError(f"--opt train_seed={train_seed}: a seed is a whole number >= 0")
+    sets += _seed_sets(train_seed)
     resume = bool(ctx.option_int("resume", 0))
     if resume and (not ctx.option("workdir", "") or deploys != ["run"]):
         raise BenchError("--opt resume=1 continues a flywheel run kept with --opt workdir=DIR (deploy=run): "
@@ -305,10 +310,11 @@ def run(ctx: BenchContext) -> SuiteResult:
             points: list[dict[str, Any]] = []
             found: list[dict[str, Any]] = []
             with ExitStack() as stack:
-                training, token = _open(deploy, stack, where, env_id, actors, sets, resume)
+                training, token = _open(deploy, stack, where, env_id, actors, sets, resume, train_seed)
                 what = (f"flywheel run --env {env_id} --actors {actors} {' '.join('--set ' + s for s in sets)}"
                         + (" --resume" if resume else "") if deploy == "run" else
-                        f"docker compose up --scale actor={actors} (env {env_id})")
+                        f"docker compose up --scale actor={actors} (env {env_id}"
+                        f"{'' if train_seed is None else f', learner and replay seed {train_seed}'})")
                 ctx.progress(f"{what} for {minutes:g} min{f' (after {offset:g} min before)' if offset else ''}, "
                              f"checkpoints at {', '.join(f'{m:g}' for m in marks)} min (log {training.log})")
                 loads[f"{deploy}_start"] = list(os.getloadavg())
