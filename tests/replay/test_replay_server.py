@@ -143,7 +143,9 @@ def test_block_inserts_holds_actors_until_learner_samples(ctx: zmq.Context) -> N
         learner.send_multipart(proto.encode(proto.SampleRequest(2, 4, 0.4)))
         assert receive(learner).request_id == 2
         wait_for(lambda: core.size == 16, "the last batch after the second sample")
-        assert rs.server.counters.transitions_received_total == 16
+        # the server thread counts a batch just after inserting it: wait for the count, not only the size
+        wait_for(lambda: rs.server.counters.transitions_received_total == 16, "all 16 transitions counted")
+        assert core.size == 16 and rs.server.counters.batches_received_total == 4
         push.close()
         learner.close()
 
