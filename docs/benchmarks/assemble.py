@@ -88,10 +88,10 @@ Machine: this project's 2-core, 24 GiB, no-GPU kind. Unless a section says other
 taken while other jobs shared the machine, which depresses absolute rates; the side-by-side ratios are what
 the goals are judged on.
 
-**One GPU session so far.** On 2026-11-25 an H200 was lent for 15 minutes: the learner's GPU path (bf16
-autocast, TF32, cuDNN benchmark, `torch.compile`, CUDA graphs, copy-stream staging into pinned buffers) ran in
-`flywheel bench learner --opt device=cuda` and the learner section's GPU subsection gives what it measured. The
-rest of Flywheel (actors, replay, whole runs) has not run on a GPU machine.
+**Two GPU sessions so far.** On 2026-11-25 an H200 and on 2026-11-27 an H100 were lent for 15 minutes each: the
+learner's GPU path (bf16 autocast, TF32, cuDNN benchmark, `torch.compile`, CUDA graphs, copy-stream staging)
+ran in `flywheel bench learner --opt device=cuda`, and the learner section's two GPU subsections give what they
+measured. The rest of Flywheel (actors, replay, whole runs) has not run on a GPU machine.
 
 Sections are kept in `docs/benchmarks/<suite>.md`; this file is rebuilt from them by
 `python docs/benchmarks/assemble.py` and must not be edited by hand.

@@ -4,9 +4,7 @@
 # downloaded here for Python 3.12 with `pip download --only-binary=:all: --python-version 3.12 ...` (the device
 # tool README). The package is copied to /tmp/pkg as setuptools maps it (proto/ and services/ under flywheel/).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-mkdir -p /tmp/pkg && cp -r flywheel /tmp/pkg/ && cp -r proto services /tmp/pkg/flywheel/ || exit 3
-export PYTHONPATH=/tmp/site:/tmp/pkg PYTHONUNBUFFERED=1; cd /tmp  # not the checkout: its flywheel/ lacks proto and services
+source scripts/gpu/setup.sh
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; python3 -V;
   python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; nproc; uptime;
   lscpu | grep 'Model name'; } 2>&1 | tee $OUT/machine.txt
@@ -19,7 +17,9 @@ timeout 90 python3 -m flywheel bench learner --opt device=cuda --opt cases=mlp12
   --out $OUT/mlp 2>&1 | tee $OUT/mlp.log | tail -30
 timeout 90 python3 -m flywheel bench learner --opt device=cuda --opt cases=nature512 --opt compile=0 \
   --opt precision=fp32 --runs 3 --warmup 1 --out $OUT/eager 2>&1 | tee $OUT/eager.log | tail -30
+# 3) where a host batch's time goes on its way to the GPU (diagnostic: the stager against its parts)
+timeout 90 python3 /tmp/staging_copies.py > $OUT/staging.json 2> /tmp/staging.err; cat $OUT/staging.json; tail -5 /tmp/staging.err
 uptime >> $OUT/machine.txt
 cd $OUT && for d in nature mlp eager; do [ -f $d/learner.json ] && cp $d/learner.json ${d}.json; [ -f $d/learner.md ] && cp $d/learner.md ${d}.md; done
-cat */learner-logs/*.log > replay-logs.txt 2>/dev/null; cat nature.log mlp.log eager.log > bench-logs.txt 2>/dev/null
+cat */learner-logs/*.log > replay-logs.txt 2>/dev/null; cat nature.log mlp.log eager.log /tmp/staging.err > bench-logs.txt 2>/dev/null
 rm -rf nature mlp eager nature.log mlp.log eager.log eager.md mlp.md; ls -la $OUT

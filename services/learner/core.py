@@ -63,6 +63,7 @@ class CoreConfig:
     compile: bool = False
     compile_mode: str = "default"
     channels_last: bool = False  # conv nets in NHWC memory order (always on a GPU; with inductor on a CPU too)
+    host_staging: str = _default("host_staging")  # GPU: pinned ring or direct copies from the batch's memory
     demo_margin: float = _default("demo_margin")  # DQfD large-margin loss on rows marked is_demo: margin l(a_E, a)
     demo_loss_weight: float = _default("demo_loss_weight")  # its weight lambda (0 = off)
 
@@ -162,7 +163,7 @@ class LearnerCore:
         self.optimizer = self._adam()
         self.amp_dtype = AMP_DTYPES.get(config.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
-        self.stager = BatchStager(self.device)
+        self.stager = BatchStager(self.device, direct=config.host_staging == "direct")
         self.steps = 0  # optimizer steps taken, skipped ones included; persisted in checkpoints
         self._micro = 0  # batches accumulated towards the next step
         self.sums = DeviceSums(self.device)  # loss/TD/Q per batch, kept on the device until drain_metrics

@@ -87,6 +87,10 @@ class LearnerSettings(CommonSettings):
     channels_last: Literal["auto", "on", "off"] = Field(
         "auto", description="convolutional networks in channels-last memory order (auto = on a GPU, or on a CPU "
                             "when compiled: measured faster with inductor, docs/LEARNER.md)")
+    host_staging: Literal["pinned", "direct"] = Field(
+        "pinned", description="GPU only: how a host batch reaches the device: pinned = copied into a pinned ring "
+                              "buffer, then sent asynchronously; direct = sent straight from the batch's own memory "
+                              "(one host copy fewer; docs/LEARNER.md)")
     seed: int | None = Field(None, ge=0, description="torch seed for network initialisation (unset = random)")
     demos_path: str | None = Field(None, description="demonstrations set (flywheel demos collect) to pretrain on "
                                                      "before RL starts (docs/DEMOS.md)")

@@ -69,12 +69,17 @@ class BatchStager:
     CPU: zero-copy ``torch.from_numpy`` views. CUDA: each batch is copied into one of ``slots`` pinned host
     buffers and sent with ``non_blocking`` copies on a separate copy stream, so transfers overlap the training
     kernels; a slot is reused only after the event recorded behind its copies has passed (copies are quick and
-    wait for nothing else, so this rarely blocks). The consumer calls ``DeviceBatch.use_on_current_stream``.
+    wait for nothing else, so this rarely blocks). CUDA with ``direct``: no ring; each array goes to the device
+    straight from the batch's own (pageable) memory on the copy stream. The driver takes the bytes into its own
+    staging memory before the call returns, so the caller may reuse the source at once (a shared-memory slot
+    goes back as with the ring); the host thread pays that copy instead of ``np.copyto``'s. The consumer calls
+    ``DeviceBatch.use_on_current_stream``.
     """
 
-    def __init__(self, device: torch.device, slots: int = STAGING_SLOTS) -> None:
+    def __init__(self, device: torch.device, slots: int = STAGING_SLOTS, *, direct: bool = False) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+        self.direct = direct
         self._slots: list[dict[str, torch.Tensor]] = [{} for _ in range(slots)]
         self._events: list[torch.cuda.Event | None] = [None] * slots
         self._next = 0
@@ -102,6 +107,13 @@ class BatchStager:
                 arrays |= {name: np.array(arrays[name]) for name in OBSERVED}
             tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
             return DeviceBatch(**tensors)
+        if self.direct:
+            with torch.cuda.stream(self._stream):
+                for name, given in arrays.items():
+                    tensors[name] = torch.from_numpy(np.asarray(given)).to(self.device, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(self._stream)
+            return DeviceBatch(**tensors, ready=done)
         slot = self._next
         self._next = (slot + 1) % len(self._slots)
         event = self._events[slot]

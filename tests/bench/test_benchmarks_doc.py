@@ -47,7 +47,7 @@ def test_benchmarks_md_is_what_assemble_builds() -> None:
 def test_the_header_names_the_suites_with_committed_raw_results() -> None:
     built = assemble.build(DOCS / "benchmarks")
     header = built[:built.index("\n## ")]
-    assert "One GPU session so far" in header and "has not run on a GPU machine" in header  # what ran on a GPU
+    assert "Two GPU sessions so far" in header and "has not run on a GPU machine" in header  # what ran on a GPU
     where = next(p for p in header.split("\n\n") if p.startswith("**Where each figure comes from.**"))
     for path in assemble.suite_files(DOCS / "benchmarks"):
         cites = any(s.cites for s in assemble.sections(path))

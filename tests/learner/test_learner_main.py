@@ -104,3 +104,29 @@ def test_compile_mode_auto_is_cuda_graphs_on_a_gpu_only() -> None:
     assert core_config(LearnerSettings(device="cpu", compile_mode="default"), cuda).compile_mode == "default"
     with pytest.raises(ValidationError, match="compile_mode"):
         LearnerSettings(compile_mode="fast")
+
+
+def test_host_staging_reaches_the_core_and_the_cpu_stager_keeps_views() -> None:
+    """learner.host_staging goes from settings to the core's stager; on a CPU either value stages zero-copy views
+    (only a GPU copies, through a pinned ring or straight from the batch's memory); a typo is refused at start."""
+    import numpy as np
+    import pytest
+    import torch
+    from pydantic import ValidationError
+
+    from flywheel import proto
+    from flywheel.services.learner.startup import core_config
+
+    cpu = torch.device("cpu")
+    assert core_config(LearnerSettings(device="cpu"), cpu).host_staging == "pinned"
+    config = core_config(LearnerSettings(device="cpu", host_staging="direct"), cpu)
+    core = LearnerCore((4,), 2, config, cpu)
+    assert config.host_staging == "direct" and core.stager.direct and core.stager.keeps_views
+    obs = np.arange(32, dtype=np.float32).reshape(8, 4)
+    batch = proto.SampleBatch(request_id=1, replay_size=8, obs=obs, action=np.zeros(8, np.int64),
+                              reward=np.zeros(8, np.float32), discount=np.ones(8, np.float32), next_obs=obs + 1,
+                              index=np.arange(8), weight=np.ones(8, np.float32))
+    assert np.shares_memory(core.stager.stage(batch).obs.numpy(), obs)
+    assert core.update(batch).batch_size == 8
+    with pytest.raises(ValidationError, match="host_staging"):
+        LearnerSettings(host_staging="zero-copy")

@@ -53,6 +53,7 @@ OPTIONS = {
     "precision": "GPU autocast dtype: bf16, fp16 or fp32 (default bf16)",
     "compile": "torch.compile the learner's loss on the GPU (1/0, default 1)",
     "compile_mode": "torch.compile mode (default auto, as the learner: 'reduce-overhead', i.e. CUDA graphs, on a GPU)",
+    "host_staging": "GPU: pinned (a pinned ring buffer, the default) or direct (copies from the batch's own memory)",
     "peak_tflops": "the GPU's dense bf16 peak in TFLOPS for the share-of-peak row (default: from its name)",
     "cpu_variants": "on a CPU, also time the Nature-CNN update eager / channels-last / inductor / 64 and 42 "
                     "inputs side by side (1/0, default 1; --quick 0)",
@@ -297,7 +298,10 @@ def run(ctx: BenchContext) -> SuiteResult:
     precision = ctx.option("precision", "bf16") if gpu else "fp32"
     if precision not in ("bf16", "fp16", "fp32"):
         raise BenchError(f"--opt precision={precision!r}: expected bf16, fp16 or fp32")
-    config = CoreConfig(lr=LR, adam_eps=ADAM_EPS, grad_clip_norm=CLIP, precision=precision,
+    host_staging = ctx.option("host_staging", "pinned")
+    if host_staging not in ("pinned", "direct"):
+        raise BenchError(f"--opt host_staging={host_staging!r}: expected pinned or direct")
+    config = CoreConfig(lr=LR, adam_eps=ADAM_EPS, grad_clip_norm=CLIP, precision=precision, host_staging=host_staging,
                         compile=gpu and ctx.option("compile", "1") == "1",
                         compile_mode=resolve_compile_mode(ctx.option("compile_mode", "auto"), device))
     previous_threads = torch.get_num_threads()
