@@ -92,6 +92,7 @@ class MarioConfig(EnvOptions):
     frame_skip: int = 4
     stack: int = 4
     size: int = 84
+    crop_top: int = 0  # screen rows dropped before resizing; 32 drops the HUD (score, coins, world, clock)
     max_episode_steps: int | None = 4500
     stages: tuple[str, ...] | None = None  # RandomStages only, e.g. ("1-1", "1-2")
     render_mode: str | None = None
@@ -109,6 +110,8 @@ class MarioConfig(EnvOptions):
         for name in ("frame_skip", "stack", "size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= int(self.crop_top) <= 200:
+            raise ValueError(f"crop_top must be 0..200 screen rows (of 240), got {self.crop_top!r}")
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
             raise ValueError(f"max_episode_steps must be >= 1 or None, got {self.max_episode_steps!r}")
         if self.render_mode not in (None, "rgb_array"):
@@ -270,8 +273,8 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         return rgb_to_grey(nes.screen) if raw is None else bgrx_to_grey(raw)
 
     def _observe(self, grey: np.ndarray) -> np.ndarray:
-        """Resize a full-resolution greyscale frame to (size, size)."""
-        return resize_area(grey, self.config.size, self.config.size)
+        """Resize a full-resolution greyscale frame, less its top ``crop_top`` rows, to (size, size)."""
+        return resize_area(grey[self.config.crop_top:], self.config.size, self.config.size)
 
     def _info(self) -> dict[str, Any]:
         """Return the library's info dict with Python scalar values."""

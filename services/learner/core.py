@@ -20,7 +20,7 @@ import torch
 from flywheel.nets import QNetwork, as_tensor, build_q_network
 from flywheel.settings import setting_default
 
-from .losses import LossTerms, large_margin_loss, q_td_loss, quantile_td_loss
+from .losses import LossTerms, large_margin_loss, munchausen_td_loss, q_td_loss, quantile_td_loss
 from .settings import LearnerSettings
 from .staging import Batch, BatchStager, DeviceBatch
 from .state import core_state, load_core_state
@@ -54,6 +54,10 @@ class CoreConfig:
     tau: float = _default("tau")
     double: bool = _default("double")
     dueling: bool = _default("dueling")
+    munchausen: bool = _default("munchausen")
+    munchausen_alpha: float = _default("munchausen_alpha")
+    munchausen_tau: float = _default("munchausen_tau")
+    munchausen_clip: float = _default("munchausen_clip")
     hidden: int = _default("hidden")
     head: str = _default("head")
     num_quantiles: int = _default("num_quantiles")
@@ -227,18 +231,30 @@ class LearnerCore:
         if not (np.isfinite(batch.reward).all() and np.isfinite(batch.discount).all()):
             raise BadBatch("batch rewards and discounts must be finite")
 
-    def _terms(self, out: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
-               next_target: torch.Tensor, next_online: torch.Tensor | None) -> LossTerms:
-        loss = quantile_td_loss if self.config.head == "quantile" else q_td_loss
-        return loss(out, action, reward, discount, next_target, next_online, self.config.huber_kappa)
+    def bootstrap_outputs(self, obs: torch.Tensor, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target side's network outputs, without gradients: the target net on s', and beside it the online net
+        on s' (double DQN), the target net on s (Munchausen) or None."""
+        with torch.no_grad():
+            next_target = self.target.outputs(next_obs)
+            if self.config.munchausen:
+                return next_target, self.target.outputs(obs)
+            return next_target, self.online.outputs(next_obs) if self.config.double else None
+
+    def td_terms(self, out: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
+                 next_target: torch.Tensor, beside: torch.Tensor | None) -> LossTerms:
+        """The TD loss terms the settings choose, from ``bootstrap_outputs``' pair."""
+        c = self.config
+        if c.munchausen:
+            assert beside is not None
+            return munchausen_td_loss(out, action, reward, discount, next_target, beside, alpha=c.munchausen_alpha,
+                                      entropy_tau=c.munchausen_tau, clip_low=c.munchausen_clip, kappa=c.huber_kappa)
+        loss = quantile_td_loss if c.head == "quantile" else q_td_loss
+        return loss(out, action, reward, discount, next_target, beside, c.huber_kappa)
 
     def _nets(self, obs: torch.Tensor, next_obs: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         out = self.online.outputs(obs)
-        with torch.no_grad():
-            next_target = self.target.outputs(next_obs)
-            next_online = self.online.outputs(next_obs) if self.config.double else None
-        return out, next_target, next_online
+        return out, *self.bootstrap_outputs(obs, next_obs)
 
     def _losses(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
                 next_obs: torch.Tensor, weight: torch.Tensor, is_demo: torch.Tensor | None = None
@@ -247,10 +263,10 @@ class LearnerCore:
         ``is_demo``, (demonstration rows, their large-margin loss sum); those rows add lambda x margin loss."""
         if self.amp_dtype is not None:
             with torch.autocast(self.device.type, dtype=self.amp_dtype):
-                out, next_target, next_online = self._nets(obs, next_obs)
+                out, next_target, beside = self._nets(obs, next_obs)
         else:  # no autocast context at all: entering a disabled one costs as much as a small op
-            out, next_target, next_online = self._nets(obs, next_obs)
-        terms = self._terms(out, action, reward, discount, next_target, next_online)
+            out, next_target, beside = self._nets(obs, next_obs)
+        terms = self.td_terms(out, action, reward, discount, next_target, beside)
         per_sample, demo_stats = terms.per_sample, None
         if is_demo is not None:
             demo = is_demo.float()

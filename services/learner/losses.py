@@ -1,4 +1,5 @@
-"""DQN loss terms as pure tensor functions: n-step double-DQN TD Huber, QR-DQN quantile Huber, DQfD large margin.
+"""DQN loss terms as pure tensor functions: n-step double-DQN TD Huber, Munchausen-DQN, QR-DQN quantile Huber, DQfD
+large margin.
 
 Each term returns per-sample losses (the core applies importance weights and averages), so terms add up per row:
 the DQfD large-margin loss and behaviour cloning's cross-entropy apply to demonstration rows beside the TD loss.
@@ -40,6 +41,26 @@ def q_td_loss(q_all: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, d
     td = target - q_taken
     per_sample = F.huber_loss(q_taken, target, reduction="none", delta=kappa)
     return LossTerms(per_sample=per_sample, td_abs=td.detach().abs(), q_taken=q_taken.detach())
+
+
+def munchausen_td_loss(q_all: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
+                       q_next_target: torch.Tensor, q_now_target: torch.Tensor, *, alpha: float, entropy_tau: float,
+                       clip_low: float, kappa: float = 1.0) -> LossTerms:
+    """Munchausen-DQN (Vieillard et al., 2020): Huber loss between Q(s, a) and the target
+    r + alpha * clip(tau * log pi(a|s), clip_low, 0) + discount * sum_a' pi(a'|s') (Q_t(s', a') - tau * log pi(a'|s'))
+    with pi = softmax(Q_t / tau) of the target network Q_t. The paper's target is one-step; with n-step returns only
+    the first action's bonus is added (an approximation: the actor sums the rewards and keeps no log-policies).
+    """
+    q_all, q_next_target, q_now_target = q_all.float(), q_next_target.float(), q_now_target.float()
+    q_taken = q_all.gather(1, action.unsqueeze(1)).squeeze(1)
+    with torch.no_grad():
+        log_pi_now = F.log_softmax(q_now_target / entropy_tau, dim=1).gather(1, action.unsqueeze(1)).squeeze(1)
+        bonus = alpha * (entropy_tau * log_pi_now).clamp(min=clip_low, max=0.0)
+        log_pi_next = F.log_softmax(q_next_target / entropy_tau, dim=1)
+        soft_next = (log_pi_next.exp() * (q_next_target - entropy_tau * log_pi_next)).sum(dim=1)
+        target = reward + bonus + discount * soft_next
+    per_sample = F.huber_loss(q_taken, target, reduction="none", delta=kappa)
+    return LossTerms(per_sample=per_sample, td_abs=(target - q_taken).detach().abs(), q_taken=q_taken.detach())
 
 
 def quantile_midpoints(n: int, device: torch.device | str | None = None) -> torch.Tensor:

@@ -101,8 +101,9 @@ def bf16_peak_tflops(device_name: str) -> float | None:
 
 
 def network_passes(core: LearnerCore) -> int:
-    """Forward-pass equivalents per sample and update: forward + backward (2x) on s, target (and online) on s'."""
-    return 3 + 1 + (1 if core.config.double else 0)
+    """Forward-pass equivalents per sample and update: forward + backward (2x) on s, the target net on s', and the
+    online net on s' (double DQN) or the target net on s (Munchausen)."""
+    return 3 + 1 + (1 if core.config.double or core.config.munchausen else 0)
 
 
 def flops_per_update(core: LearnerCore, batch_size: int) -> int:

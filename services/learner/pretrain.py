@@ -27,7 +27,7 @@ from flywheel import proto
 from flywheel.demos.format import DemoFileError, DemoFrames, DemoSet
 
 from .core import LearnerCore
-from .losses import LossTerms, action_values, cross_entropy_loss, large_margin_loss, q_td_loss, quantile_td_loss
+from .losses import action_values, cross_entropy_loss, large_margin_loss
 
 log = logging.getLogger("flywheel.learner")
 PREFETCH_BATCHES = 4
@@ -145,15 +145,6 @@ class Pretrainer:
         self.optimizer = torch.optim.Adam(core.params, lr=lr or core.config.lr, eps=core.config.adam_eps)
         self.updates = 0
 
-    def _td_terms(self, out: torch.Tensor, obs_next: torch.Tensor, action: torch.Tensor, reward: torch.Tensor,
-                  discount: torch.Tensor) -> LossTerms:
-        core = self.core
-        with torch.no_grad():
-            next_target = core.target.outputs(obs_next)
-            next_online = core.online.outputs(obs_next) if core.config.double else None
-        fn = quantile_td_loss if core.config.head == "quantile" else q_td_loss
-        return fn(out, action, reward, discount, next_target, next_online, core.config.huber_kappa)
-
     def step(self, batch: proto.SampleBatch) -> torch.Tensor:
         """One update; returns (loss, margin loss, expert agreement) as a device tensor (read it when logging)."""
         core = self.core
@@ -164,7 +155,7 @@ class Pretrainer:
         if self.loss == "bc":
             loss = cross_entropy_loss(out, b.action).mean()
         else:
-            terms = self._td_terms(out, b.next_obs, b.action, b.reward, b.discount)
+            terms = core.td_terms(out, b.action, b.reward, b.discount, *core.bootstrap_outputs(b.obs, b.next_obs))
             loss = (terms.per_sample + self.margin_weight * margin).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

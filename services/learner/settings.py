@@ -26,6 +26,13 @@ class LearnerSettings(CommonSettings):
                                         description="copy online -> target network every K updates (when tau = 0)")
     tau: float = Field(0.0, ge=0, le=1, description="Polyak factor per update for the target network (0 = hard copies)")
     dueling: bool = Field(True, description="dueling value/advantage head")
+    munchausen: bool = Field(
+        False, description="Munchausen-DQN targets: a log-policy bonus on the taken action and a soft bootstrap from "
+                           "the target network, in place of double DQN's (head q only)")
+    munchausen_alpha: float = Field(0.9, ge=0, le=1, description="Munchausen: scale of the log-policy bonus")
+    munchausen_tau: float = Field(0.03, gt=0, le=100, description="Munchausen: entropy temperature of the softmax "
+                                                                  "policy of the target network")
+    munchausen_clip: float = Field(-1.0, ge=-1000, lt=0, description="Munchausen: lower clip of tau * log pi")
     double: bool = Field(True, description="double DQN targets (online argmax, target evaluation)")
     head: Literal["q", "quantile"] = Field("q", description="q: one value per action; quantile: QR-DQN quantiles "
                                            "(actors must use the same head)")
@@ -132,6 +139,12 @@ class LearnerSettings(CommonSettings):
         if value is True and not info.data.get("checkpoint_dir"):
             raise ValueError("resume needs --checkpoint-dir (resume=auto starts fresh without one)")
         return value
+
+    @model_validator(mode="after")
+    def _munchausen_needs_q_head(self) -> LearnerSettings:
+        if self.munchausen and self.head != "q":
+            raise ValueError("munchausen needs head q (its soft bootstrap is over Q-values, not quantiles)")
+        return self
 
     @model_validator(mode="after")
     def _pretraining_needs_demos(self) -> LearnerSettings:

@@ -124,6 +124,25 @@ def test_frame_skip_stack_and_time_limit_options() -> None:
     env.close()  # closing twice is harmless
 
 
+def test_crop_top_drops_the_hud_rows_before_the_resize() -> None:
+    """crop_top=32 (the env-id option) resizes screen rows 32..239: the HUD's clock digits, which change every
+    tick, no longer reach the frame, and what does equals resizing the cropped screen by hand."""
+    from flywheel.envs.preprocessing import resize_area
+
+    env = make_env("SuperMarioBros-1-1-v0?size=42,crop_top=32,frame_skip=1", seed=0)  # one frame: no max-pool
+    assert isinstance(env, MarioEnv) and env.config.crop_top == 32
+    env.reset(seed=0)
+    before = env._grey().copy()
+    for _ in range(80):
+        obs, *_ = env.step(RIGHT_B)
+    after = env._grey()
+    assert (before[16:32] != after[16:32]).any()  # the HUD's digits moved (the clock)
+    np.testing.assert_array_equal(obs[-1], resize_area(after[32:], 42, 42))
+    with pytest.raises(ValueError, match="crop_top must be 0..200"):
+        make_env("SuperMarioBros-1-1-v0?crop_top=240")
+    env.close()
+
+
 @pytest.mark.parametrize(
     "env_id", ["SuperMarioBros-v0", "SuperMarioBros-v3", "SuperMarioBros2-v1", "SuperMarioBros-8-4-v1"]
 )

@@ -1,4 +1,5 @@
-"""Loss terms against hand-computed values and plain references: QR-DQN quantile Huber, double/dueling targets."""
+"""Loss terms against hand-computed values and plain references: QR-DQN quantile Huber, double/dueling targets,
+Munchausen-DQN."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import torch
 from torch.nn import functional as F
 
 from flywheel.nets import build_q_network
-from flywheel.services.learner.losses import q_td_loss, quantile_huber, quantile_midpoints, quantile_td_loss
+from flywheel.services.learner.losses import (
+    munchausen_td_loss,
+    q_td_loss,
+    quantile_huber,
+    quantile_midpoints,
+    quantile_td_loss,
+)
 
 
 def test_quantile_midpoints() -> None:
@@ -74,6 +81,51 @@ def test_q_td_loss_matches_a_plain_reference(double: bool) -> None:
     torch.testing.assert_close(terms.td_abs, (y - q).abs())
     torch.testing.assert_close(terms.per_sample, F.smooth_l1_loss(q, y, reduction="none"))
     assert terms.td_abs[2] == pytest.approx(abs(float(reward[2] - q[2])), rel=1e-6)
+
+
+def test_munchausen_target_matches_a_plain_reference() -> None:
+    """Row by row with Python floats: bonus alpha * clip(tau * log pi(a|s), l0, 0) from the target net on s, soft
+    bootstrap sum pi(a'|s') (Q_t(s', a') - tau * log pi(a'|s')), cut by a zero discount."""
+    import math
+
+    g = torch.Generator().manual_seed(1)
+    q_all, q_now_t, q_next_t = (torch.randn(6, 3, generator=g) for _ in range(3))
+    q_now_t[0] = torch.tensor([0.0, 5.0, 0.0])  # action 0 far from greedy: tau * log pi is clipped at l0
+    action, reward = torch.tensor([0, 1, 2, 0, 1, 2]), torch.randn(6, generator=g)
+    discount = torch.full((6,), 0.9**3)
+    discount[4] = 0.0
+    alpha, tau, low = 0.9, 0.5, -1.0
+    terms = munchausen_td_loss(q_all, action, reward, discount, q_next_t, q_now_t, alpha=alpha, entropy_tau=tau,
+                               clip_low=low, kappa=1.0)
+
+    def log_pi(row: list[float]) -> list[float]:
+        top = max(row)
+        norm = top + tau * math.log(sum(math.exp((v - top) / tau) for v in row))
+        return [(v - norm) / tau for v in row]
+
+    for i in range(6):
+        now, nxt = q_now_t[i].tolist(), q_next_t[i].tolist()
+        a = int(action[i])
+        bonus = alpha * min(max(tau * log_pi(now)[a], low), 0.0)
+        soft = sum(math.exp(lp) * (v - tau * lp) for v, lp in zip(nxt, log_pi(nxt), strict=True))
+        y = float(reward[i]) + bonus + float(discount[i]) * soft
+        assert float(terms.td_abs[i]) == pytest.approx(abs(y - float(q_all[i, a])), rel=1e-5, abs=1e-6)
+        assert float(terms.per_sample[i]) == pytest.approx(float(F.smooth_l1_loss(
+            q_all[i, a], torch.tensor(y), reduction="none")), rel=1e-5, abs=1e-6)
+    assert tau * log_pi(q_now_t[0].tolist())[0] < low  # row 0 took the clip
+
+
+def test_munchausen_without_bonus_at_a_low_temperature_is_the_max_target() -> None:
+    """alpha 0 and tau -> 0: the soft bootstrap becomes max_a' Q_t(s', a'), DQN's target without double."""
+    g = torch.Generator().manual_seed(2)
+    q_all, q_now_t, q_next_t = (torch.randn(8, 4, generator=g) for _ in range(3))
+    action, reward = torch.randint(0, 4, (8,), generator=g), torch.randn(8, generator=g)
+    discount = torch.full((8,), 0.9)
+    m = munchausen_td_loss(q_all, action, reward, discount, q_next_t, q_now_t, alpha=0.0, entropy_tau=1e-4,
+                           clip_low=-1.0)
+    plain = q_td_loss(q_all, action, reward, discount, q_next_t, None)
+    torch.testing.assert_close(m.td_abs, plain.td_abs, atol=1e-3, rtol=0)
+    torch.testing.assert_close(m.per_sample, plain.per_sample, atol=1e-3, rtol=0)
 
 
 def test_dueling_head_is_value_plus_centred_advantage() -> None:

@@ -130,3 +130,19 @@ def test_host_staging_reaches_the_core_and_the_cpu_stager_keeps_views() -> None:
     assert core.update(batch).batch_size == 8
     with pytest.raises(ValidationError, match="host_staging"):
         LearnerSettings(host_staging="zero-copy")
+
+
+def test_munchausen_settings_reach_the_core_and_need_the_q_head() -> None:
+    import pytest
+    import torch
+    from pydantic import ValidationError
+
+    from flywheel.services.learner.startup import core_config
+
+    config = core_config(LearnerSettings(device="cpu", munchausen=True, munchausen_tau=0.05), torch.device("cpu"))
+    assert (config.munchausen, config.munchausen_tau, config.munchausen_alpha, config.munchausen_clip) == (
+        True, 0.05, 0.9, -1.0)
+    with pytest.raises(ValidationError, match="munchausen needs head q"):
+        LearnerSettings(munchausen=True, head="quantile")
+    with pytest.raises(ValidationError, match="munchausen_clip"):
+        LearnerSettings(munchausen_clip=0.5)

@@ -1,4 +1,5 @@
-"""The update loop's machinery: gradient accumulation, no host syncs per update, compile fall-back, AMP, QR-DQN."""
+"""The update loop's machinery: gradient accumulation, no host syncs per update, compile fall-back, AMP, QR-DQN,
+Munchausen-DQN."""
 
 from __future__ import annotations
 
@@ -220,3 +221,23 @@ def test_quantile_head_learns_one_step_rewards() -> None:
     assert core.name == "mlp-4-2-dueling-qr16"
     q, table = fit_one_step_rewards(core, seed=7)
     np.testing.assert_allclose(q, table, atol=0.08)
+
+
+def test_munchausen_learns_its_fixed_point_on_one_step_rewards() -> None:
+    """One-step rewards (discount 0): Munchausen's target is r + alpha * clip(tau * log pi(a|s), -1, 0) with pi the
+    softmax of Q / tau itself once the target net has caught up, so Q must reach that fixed point (computed here by
+    iterating it): the greedy action keeps about its reward, the other falls below its own (a wider action gap)."""
+    alpha, tau = 0.9, 0.1
+    core = LearnerCore((4,), 2, CoreConfig(lr=3e-3, munchausen=True, munchausen_tau=tau, target_update_interval=50))
+    q, table = fit_one_step_rewards(core, seed=7, updates=600)
+    fixed = table.astype(np.float64).copy()
+    for _ in range(500):
+        log_pi = fixed / tau - np.log(np.exp(fixed / tau).sum(axis=1, keepdims=True))
+        fixed = table + alpha * np.clip(tau * log_pi, -1.0, 0.0)
+    np.testing.assert_allclose(q, fixed, atol=0.05)
+    np.testing.assert_array_equal(q.argmax(axis=1), table.argmax(axis=1))
+    rows, other = np.arange(4), table.argmin(axis=1)
+    assert (q[rows, other] < table[rows, other] - 0.05).all()
+    from flywheel.services.learner.metrics import network_passes
+
+    assert network_passes(core) == 5  # the target net on s replaces the online net on s'
