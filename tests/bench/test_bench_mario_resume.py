@@ -81,3 +81,15 @@ def test_bad_options_are_one_line_before_anything_trains(tmp_path: Path, capsys:
     assert _bench(tmp_path / "out", workdir, opt) == 2
     assert message in capsys.readouterr().err
     assert not workdir.exists()
+
+
+def test_deploys_trained_side_by_side_count_as_one_part() -> None:
+    """deploy=run,compose adds a part entry per deploy from the same start: one part of training, not two (the
+    report once said "trained in 2 parts ... with flywheel run --resume" of such a run); a resumed part counts."""
+    state = MarioState(recipe={}, evaluation={})
+    point = {"t": 1.0, "env_steps": 10.0}
+    state.add_part(30.0, [dict(point)], [], {}, advance=False)  # flywheel run
+    state.add_part(30.0, [dict(point)], [], {}, advance=True)  # docker compose, from the same start
+    assert len(state.parts) == 2 and state.training_parts == 1
+    state.add_part(30.0, [dict(point)], [], {})  # --opt resume=1
+    assert state.training_parts == 2 and state.trained_minutes == pytest.approx(60.0)

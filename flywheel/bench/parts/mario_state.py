@@ -48,6 +48,12 @@ class MarioState:
         except TypeError as exc:
             raise BenchError(f"--opt resume=1: {path}: {exc}") from None
 
+    @property
+    def training_parts(self) -> int:
+        """Parts of the training in time (``--opt resume=1`` adds one); deploys trained side by side in one part
+        (deploy=run,compose) each add an entry to ``parts`` but share its start, so they count once."""
+        return len({part["started_minute"] for part in self.parts})
+
     def save(self, workdir: Path) -> None:
         write_atomically(workdir / STATE_FILE, (json.dumps({"format": FORMAT, **asdict(self)}) + "\n").encode())
 

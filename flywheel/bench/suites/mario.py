@@ -342,7 +342,7 @@ def run(ctx: BenchContext) -> SuiteResult:
             state.save(workdir)
         loads["end"] = list(os.getloadavg())
         settings = {**recipe, **evaluation, "minutes": state.trained_minutes, "checkpoint_at": marks,
-                    "eval_episodes": episodes, "eval_workers": workers, "parts": len(state.parts),
+                    "eval_episodes": episodes, "eval_workers": workers, "parts": state.training_parts,
                     "workdir": str(workdir) if ctx.option("workdir", "") else None}
         result = summarize(settings, state.points, state.checkpoints, state.random, loads)
         try:  # after an hour of training the numbers matter more than the picture: no plot is a note
