@@ -1,8 +1,8 @@
 #!/bin/bash
-# GPU learner benchmark on the lent machine: install the missing wheels, check imports, run the suite.
+# GPU learner benchmark on the lent machine: check imports, run the suite, then the staging breakdown.
 # The image has torch 2.11 (CUDA) but not pyzmq, pydantic(-settings), cramjam, gymnasium: .whl/ carries them,
 # downloaded here for Python 3.12 with `pip download --only-binary=:all: --python-version 3.12 ...` (the device
-# tool README). The package is copied to /tmp/pkg as setuptools maps it (proto/ and services/ under flywheel/).
+# tool README); setup.sh installs them and lays the package out.
 set -u
 source scripts/gpu/setup.sh
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; python3 -V;

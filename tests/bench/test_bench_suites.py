@@ -293,3 +293,12 @@ def test_origin_loop_does_the_presets_work_per_step() -> None:
         assert p["spi"] == float(preset["replay"]["samples_per_insert"])
         assert p["learn_every"] * p["spi"] == pytest.approx(p["batch"], rel=0.1)
         assert p["target_update_interval"] >= 1 and p["min_size"] >= 1
+
+
+def test_learner_host_staging_option_refuses_a_typo_in_one_line(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from flywheel.cli import main
+
+    assert main(["bench", "learner", "--quick", "--out", str(tmp_path / "out"), "--opt", "device=cpu",
+                 "--opt", "host_staging=zero-copy"]) == 2
+    assert "--opt host_staging='zero-copy': expected pinned or direct" in capsys.readouterr().err
