@@ -6,7 +6,8 @@ CPU model, load, the whole machine's busy cores while it trained (busy CPU secon
 first and last poll of its last part), the mean and median furthest x and the flag rate with their intervals. Per
 side (``--side NAME FILE...``, repeatable: with and without a setting): the median and interquartile mean of the
 run scores with a bootstrap over runs (rliable's stratified bootstrap for one task), and the pooled episodes with
-a two-level bootstrap (flywheel.evaluation.across_runs).
+a two-level bootstrap (flywheel.evaluation.across_runs). ``FILE#DEPLOY`` takes one deploy of a
+``--opt deploy=run,compose`` result (its checkpoints and polls; its rates first to last poll of that deploy).
 Prints markdown and writes one JSON document with every figure and where it came from.
 
     python scripts/mario_runs.py --minute 60 --side "share 0" a.json b.json c.json \
@@ -29,10 +30,12 @@ class RunsError(Exception):
     """A result file that cannot be aggregated: one line for the user."""
 
 
-def _checkpoint(result: dict[str, Any], minute: float | None, name: str) -> dict[str, Any]:
-    found = [c for c in result.get("extra", {}).get("checkpoints", []) if c.get("episodes")]
+def _checkpoint(result: dict[str, Any], minute: float | None, name: str, deploy: str | None) -> dict[str, Any]:
+    found = [c for c in result.get("extra", {}).get("checkpoints", [])
+             if c.get("episodes") and (deploy is None or c.get("deploy") == deploy)]
     if not found:
-        raise RunsError(f"{name}: no evaluated checkpoint (is it a `flywheel bench mario` result?)")
+        what = "no evaluated checkpoint" + (f" of deploy {deploy!r}" if deploy else "")
+        raise RunsError(f"{name}: {what} (is it a `flywheel bench mario` result?)")
     if minute is None:
         return found[-1]
     for c in found:
@@ -42,23 +45,39 @@ def _checkpoint(result: dict[str, Any], minute: float | None, name: str) -> dict
     raise RunsError(f"{name}: no checkpoint at {minute:g} min (it has {have})")
 
 
-def one_run(path: Path, minute: float | None) -> dict[str, Any]:
-    """One training run's row: where it ran, how far it got, and its checkpoint's evaluation."""
+def _polled_rates(points: list[dict[str, Any]]) -> dict[str, float]:
+    """Agent steps and updates per second from the first to the last poll of the last part."""
+    last = [p for p in points if p.get("part", 0) == points[-1].get("part", 0)] if points else []
+    if len(last) < 2 or last[-1]["t"] <= last[0]["t"]:
+        return {}
+    dt = last[-1]["t"] - last[0]["t"]
+    return {k: (last[-1][key] - last[0][key]) / dt for k, key in (("env_steps_per_s", "env_steps"),
+                                                                  ("updates_per_s", "updates"))}
+
+
+def one_run(spec: str, minute: float | None) -> dict[str, Any]:
+    """One training run's row (``FILE`` or ``FILE#DEPLOY``): where it ran, how far it got, its checkpoint's scores."""
+    file, _, deploy = spec.partition("#")
+    path = Path(file)
     try:
         result = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise RunsError(f"{path}: {exc}") from None
-    c = _checkpoint(result, minute, str(path))
+    c = _checkpoint(result, minute, spec, deploy or None)
     episodes = c["episodes"]
     xs = [float(e["x_pos_max"] or 0) for e in episodes]
     flags = [bool(e["flag"]) for e in episodes]
     points = result["extra"].get("points", [])
-    model = result["extra"].get("scale_model") or {}  # the suite's rates over the last part, start-up left out
+    if deploy:
+        points = [p for p in points if p.get("deploy") == deploy]
+        model = _polled_rates(points)
+    else:
+        model = result["extra"].get("scale_model") or {}  # the suite's rates over the last part, start-up left out
     loads = [p["load"][0] for p in points if p.get("load")]
     timed = [p for p in points if p.get("machine_cpu_s") is not None and p.get("part", 0) == points[-1].get("part", 0)]
     busy = ((timed[-1]["machine_cpu_s"] - timed[0]["machine_cpu_s"]) / (timed[-1]["t"] - timed[0]["t"])
             if len(timed) > 1 and timed[-1]["t"] > timed[0]["t"] else None)
-    return {"file": str(path), "command": result.get("command"), "time": result.get("time"),
+    return {"file": spec, "command": result.get("command"), "time": result.get("time"),
             "cpu_model": result.get("machine", {}).get("cpu_model"), "minute": c["minute"],
             "env_steps": c.get("env_steps"), "updates": c.get("checkpoint_updates"),
             "load_median": sorted(loads)[len(loads) // 2] if loads else None, "busy_cores": busy,
@@ -102,14 +121,15 @@ def markdown(sides: dict[str, list[dict[str, Any]]], totals: dict[str, Any]) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", nargs="+", action="append", required=True, metavar=("NAME", "FILE"),
-                        help="a side's name and its runs' `flywheel bench mario` result files (repeatable)")
+                        help="a side's name and its runs' `flywheel bench mario` result files, FILE#DEPLOY for "
+                             "one deploy of a deploy=run,compose result (repeatable)")
     parser.add_argument("--minute", type=float, default=None, help="which checkpoint (default: each run's last)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON document here")
     args = parser.parse_args(argv)
     try:
         if any(len(side) < 2 for side in args.side):
             raise RunsError("--side takes a name and at least one result file")
-        sides = {side[0]: [one_run(Path(f), args.minute) for f in side[1:]] for side in args.side}
+        sides = {side[0]: [one_run(f, args.minute) for f in side[1:]] for side in args.side}
         totals = aggregate(sides)
     except RunsError as exc:
         print(f"mario_runs: {exc}", file=sys.stderr)

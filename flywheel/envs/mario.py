@@ -102,6 +102,7 @@ class MarioConfig(EnvOptions):
     flag_bonus: float = 50.0
     death_penalty: float = 50.0
     reward_clip: float | None = None
+    progress_reward: str = "x"  # "x": the library's reward for every x step; "frontier": only a new furthest x
 
     def __post_init__(self) -> None:
         """Reject invalid option values with a clear message."""
@@ -124,6 +125,8 @@ class MarioConfig(EnvOptions):
                 raise ValueError(f"{name} must be a finite number >= 0 (a magnitude), got {value!r}")
         if self.reward_clip is not None and not (math.isfinite(self.reward_clip) and self.reward_clip > 0):
             raise ValueError(f"reward_clip must be a finite number > 0 or None, got {self.reward_clip!r}")
+        if self.progress_reward not in ("x", "frontier"):
+            raise ValueError(f"progress_reward must be 'x' or 'frontier', got {self.progress_reward!r}")
 
     def shape_reward(self, raw: float, flag: bool, death: bool) -> float:
         """One agent step's reward: the built-in reward plus flag bonus minus death penalty, scaled, clipped."""
@@ -222,6 +225,8 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._steps = 0
         self._life: int | None = None
         self._flag = False
+        self._x_last = self._x_best = 0  # progress_reward=frontier: the last frame's x and the episode's furthest
+        self._stage: tuple[Any, Any] | None = None
         self._needs_reset = True
         self._closed = False
         self._start_states: NesStartStates | None = None
@@ -252,6 +257,8 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         obs = self._stack.reset(self._observe(self._grey()))
         info = self._info()
         self._life, self._flag = info.get("life"), bool(info.get("flag_get", False))
+        self._x_last = self._x_best = int(info.get("x_pos") or 0)
+        self._stage = (info.get("world"), info.get("stage"))
         return obs, info
 
     @property
@@ -301,7 +308,8 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         byte = self._action_bytes[int(action)]
         skip = self.config.frame_skip
         nes_step = self._nes.step if self.frame_hook is None else self._hooked_step
-        total = 0.0
+        frontier = self.config.progress_reward == "frontier"
+        total = shaped = 0.0
         done = False
         last: np.ndarray | None = None
         prev: np.ndarray | None = None
@@ -309,6 +317,8 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         for frame in range(skip):
             _, reward, done, info = nes_step(byte)
             total += reward
+            if frontier:
+                shaped += self._frontier_change(info)
             if frame >= skip - 2 or done:
                 prev, last = last, self._grey()
             if done:
@@ -328,8 +338,18 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         death = (life is not None and self._life is not None and life < self._life) or (done and not flag)
         self._life, self._flag = life, flag
         info["raw_reward"] = total
-        reward = self.config.shape_reward(total, new_flag, death)
+        reward = self.config.shape_reward(total + shaped, new_flag, death)
         return obs, reward, bool(done), bool(truncated), info
+
+    def _frontier_change(self, info: dict[str, Any]) -> float:
+        """One frame's change to the library's reward under progress_reward=frontier: its x step (clipped to 0
+        beyond +-5 as the library does) out, the x gained past the episode's furthest in; a new stage starts over."""
+        x, stage = int(info.get("x_pos") or 0), (info.get("world"), info.get("stage"))
+        if stage != self._stage:
+            self._stage, self._x_last, self._x_best = stage, x, x
+        step, gain = x - self._x_last, x - self._x_best
+        self._x_last, self._x_best = x, max(x, self._x_best)
+        return float((gain if 0 < gain <= 5 else 0) - (step if -5 <= step <= 5 else 0))
 
     def _hooked_step(self, byte: int) -> tuple[Any, float, bool, dict[str, Any]]:
         """One emulator frame, then ``frame_hook`` with the RGB screen."""

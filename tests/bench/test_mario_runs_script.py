@@ -94,3 +94,26 @@ def test_the_script_refuses_what_it_cannot_compare(tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert "broken.json" in run_script("--side", "x", str(broken)).stderr
+
+
+def test_the_script_takes_one_deploy_of_a_run_and_compose_result(tmp_path: Path) -> None:
+    seeds = range(300_000, 300_010)
+
+    def deploy(name: str, part: int, x: float, steps: float) -> tuple[list[dict], dict]:
+        polls = [{"t": t, "env_steps": steps * t / 100, "updates": steps * t / 400, "machine_cpu_s": 2.0 * t,
+                  "load": [3.0, 2.0, 2.0], "deploy": name, "part": part} for t in (10.0, 110.0)]
+        return polls, {"minute": 30.0, "env_steps": steps, "checkpoint_updates": int(steps / 4), "deploy": name,
+                       "part": part, "episodes": [{"seed": s, "x_pos_max": x, "flag": False} for s in seeds]}
+
+    run_polls, run_ckpt = deploy("run", 0, 600.0, 24_000.0)
+    compose_polls, compose_ckpt = deploy("compose", 1, 1000.0, 22_000.0)
+    path = tmp_path / "both.json"
+    path.write_text(json.dumps({"machine": {"cpu_model": "Xeon"}, "extra": {
+        "scale_model": {"env_steps_per_s": 1.0, "updates_per_s": 1.0}, "points": run_polls + compose_polls,
+        "checkpoints": [run_ckpt, compose_ckpt]}}))
+    done = run_script("--side", "run", f"{path}#run", "--side", "compose", f"{path}#compose")
+    assert done.returncode == 0, done.stderr
+    assert "| run | both.json#run | Xeon | 24,000 | 6,000 | 240.0 | 60.0 | 3.00 | 2.00 | 600 (" in done.stdout
+    assert "| compose | both.json#compose | Xeon | 22,000 | 5,500 | 220.0 | 55.0 | 3.00 | 2.00 | 1,000 (" in done.stdout
+    missing = run_script("--side", "k8s", f"{path}#k8s")
+    assert missing.returncode == 2 and "no evaluated checkpoint of deploy 'k8s'" in missing.stderr

@@ -143,6 +143,38 @@ def test_crop_top_drops_the_hud_rows_before_the_resize() -> None:
     env.close()
 
 
+def test_frontier_progress_reward_pays_only_for_a_new_furthest_x() -> None:
+    """progress_reward=frontier keeps the library's clock term but pays x only past the episode's furthest point:
+    walking back costs nothing and walking forward again earns nothing until Mario passes where he had been."""
+    plain = "SuperMarioBros-1-1-v0?reward_scale=1,flag_bonus=0,death_penalty=0"
+    envs = [make_env(plain, seed=0), make_env(plain + ",progress_reward=frontier", seed=0)]
+    xs = [int(env.reset(seed=0)[1]["x_pos"]) for env in envs]
+    assert xs[0] == xs[1]
+    right, left = 1, 6  # "simple": walk right, walk left
+    rewards: list[list[float]] = [[], []]
+    trace: list[int] = []
+    for action in [right] * 14 + [left] * 12 + [right] * 18:  # x about 40 -> 126 -> 70 -> 156, short of a Goomba
+        (_, r_x, done, cut, info), (_, r_front, done_f, _, info_f) = (env.step(action) for env in envs)
+        assert not (done or cut or done_f) and info["x_pos"] == info_f["x_pos"]
+        assert info["raw_reward"] == info_f["raw_reward"] == r_x  # raw_reward stays the library's sum
+        rewards[0].append(r_x)
+        rewards[1].append(r_front)
+        trace.append(int(info["x_pos"]))
+    x_plain, x_front = np.array(rewards[0]), np.array(rewards[1])
+    best = max(trace[:38])
+    assert trace[28] < best - 20 and trace[37] < best < trace[-1]  # back, not yet where it had been, then past
+    assert x_front[:14].sum() == pytest.approx(x_plain[:14].sum()) and x_plain[:14].sum() > 50  # all new: same
+    # back (steps 17-28) and forward again short of the furthest x (29-37): free and unpaid against costly and paid
+    assert (x_front[17:38] <= 0).all() and x_plain[17:29].sum() < -20 < 0 < x_plain[29:38].sum()
+    # the x terms come to (furthest - start) against (last - start); the clock terms are the same
+    assert x_front[:38].sum() - x_plain[:38].sum() == pytest.approx(best - trace[37])
+    assert x_front[38:].sum() > 0 and x_front.sum() - x_plain.sum() == pytest.approx(max(trace) - trace[-1])
+    with pytest.raises(ValueError, match="progress_reward must be 'x' or 'frontier'"):
+        make_env("SuperMarioBros-1-1-v0?progress_reward=furthest")
+    for env in envs:
+        env.close()
+
+
 @pytest.mark.parametrize(
     "env_id", ["SuperMarioBros-v0", "SuperMarioBros-v3", "SuperMarioBros2-v1", "SuperMarioBros-8-4-v1"]
 )
