@@ -45,14 +45,12 @@ def _checkpoint(result: dict[str, Any], minute: float | None, name: str, deploy:
     raise RunsError(f"{name}: no checkpoint at {minute:g} min (it has {have})")
 
 
-def _polled_rates(points: list[dict[str, Any]]) -> dict[str, float]:
-    """Agent steps and updates per second from the first to the last poll of the last part."""
-    last = [p for p in points if p.get("part", 0) == points[-1].get("part", 0)] if points else []
-    if len(last) < 2 or last[-1]["t"] <= last[0]["t"]:
-        return {}
-    dt = last[-1]["t"] - last[0]["t"]
-    return {k: (last[-1][key] - last[0][key]) / dt for k, key in (("env_steps_per_s", "env_steps"),
-                                                                  ("updates_per_s", "updates"))}
+def _per_second(points: list[dict[str, Any]], key: str) -> float | None:
+    """``key``'s growth per second from the first to the last poll (that has it) of the last part."""
+    polled = [p for p in points if p.get(key) is not None and p.get("part", 0) == points[-1].get("part", 0)]
+    if len(polled) < 2 or polled[-1]["t"] <= polled[0]["t"]:
+        return None
+    return (polled[-1][key] - polled[0][key]) / (polled[-1]["t"] - polled[0]["t"])
 
 
 def one_run(spec: str, minute: float | None) -> dict[str, Any]:
@@ -70,13 +68,11 @@ def one_run(spec: str, minute: float | None) -> dict[str, Any]:
     points = result["extra"].get("points", [])
     if deploy:
         points = [p for p in points if p.get("deploy") == deploy]
-        model = _polled_rates(points)
+        model = {"env_steps_per_s": _per_second(points, "env_steps"), "updates_per_s": _per_second(points, "updates")}
     else:
         model = result["extra"].get("scale_model") or {}  # the suite's rates over the last part, start-up left out
     loads = [p["load"][0] for p in points if p.get("load")]
-    timed = [p for p in points if p.get("machine_cpu_s") is not None and p.get("part", 0) == points[-1].get("part", 0)]
-    busy = ((timed[-1]["machine_cpu_s"] - timed[0]["machine_cpu_s"]) / (timed[-1]["t"] - timed[0]["t"])
-            if len(timed) > 1 and timed[-1]["t"] > timed[0]["t"] else None)
+    busy = _per_second(points, "machine_cpu_s")
     return {"file": spec, "command": result.get("command"), "time": result.get("time"),
             "cpu_model": result.get("machine", {}).get("cpu_model"), "minute": c["minute"],
             "env_steps": c.get("env_steps"), "updates": c.get("checkpoint_updates"),
