@@ -38,6 +38,10 @@ def run_bench(args: argparse.Namespace) -> int:
         if not sep or not name:
             print(f"error: --opt expects NAME=VALUE, got {item!r}", file=sys.stderr)
             return 2
+        if name in options:  # a second value would silently replace the first (e.g. two --opt set=)
+            print(f"error: --opt {name} given twice ({options[name]!r}, {value!r}); give it once "
+                  "(set takes ';'-separated overrides)", file=sys.stderr)
+            return 2
         options[name] = value
     if args.suite == "list":
         for name in names:

@@ -58,6 +58,11 @@ def test_bad_opt_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--opt expects NAME=VALUE" in capsys.readouterr().err
 
 
+def test_repeated_opt_is_refused_not_replaced(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "list", "--opt", "set=a=1", "--opt", "set=b=2"]) == 2
+    assert "--opt set given twice ('a=1', 'b=2')" in capsys.readouterr().err
+
+
 def test_typed_options_refuse_bad_values(tmp_path: Path) -> None:
     ctx = BenchContext(suite="demo", out_dir=tmp_path / "out", options={"n": "3", "x": "2.5", "bad": "lots",
                                                                          "inf": "inf"})
