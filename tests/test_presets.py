@@ -33,8 +33,8 @@ def test_every_shipped_preset_names_real_settings_and_builds(name: str) -> None:
     for service in presets.SERVICES:
         fields = settings_class(service).model_fields
         assert set(preset.sections.get(service, {})) <= set(fields), f"{name}: {service} has no such setting"
-        env_id = {"vector": "CartPole-v1", "pixel": "SuperMarioBros-1-1-v0", "atari": "ALE/Pong-v5",
-                  "grid": "Snake-v0"}[name]
+        env_id = {"vector": "CartPole-v1", "pixel": "SuperMarioBros-1-1-v0", "mario": "SuperMarioBros-1-1-v0",
+                  "atari": "ALE/Pong-v5", "grid": "Snake-v0"}[name]
         values = {"preset": name} | ({"env_id": env_id} if "env_id" in fields else {}) | (
             {"device": "cpu"} if service == "learner" else {})
         settings = build_settings(settings_class(service), values, service)
@@ -45,7 +45,9 @@ def test_every_shipped_preset_names_real_settings_and_builds(name: str) -> None:
 
 def test_presets_are_chosen_from_the_env_id() -> None:
     assert presets.name_for_env("CartPole-v1") == "vector"
-    assert presets.name_for_env("SuperMarioBros-1-1-v0?size=42") == "pixel"
+    assert presets.name_for_env("SuperMarioBros-1-1-v0?size=42,crop_top=32") == "mario"
+    assert presets.name_for_env("SuperMarioBros-v0") == presets.name_for_env("SuperMarioBrosRandomStages-v1") \
+        == "pixel"  # whole-game and random-stage ids keep no start states: mario's curriculum would refuse them
     assert presets.name_for_env("ALE/Breakout-v5", "uint8") == "atari"
     assert presets.name_for_env("Snake-v0?size=12") == presets.name_for_env("MettaGrid-v0") == "grid"
     snake = LearnerSettings(env_id="Snake-v0", device="cpu")
@@ -55,7 +57,10 @@ def test_presets_are_chosen_from_the_env_id() -> None:
     assert (cartpole.lr, cartpole.batch_size, cartpole.tau) == (0.002, 128, 0.02)
     mario = LearnerSettings(env_id="SuperMarioBros-1-1-v0", device="cpu")
     assert (mario.lr, mario.batch_size, mario.compile) == (0.0001, 32, "on")
-    assert ActorSettings(env_id="SuperMarioBros-1-1-v0").gamma == 0.9
+    mario_actor = ActorSettings(env_id="SuperMarioBros-1-1-v0")
+    assert (mario_actor.gamma, mario_actor.num_envs) == (0.9, 8)  # pixel's, which mario extends
+    assert (mario_actor.n_step, mario_actor.start_state_share) == (10, 0.25)  # mario's own
+    assert ActorSettings(env_id="SuperMarioBros-1-1-v0", preset="pixel").start_state_share == 0.0
     assert ActorSettings(env_id="CartPole-v1").hidden == LearnerSettings(env_id="CartPole-v1").hidden == 128
 
 
@@ -123,7 +128,7 @@ def test_a_bad_preset_file_is_one_line_naming_it(tmp_path: Path, content: str, m
 
 
 def test_unknown_names_and_missing_files_are_refused() -> None:
-    with pytest.raises(SettingsError, match="unknown preset 'fast': choose one of atari, grid, pixel, vector"):
+    with pytest.raises(SettingsError, match="unknown preset 'fast': choose one of atari, grid, mario, pixel, vector"):
         build_settings(LearnerSettings, {"preset": "fast"}, "learner")
     with pytest.raises(SettingsError, match="preset file /nonexistent/x.yaml"):
         build_settings(LearnerSettings, {"preset": "/nonexistent/x.yaml"}, "learner")
@@ -202,7 +207,7 @@ def test_a_service_names_its_preset_in_its_first_lines(tmp_path: Path) -> None:
 
 
 def test_the_actor_count_follows_the_presets_spare_cores(tmp_path: Path) -> None:
-    assert run_module.default_actors(presets.load("pixel"), cores=2) == 2  # Mario: one actor per core
+    assert run_module.default_actors(presets.load("mario"), cores=2) == 2  # Mario: one actor per core
     assert run_module.default_actors(presets.load("atari"), cores=8) == 7  # a core left to the 84x84 learner
     assert run_module.default_actors(presets.load("atari"), cores=1) == 1
     assert run_module.default_actors(presets.load("vector"), cores=3) == 3

@@ -127,11 +127,15 @@ def _base(path: Path, extends: Any) -> Preset | None:
 
 
 def name_for_env(env_id: str, obs_dtype: str | None = None) -> str:
-    """The shipped preset of an env id: atari for ale-py ids, grid for Snake and MettaGrid, pixel for other images,
-    vector otherwise."""
-    from flywheel.envs import env_family, env_spec
+    """The shipped preset of an env id: atari for ale-py ids, mario for single-stage Super Mario Bros ids, grid for
+    Snake and MettaGrid, pixel for other images (whole-game Mario too), vector otherwise."""
+    from flywheel.envs import env_family, env_spec, split_env_id
+    from flywheel.envs.mario import parse_mario_id
 
     family = env_family(env_id)
+    if family == "mario":  # mario's curriculum keeps states of one stage (docs/ENVIRONMENTS.md), pixel's the rest
+        mario = parse_mario_id(split_env_id(env_id)[0])
+        return "mario" if mario is not None and mario.target is not None else "pixel"
     if family in ("atari", "snake", "mettagrid"):
         return {"atari": "atari"}.get(family, "grid")
     if obs_dtype is None:
@@ -203,8 +207,9 @@ def run_presets(args: Any) -> int:
     if args.presets_command == "list":
         for name in names():
             print(f"{name:8s} {load(name).description}")
-        print("chosen from the env id: atari for ale-py ids, grid for Snake and MettaGrid, pixel for other image "
-              "envs, vector otherwise; --preset NAME|FILE or FLYWHEEL_PRESET names another, none turns it off")
+        print("chosen from the env id: atari for ale-py ids, mario for single-stage Super Mario Bros ids, grid for "
+              "Snake and MettaGrid, pixel for other image envs, vector otherwise; --preset NAME|FILE or "
+              "FLYWHEEL_PRESET names another, none turns it off")
         return 0
     preset = load(args.name)
     print(f"# preset {preset.name} ({preset.path}), sha256 {preset.sha256}")

@@ -1,5 +1,5 @@
 """`docker compose up --scale actor=8` for real: a Docker engine builds the images and runs CartPole (after checking
-that the containers read the presets: the compose default, Mario 1-1 at 42x42, with the pixel preset).
+that the containers read the presets: the compose default, Mario 1-1 at 42x42, with the mario preset).
 
 The engine is the machine's own when one answers, otherwise a private dockerd that this test starts as root and
 stops by PID (`--iptables=false --ip-masq=false`: containers get no route out). With no registry the base image is
@@ -175,7 +175,7 @@ SETTINGS_PROBE = ("import json, sys; from flywheel.registry import settings_clas
 
 def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> None:
     """Each service's settings as its container builds them: the compose file's default env (the default job) comes
-    with the pixel preset, FLYWHEEL_ENV_ID=CartPole-v1 with the vector one, and variables still win (the learner's lr;
+    with the mario preset, FLYWHEEL_ENV_ID=CartPole-v1 with the vector one, and variables still win (the learner's lr;
     the learner's and the replay's seeds, which `flywheel bench mario --opt deploy=compose --opt train_seed=K` sets)."""
     from flywheel import presets
     from flywheel.runplan import DEFAULT_ENV
@@ -184,7 +184,7 @@ def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> Non
     try:
         for name in LIGHT:
             engine.env.pop(name, None)
-        for env_id, preset in ((None, "pixel"), ("CartPole-v1", "vector")):
+        for env_id, preset in ((None, "mario"), ("CartPole-v1", "vector")):
             if env_id:
                 engine.env["FLYWHEEL_ENV_ID"] = env_id
             for service in ("replay", "learner", "actor"):
@@ -204,7 +204,7 @@ def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> Non
     finally:
         engine.env.clear()
         engine.env.update(saved)
-    log("the images read the presets: the default job with pixel's values, CartPole-v1 with vector's")
+    log("the images read the presets: the default job with mario's values, CartPole-v1 with vector's")
 
 
 COMPILE_PROBE = ("import torch; f = torch.compile(lambda x: torch.relu(x) * 2.0 + 1.0); "

@@ -66,7 +66,7 @@ def deployed_interval() -> float | None:
 
 # -- replay durability ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", run_module.DEFAULT_ENV])  # the vector and the pixel preset
+@pytest.mark.parametrize("env_id", ["CartPole-v1", run_module.DEFAULT_ENV])  # the vector and the mario preset
 def test_the_replay_checkpoints_periodically_under_every_preset(plans: list[Plan], tmp_path: Path,
                                                                 env_id: str) -> None:
     settings = replay_settings(plan_for(plans, tmp_path, "--env", env_id))

@@ -150,7 +150,8 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
     stall = settings["stall_steps"]
     if "run" in deploys:
         result.notes.append(
-            f"`flywheel run --env {env_id} --actors {settings['actors']}` with the pixel preset"
+            f"`flywheel run --env {env_id} --actors {settings['actors']}` with the "
+            f"{settings.get('preset', 'pixel')} preset"
             + "".join(f" `--set {s}`" for s in settings["sets"]) + f", {settings['minutes']:g} min from process "
             "start; nothing was evaluated while it trained (actor.eval_envs=0 also turns off actor-0's greedy env); "
             "checkpoints via POST /control/checkpoint (learner only).")

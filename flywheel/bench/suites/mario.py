@@ -1,11 +1,11 @@
 """Super Mario Bros 1-1: a timed ``flywheel run`` (or the compose stack), its checkpoints evaluated afterwards
 against a random policy.
 
-The suite starts ``flywheel run`` with the default pixel preset (plus any ``set`` overrides) for ``minutes`` and
-evaluates nothing while it trains, so evaluation takes no CPU from training. It reads the gateway every ``poll_s``
-seconds (agent steps, updates, each actor's rolling distance and flag rate, CPU seconds; the load average too) and,
-at each of the ``checkpoint_at`` minutes, asks the learner for a checkpoint through the gateway's
-``POST /control/checkpoint`` and copies it to ``ckpt-<M>min/``. ``deploy=compose`` trains the shipped
+The suite starts ``flywheel run`` with the env id's preset (the mario preset for Mario; plus any ``set`` overrides)
+for ``minutes`` and evaluates nothing while it trains, so evaluation takes no CPU from training. It reads the
+gateway every ``poll_s`` seconds (agent steps, updates, each actor's rolling distance and flag rate, CPU seconds;
+the load average too) and, at each of the ``checkpoint_at`` minutes, asks the learner for a checkpoint through the
+gateway's ``POST /control/checkpoint`` and copies it to ``ckpt-<M>min/``. ``deploy=compose`` trains the shipped
 docker-compose.yml instead (``docker compose up --scale actor=<actors>``, built and run on a private Docker engine;
 flywheel.testing.compose), and ``deploy=run,compose`` trains both, one after the other, for the same minutes. After
 training, every checkpoint and a uniformly random policy play the same ``eval_episodes`` seeds at epsilon
@@ -264,7 +264,8 @@ def _open(deploy: str, stack: ExitStack, workdir: Path, env_id: str, actors: int
 def run(ctx: BenchContext) -> SuiteResult:
     env_id = ctx.option("env", DEFAULT_ENV)
     minutes = ctx.option_float("minutes", 2.0 if ctx.quick else 60.0)
-    actors = ctx.option_int("actors", default_actors(presets.load(presets.name_for_env(env_id))))
+    preset = presets.name_for_env(env_id)  # the run's own choice: flywheel run picks it from the env id too
+    actors = ctx.option_int("actors", default_actors(presets.load(preset)))
     deploys = _deploys(ctx.option("deploy", "run"))
     sets = [s.strip() for s in ctx.option("set", "").split(";") if s.strip()]
     if not any(s.startswith("actor.eval_envs=") for s in sets):
@@ -291,7 +292,7 @@ def run(ctx: BenchContext) -> SuiteResult:
         if value is not None and not 0.0 <= value <= 1.0:
             raise BenchError(f"--opt {name}={value:g}: an exploration rate is in [0, 1]")
     seeds = list(range(seed_base, seed_base + episodes))
-    recipe = {"env_id": env_id, "actors": actors, "deploys": deploys, "sets": sets}
+    recipe = {"env_id": env_id, "preset": preset, "actors": actors, "deploys": deploys, "sets": sets}
     evaluation = {"seeds": seeds, "eval_epsilon": epsilon, "also_epsilon": also if also >= 0 else None,
                   "noop_max": noop_max, "stall_steps": stall_steps}
     with ctx.workdir("mario") as workdir:
