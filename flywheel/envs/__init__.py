@@ -49,6 +49,7 @@ __all__ = [
     "make_env",
     "make_vector_env",
     "split_env_id",
+    "start_states_refusal",
 ]
 
 Family = Literal["mario", "atari", "snake", "mettagrid", "gymnasium"]
@@ -230,14 +231,26 @@ def make_env(env_id: str, seed: int | None = None, **options: Any) -> gymnasium.
     return env
 
 
-def _check_start_states(env_id: str, base: str, family: Family) -> None:
-    """Refuse, before building anything, the families that cannot keep start states (others are checked by
-    :class:`StartStateCurriculum` when it wraps the env)."""
+def _start_states_refusal(base: str, family: Family) -> str | None:
+    mario = parse_mario_id(base) if family == "mario" else None
     if family in ("snake", "mettagrid"):
-        raise StartStatesUnsupported(env_id, "a natively vectorised env without state snapshots")
-    mario = parse_mario_id(base)
+        return "a natively vectorised env without state snapshots"
     if mario is not None and mario.target is None:
-        raise StartStatesUnsupported(env_id, "only single-stage ids SuperMarioBros-W-S-vN, where x_pos is progress")
+        return "only single-stage ids SuperMarioBros-W-S-vN, where x_pos is progress"
+    return None
+
+
+def start_states_refusal(env_id: str) -> str | None:
+    """Why ``env_id`` cannot keep start states, known from the id alone; None where it may (the env itself is
+    checked by :class:`StartStateCurriculum` when it wraps it). Mario's preset follows it (flywheel.presets)."""
+    return _start_states_refusal(split_env_id(env_id)[0], env_family(env_id))
+
+
+def _check_start_states(env_id: str, base: str, family: Family) -> None:
+    """Refuse, before building anything, the ids that cannot keep start states."""
+    why = _start_states_refusal(base, family)
+    if why is not None:
+        raise StartStatesUnsupported(env_id, why)
 
 
 def make_vector_env(env_id: str, num_envs: int, seed: int | None = None, *,

@@ -129,13 +129,11 @@ def _base(path: Path, extends: Any) -> Preset | None:
 def name_for_env(env_id: str, obs_dtype: str | None = None) -> str:
     """The shipped preset of an env id: atari for ale-py ids, mario for single-stage Super Mario Bros ids, grid for
     Snake and MettaGrid, pixel for other images (whole-game Mario too), vector otherwise."""
-    from flywheel.envs import env_family, env_spec, split_env_id
-    from flywheel.envs.mario import parse_mario_id
+    from flywheel.envs import env_family, env_spec, start_states_refusal
 
     family = env_family(env_id)
-    if family == "mario":  # mario's curriculum keeps states of one stage (docs/ENVIRONMENTS.md), pixel's the rest
-        mario = parse_mario_id(split_env_id(env_id)[0])
-        return "mario" if mario is not None and mario.target is not None else "pixel"
+    if family == "mario":  # mario's recipe holds the start-state curriculum: ids that cannot keep states get pixel's
+        return "mario" if start_states_refusal(env_id) is None else "pixel"
     if family in ("atari", "snake", "mettagrid"):
         return {"atari": "atari"}.get(family, "grid")
     if obs_dtype is None:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flywheel.envs import StartStateConfig, StartStatesUnsupported, make_env, make_vector_env
+from flywheel.envs import StartStateConfig, StartStatesUnsupported, make_env, make_vector_env, start_states_refusal
 from flywheel.envs.mario import MarioEnv
 from flywheel.envs.nes_states import NesStartStates
 from flywheel.envs.start_states import StartStateCurriculum
@@ -200,6 +200,21 @@ def test_envs_that_cannot_save_state_are_refused_naming_the_id(env_id: str) -> N
         make_vector_env(env_id, 1, start_states=StartStateConfig(share=0.5))
     if env_id != "SuperMarioBrosRandomStages-v0":  # (32 emulators: seconds to build)
         make_vector_env(env_id, 1, start_states=StartStateConfig(share=0.0)).close()  # share 0: off, no error
+
+
+@pytest.mark.parametrize(("env_id", "refused"), [
+    ("SuperMarioBros-1-1-v0?size=42,crop_top=32", None), ("SuperMarioBros-8-4-v3", None), ("ALE/Pong-v5", None),
+    ("SuperMarioBros-v0", "only single-stage ids"), ("SuperMarioBrosRandomStages-v1", "single-stage"),
+    ("Snake-v0", "natively vectorised"), ("MettaGrid-v0", "natively vectorised"),
+])
+def test_which_ids_can_keep_start_states_is_known_from_the_id(env_id: str, refused: str | None) -> None:
+    """One rule for the vector env's refusal and the preset a Mario id gets (mario only where states are kept)."""
+    from flywheel.presets import name_for_env
+
+    why = start_states_refusal(env_id)
+    assert why is None if refused is None else refused in (why or "")
+    if env_id.startswith("SuperMarioBros"):
+        assert name_for_env(env_id) == ("mario" if refused is None else "pixel")
 
 
 @pytest.mark.parametrize(("values", "message"), [
