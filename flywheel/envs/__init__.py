@@ -180,17 +180,23 @@ def env_family(env_id: str) -> Family:
 
 
 def evaluation_env_id(env_id: str) -> str:
-    """The id evaluation plays for a training id: Atari as whole games with the game's own score.
+    """The id evaluation plays for a training id: Atari as whole games with the game's own score, Mario without
+    its training-only cut-off.
 
     For an Atari id the options after ``?`` get ``terminal_on_life_loss=false,clip_rewards=false`` (whatever the
-    id said: the same observations and actions, scored as a game); every other id is returned unchanged.
+    id said: the same observations and actions, scored as a game); a Mario id loses ``stall_steps`` (an episode
+    ends at death, the flag, the level clock or the step cap); every other id is returned unchanged.
     flywheel.evaluation (the bench suites, the learner's best-policy evaluations), actor-0's greedy env and
     ``flywheel play`` use it, so training and evaluation differ only there.
     """
     full, options = split_env_id(env_id)
-    if env_family(full) != "atari":
+    family = env_family(full)
+    if family == "atari":
+        options.update(ATARI_EVALUATION_OPTIONS)
+    elif family != "mario" or options.pop("stall_steps", None) is None:
         return env_id
-    options.update(ATARI_EVALUATION_OPTIONS)
+    if not options:
+        return full
     return full + "?" + ",".join(f"{name}={json.dumps(value)}" for name, value in options.items())
 
 

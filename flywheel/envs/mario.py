@@ -103,6 +103,9 @@ class MarioConfig(EnvOptions):
     death_penalty: float = 50.0
     reward_clip: float | None = None
     progress_reward: str = "x"  # "x": the library's reward for every x step; "frontier": only a new furthest x
+    # Training only (evaluation_env_id drops it): truncate an episode after this many agent steps without a new
+    # furthest x of its stage, so a Mario held against a pipe does not fill the replay until the level clock.
+    stall_steps: int | None = None
 
     def __post_init__(self) -> None:
         """Reject invalid option values with a clear message."""
@@ -125,6 +128,8 @@ class MarioConfig(EnvOptions):
                 raise ValueError(f"{name} must be a finite number >= 0 (a magnitude), got {value!r}")
         if self.reward_clip is not None and not (math.isfinite(self.reward_clip) and self.reward_clip > 0):
             raise ValueError(f"reward_clip must be a finite number > 0 or None, got {self.reward_clip!r}")
+        if self.stall_steps is not None and self.stall_steps < 1:
+            raise ValueError(f"stall_steps must be >= 1 or None, got {self.stall_steps!r}")
         if self.progress_reward not in ("x", "frontier"):
             raise ValueError(f"progress_reward must be 'x' or 'frontier', got {self.progress_reward!r}")
 
@@ -187,8 +192,9 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
 
     ``terminated`` follows gym-super-mario-bros: game over for whole-game ids,
     death or flag for single-stage ids.  ``truncated`` is set after
-    ``max_episode_steps`` agent steps.  The reward is the library's per-frame
-    reward (x progress, clock and a -15 death penalty) summed over skipped frames,
+    ``max_episode_steps`` agent steps, and (training only) after ``stall_steps``
+    without a new furthest x.  The reward is the library's per-frame reward
+    (x progress, clock and a -15 death penalty) summed over skipped frames,
     plus ``flag_bonus`` on the step that reaches a flag, minus ``death_penalty`` on
     the step that loses a life, times ``reward_scale`` and optionally clipped
     (:meth:`MarioConfig.shape_reward`).  ``info["raw_reward"]`` keeps the library's sum.
@@ -226,6 +232,7 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._life: int | None = None
         self._flag = False
         self._x_last = self._x_best = 0  # progress_reward=frontier: the last frame's x and the episode's furthest
+        self._stall: tuple[Any, int, int] = (None, 0, 0)  # stall_steps: the stage, its furthest x, steps since it grew
         self._stage: tuple[Any, Any] | None = None
         self._needs_reset = True
         self._closed = False
@@ -259,7 +266,18 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._life, self._flag = info.get("life"), bool(info.get("flag_get", False))
         self._x_last = self._x_best = int(info.get("x_pos") or 0)
         self._stage = (info.get("world"), info.get("stage"))
+        self._stall = (self._stage, self._x_best, 0)
         return obs, info
+
+    def _stalled(self, info: dict[str, Any]) -> bool:
+        """Count one agent step towards ``stall_steps``: whether that many passed without a new furthest x."""
+        stage, x = (info.get("world"), info.get("stage")), int(info.get("x_pos") or 0)
+        last_stage, best, since = self._stall
+        if stage != last_stage or x > best:
+            self._stall = (stage, x, 0)
+            return False
+        self._stall = (stage, best, since + 1)
+        return self.config.stall_steps is not None and since + 1 >= self.config.stall_steps
 
     @property
     def _active(self) -> Any:
@@ -328,9 +346,10 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         obs = self._stack.push(self._observe(pooled))
         self._steps += 1
         limit = self.config.max_episode_steps
-        truncated = not done and limit is not None and self._steps >= limit
-        self._needs_reset = done or truncated
         info = {k: _plain(v) for k, v in info.items()}
+        stalled = self.config.stall_steps is not None and self._stalled(info)
+        truncated = not done and ((limit is not None and self._steps >= limit) or stalled)
+        self._needs_reset = done or truncated
         flag = bool(info.get("flag_get", False))
         new_flag = flag and not self._flag
         life = info.get("life")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from flywheel.envs import make_env, nes_compat
+from flywheel.envs import evaluation_env_id, make_env, nes_compat
 from flywheel.envs.mario import INFO_KEYS, MarioEnv
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -173,6 +173,37 @@ def test_frontier_progress_reward_pays_only_for_a_new_furthest_x() -> None:
         make_env("SuperMarioBros-1-1-v0?progress_reward=furthest")
     for env in envs:
         env.close()
+
+
+def test_stall_steps_truncates_a_training_episode_without_new_ground() -> None:
+    """stall_steps=N truncates (not terminates) an episode N agent steps after its furthest x last grew; walking
+    right never stalls; evaluation plays the id without the option (no cut-off in an evaluated episode)."""
+    env = make_env("SuperMarioBros-1-1-v0?stall_steps=8", seed=0)
+    _, info = env.reset(seed=0)
+    flags = [env.step(0)[2:4] for _ in range(8)]  # standing still from the level start
+    assert flags == [(False, False)] * 7 + [(False, True)]
+    _, info = env.reset(seed=0)
+    best, since, cut_at = int(info["x_pos"]), 0, None
+    right, left = 1, 6  # "simple": walk right, walk left
+    for t, action in enumerate([right] * 14 + [left] * 14):
+        _, _, done, cut, info = env.step(action)
+        x = int(info["x_pos"])
+        best, since = (x, 0) if x > best else (best, since + 1)
+        assert not done and cut == (since == 8), (t, x, best, since)
+        if cut:
+            cut_at = t
+            break
+    assert cut_at is not None and cut_at >= 14 + 8  # the cut came while walking back
+    env.close()
+    assert evaluation_env_id("SuperMarioBros-1-1-v0?size=42,stall_steps=250,crop_top=32") == \
+        "SuperMarioBros-1-1-v0?size=42,crop_top=32"
+    assert evaluation_env_id("SuperMarioBros-1-1-v0?stall_steps=250") == "SuperMarioBros-1-1-v0"
+    assert evaluation_env_id("SuperMarioBros-1-1-v0?size=42") == "SuperMarioBros-1-1-v0?size=42"
+    with pytest.raises(ValueError, match="stall_steps must be >= 1 or None, got 0"):
+        make_env("SuperMarioBros-1-1-v0?stall_steps=0")
+    for bad in ("2.5", "true", '"250"'):
+        with pytest.raises(TypeError, match="option stall_steps must be int"):
+            make_env(f"SuperMarioBros-1-1-v0?stall_steps={bad}")
 
 
 @pytest.mark.parametrize(
