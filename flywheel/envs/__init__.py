@@ -238,9 +238,9 @@ def make_env(env_id: str, seed: int | None = None, **options: Any) -> gymnasium.
 
 
 def _start_states_refusal(base: str, family: Family) -> str | None:
-    mario = parse_mario_id(base) if family == "mario" else None
     if family in ("snake", "mettagrid"):
         return "a natively vectorised env without state snapshots"
+    mario = parse_mario_id(base) if family == "mario" else None
     if mario is not None and mario.target is None:
         return "only single-stage ids SuperMarioBros-W-S-vN, where x_pos is progress"
     return None

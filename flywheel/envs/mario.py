@@ -277,7 +277,7 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
             self._stall = (stage, x, 0)
             return False
         self._stall = (stage, best, since + 1)
-        return self.config.stall_steps is not None and since + 1 >= self.config.stall_steps
+        return since + 1 >= (self.config.stall_steps or 0)
 
     @property
     def _active(self) -> Any:
