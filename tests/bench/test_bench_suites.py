@@ -142,7 +142,7 @@ def _episodes(xs: list[float], flags: int = 0) -> list[dict]:
              "seconds": 1.0} for i, x in enumerate(xs)]
 
 
-def test_mario_summary_rows_goal_and_stretch() -> None:
+def test_mario_summary_rows_and_issue_24_goals() -> None:
     points = [
         {**_point(60 * m, 1000 * m, 100 * m, 1000 * m, {"actor-0": 10.0 * m, "learner-0": 5.0 * m,
                                                          "replay-0": 1.0 * m}),
@@ -150,25 +150,38 @@ def test_mario_summary_rows_goal_and_stretch() -> None:
          "epsilon": {"actor-0": 0.4}, "replay_size": 1000.0 * m, "load": [1.5 + m, 1.0, 1.0]}
         for m in range(1, 61)]
     settings = {"env_id": "SuperMarioBros-1-1-v0", "minutes": 60.0, "actors": 1, "sets": ["learner.lr=0.0002"],
-                "eval_episodes": 50, "eval_epsilon": 0.05, "eval_workers": 2, "stall_steps": 250,
-                "seeds": list(range(100_000, 100_050))}
-    random = _episodes([400.0, 600.0] * 25)
-    checkpoints = [{"minute": 30.0, "env_steps": 30_000, "episodes": _episodes([900.0, 1100.0] * 25)},
-                   {"minute": 60.0, "env_steps": 60_000, "episodes": _episodes([1500.0, 1700.0] * 25, flags=5)}]
+                "eval_episodes": 100, "eval_epsilon": 0.05, "eval_workers": 2, "stall_steps": 250,
+                "seeds": list(range(100_000, 100_100))}
+    random = _episodes([400.0, 600.0] * 50)
+    checkpoints = [{"minute": 30.0, "env_steps": 30_000, "episodes": _episodes([900.0, 1100.0] * 50)},
+                   {"minute": 60.0, "env_steps": 60_000, "episodes": _episodes([2400.0, 2600.0] * 50, flags=30)}]
     loads = {"start": [0.5, 0.5, 0.5], "end": [3.0, 2.0, 1.0]}
     result = mario_report.summarize(settings, points, checkpoints, random, loads)
-    first, last, goal, stretch = result.rows[:4]
+    first, last, goal, moonshot = result.rows[:4]
     assert first.flywheel == 1000.0 and first.peer == 500.0 and "30,000 agent steps" in first.case
-    assert last.flywheel == 1600.0 and "flags 10%" in last.metric and "95% CI" in last.metric
-    assert goal.met is True and stretch.met is True  # 1600 >= 1300 (and 1600), CI low >> 500, a flag at 5 min
+    assert last.flywheel == 2500.0 and "flags 30%" in last.metric and "95% CI" in last.metric
+    assert goal.case == "goal: checkpoint at 60 min" and goal.flywheel == 30.0 and goal.met is True
+    assert moonshot.case.startswith("moonshot") and moonshot.met is False  # 30% < 50%
+    assert not any(r.case.startswith("long run") for r in result.rows)  # no checkpoint at 180 min
     assert any(r.metric == "env steps/s per actor" for r in result.rows)
     assert any("min 0.50, median" in n and "max 61.50" in n for n in result.notes)
-    assert any("seeds 100000..100049" in n and "250 agent steps" in n for n in result.notes)
+    assert any("seeds 100000..100099" in n and "250 agent steps" in n for n in result.notes)
     assert result.extra["random"]["summary"]["mean"] == 500.0 and result.extra["flag_in_training"] is True
+    short_x = {**checkpoints[1], "episodes": _episodes([2300.0, 2400.0] * 50, flags=60)}  # mean 2,350 < 2,400
+    missed = mario_report.summarize(settings, points, [short_x], random, loads)
+    assert [r.met for r in missed.rows if ": checkpoint at 60" in r.case] == [False, True]
+    few = mario_report.summarize({**settings, "seeds": settings["seeds"][:4]}, points,
+                                 [{**checkpoints[1], "episodes": _episodes([3000.0] * 4, flags=4)}],
+                                 _episodes([400.0] * 4), loads)
+    assert [r.met for r in few.rows[1:3]] == [False, False]  # 4 episodes are not the issue's 100
+    long = mario_report.summarize({**settings, "minutes": 180.0}, points,
+                                  [{"minute": 180.0, "env_steps": 2e6, "episodes": _episodes([3100.0] * 100, 85)}],
+                                  random, loads)
+    assert [(r.case, r.met) for r in long.rows[1:]][:1] == [("long run: checkpoint at 180 min", True)]
     short = mario_report.summarize({**settings, "seeds": settings["seeds"][:4]}, points[:2],
-                            [{**checkpoints[1], "minute": 2.0, "episodes": _episodes([1500.0] * 4)}],
-                            _episodes([400.0] * 4), loads)
-    assert [r.met for r in short.rows[1:3]] == [False, False]  # 2 minutes, 4 episodes, no flag seen
+                                   [{**checkpoints[1], "minute": 2.0, "episodes": _episodes([1500.0] * 4)}],
+                                   _episodes([400.0] * 4), loads)
+    assert not any(r.met is not None for r in short.rows)  # no checkpoint at a goal's minute: no goal row
 
 
 def test_mario_compose_beside_flywheel_run_at_the_nearest_agent_steps() -> None:

@@ -10,7 +10,12 @@ from flywheel.bench.parts.scale import ScaleModel, scale_table
 from flywheel.bench.runner import BenchContext, Row, SuiteResult, _cpu_model
 
 FRAME_SKIP = 4  # emulator frames per agent step in Flywheel's Mario preprocessing
-GOAL_X, STRETCH_X, GOAL_EPISODES, GOAL_MINUTES = 1300.0, 1600.0, 50, 60.0
+# Issue 24's goals for one training run (its headline goal is the median of >= 3 runs: scripts/mario_runs.py):
+# (minute of the checkpoint, least flag rate, least mean furthest x or None, the goal's name, whose runs it judges)
+GOALS = ((60.0, 0.25, 2400.0, "goal", "this run; issue 24 judges the median of >= 3 runs"),
+         (60.0, 0.50, None, "moonshot", "this run; issue 24 asks it of every run"),
+         (180.0, 0.80, None, "long run", "this run"))
+GOAL_EPISODES = 100
 FLAG_X = 3160  # x_pos of the flag pole in 1-1
 # uvipen/Super-mario-bros-A3C as reported: (agent steps, x_pos, label)
 A3C_ANCHORS = ((0.58e6, 1670.0, "A3C: greedy x_pos ~1,670"), (1.01e6, FLAG_X, "A3C: first flag"),
@@ -88,6 +93,25 @@ def _compose_row(checkpoints: list[dict[str, Any]], rnd: dict[str, Any]) -> Row 
         met=bool(s["ci_low"] > rnd["ci_high"] and q["ci_low"] <= s["mean"] <= q["ci_high"]))
 
 
+def _goal_rows(checkpoints: list[dict[str, Any]], rnd: dict[str, Any]) -> list[Row]:
+    """Issue 24's goals for this one training run, each judged at its own checkpoint minute when the run has it."""
+    rows = []
+    for minute, flags, least_x, name, judged in GOALS:
+        at = [c for c in checkpoints if c["minute"] == minute]
+        if not at:
+            continue
+        s = at[-1]["summary"]
+        wanted = f">= {flags:.0%} flags" + (f" and mean x >= {least_x:,.0f}" if least_x else "")
+        rows.append(Row(
+            case=f"{name}: checkpoint at {minute:g} min", metric=f"flag rate over {s['n']} episodes (mean x "
+            f"{s['mean']:,.0f}, 95% CI {s['ci_low']:,.0f}-{s['ci_high']:,.0f})", unit="%",
+            flywheel=100.0 * s["flag_rate"], peer=100.0 * rnd["flag_rate"], peer_name="random policy",
+            goal=f"{wanted} over >= {GOAL_EPISODES} episodes, CI low > random mean ({judged})",
+            met=bool(s["n"] >= GOAL_EPISODES and s["flag_rate"] >= flags and s["ci_low"] > rnd["mean"]
+                     and (least_x is None or s["mean"] >= least_x))))
+    return rows
+
+
 def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoints: list[dict[str, Any]],
               random_records: list[dict[str, Any]], loads: dict[str, Any]) -> SuiteResult:
     """Rows, notes and the raw record from what the run and the evaluations produced; no plotting."""
@@ -116,20 +140,7 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
             flywheel_runs=_x(c["episodes"]), peer_runs=_x(random_records)))
     flagged = any((v or 0) > 0 for p in points for v in p.get("flag_rate", {}).values())
     local = [c for c in checkpoints if c.get("deploy", "run") == deploys[0]]
-    if local:
-        last = local[-1]
-        s = last["summary"]
-        result.rows.append(Row(
-            case=f"goal: checkpoint at {last['minute']:g} min", metric=f"mean max x_pos over {s['n']} episodes",
-            unit="x_pos", flywheel=s["mean"], peer=rnd["mean"], peer_name="random policy (mean)",
-            goal=f">= {GOAL_X:,.0f} at {GOAL_MINUTES:g} min over >= {GOAL_EPISODES} episodes, CI low > random mean",
-            met=bool(last["minute"] >= GOAL_MINUTES and s["n"] >= GOAL_EPISODES and s["mean"] >= GOAL_X
-                     and s["ci_low"] > rnd["mean"])))
-        result.rows.append(Row(
-            case=f"stretch: checkpoint at {last['minute']:g} min", metric="mean max x_pos; a flag in training",
-            unit="x_pos", flywheel=s["mean"], peer=rnd["mean"], peer_name="random policy (mean)",
-            goal=f">= {STRETCH_X:,.0f} and a flag during training ({'yes' if flagged else 'no'})",
-            met=bool(s["mean"] >= STRETCH_X and flagged)))
+    result.rows += _goal_rows(local, rnd)
     if (row := _compose_row(checkpoints, rnd)) is not None:
         result.rows.append(row)
     if checkpoints:
