@@ -20,6 +20,7 @@ import torch
 from flywheel.nets import QNetwork, as_tensor, build_q_network
 from flywheel.settings import setting_default
 
+from .augment import random_shift
 from .losses import LossTerms, large_margin_loss, munchausen_td_loss, q_td_loss, quantile_td_loss
 from .settings import LearnerSettings
 from .staging import Batch, BatchStager, DeviceBatch
@@ -54,6 +55,7 @@ class CoreConfig:
     tau: float = _default("tau")
     double: bool = _default("double")
     dueling: bool = _default("dueling")
+    random_shift: int = _default("random_shift")
     munchausen: bool = _default("munchausen")
     munchausen_alpha: float = _default("munchausen_alpha")
     munchausen_tau: float = _default("munchausen_tau")
@@ -163,6 +165,9 @@ class LearnerCore:
         self.target.requires_grad_(False)
         self.name = self.online.name
         self.obs_shape, self.n_actions = self.online.obs_shape, self.online.n_actions
+        if config.random_shift and len(self.obs_shape) != 3:
+            raise ValueError(f"random_shift augments images; observations of shape {self.obs_shape} are not "
+                             "(channels, height, width)")
         self.params: list[torch.Tensor] = list(self.online.parameters())
         self.optimizer = self._adam()
         self.amp_dtype = AMP_DTYPES.get(config.precision)
@@ -282,8 +287,11 @@ class LearnerCore:
     def _forward_backward(self, b: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        loss, td_abs, q_taken, demo_stats = self._loss_fn(b.obs, b.action, b.reward, b.discount, b.next_obs,
-                                                          b.weight, b.is_demo)
+        obs, next_obs = b.obs, b.next_obs
+        if pad := self.config.random_shift:  # DrQ: s and s' shifted independently, outside the compiled loss
+            obs, next_obs = random_shift(obs, pad), random_shift(next_obs, pad)
+        loss, td_abs, q_taken, demo_stats = self._loss_fn(obs, b.action, b.reward, b.discount, next_obs, b.weight,
+                                                          b.is_demo)
         if demo_stats is not None:
             self.sums.add_demos(demo_stats)
         kept = loss.detach(), td_abs.detach(), q_taken.detach()

@@ -26,6 +26,9 @@ class LearnerSettings(CommonSettings):
                                         description="copy online -> target network every K updates (when tau = 0)")
     tau: float = Field(0.0, ge=0, le=1, description="Polyak factor per update for the target network (0 = hard copies)")
     dueling: bool = Field(True, description="dueling value/advantage head")
+    random_shift: int = Field(
+        0, ge=0, le=16, description="DrQ augmentation: shift each sampled image (s and s') by up to this many pixels "
+                                    "on each axis, edges replicated, before the update (0 = off; image envs only)")
     munchausen: bool = Field(
         False, description="Munchausen-DQN targets: a log-policy bonus on the taken action and a soft bootstrap from "
                            "the target network, in place of double DQN's (head q only)")
