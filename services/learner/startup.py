@@ -105,10 +105,10 @@ def start_core(settings: LearnerSettings, spec: Any = None) -> tuple[LearnerCore
     try:
         obs_shape, n_actions = _spec_shape(settings, spec)
         device = pick_device(settings.device)
+        core = build_core(settings, obs_shape, n_actions, device)  # ValueError: settings that do not fit the env
     except (KeyError, ValueError, RuntimeError, ImportError) as exc:
         log.error("learner: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return None
-    core = build_core(settings, obs_shape, n_actions, device)
     core.env_id = settings.env_id  # type: ignore[attr-defined]  # noted in checkpoints (flywheel.policy reads it)
     resume = resume_wanted(settings)
     try:

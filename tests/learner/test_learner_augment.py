@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from flywheel import proto
 from flywheel.services.learner.augment import random_shift
 from flywheel.services.learner.core import CoreConfig, LearnerCore
+from flywheel.services.learner.main import main
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.startup import core_config
 
@@ -79,3 +80,9 @@ def test_random_shift_reaches_the_core_and_needs_images() -> None:
         LearnerSettings(random_shift=-1)
     with pytest.raises(ValueError, match="random_shift augments images"):
         LearnerCore((4,), 2, CoreConfig(random_shift=2))
+
+
+def test_the_learner_refuses_random_shift_on_vector_observations_with_one_line(caplog) -> None:
+    assert main(LearnerSettings(env_id="CartPole-v1", device="cpu", random_shift=2)) == 2
+    assert any("random_shift augments images" in r.getMessage() and "(4,)" in r.getMessage()
+               for r in caplog.records)
