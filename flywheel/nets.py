@@ -13,7 +13,9 @@ from flywheel import proto
 from flywheel.netspec import (  # noqa: F401  (re-exported: flywheel.nets is where users look for them)
     HEADS,
     NATURE_MIN_SIDE,
+    TORSOS,
     Head,
+    Torso,
     WeightsMismatch,
     check_spec,
     check_weights,
@@ -27,24 +29,38 @@ class QNetwork(nn.Module):
 
     With ``head="quantile"`` (QR-DQN) the last layers produce ``num_quantiles`` return quantiles per action;
     ``forward`` still returns their mean, so an actor acts greedily on Q without knowing the head.
+    ``torso="strided"`` replaces the shape's choice for images with four 3x3 stride-2 convolutions of 32 channels
+    (the torso of the universe starter agent and of the public A3C that reaches Mario's flag at 42x42): at 42x42
+    it keeps a 3x3 map of 288 features where the Nature CNN's 8/4, 4/2, 3/1 stack ends at 1x1 of 64.
     """
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 51) -> None:
+                 head: str = "q", num_quantiles: int = 51, torso: str = "auto") -> None:
         super().__init__()
-        check_spec(tuple(obs_shape), n_actions, head, num_quantiles)
+        check_spec(tuple(obs_shape), n_actions, head, num_quantiles, torso)
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.n_actions = int(n_actions)
         self.dueling = bool(dueling)
         self.hidden = int(hidden)
         self.head = head
         self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
+        self.torso_kind = torso
         self.name = network_name(self.obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
-                                 num_quantiles=self.num_quantiles)
-        self.kind = network_kind(self.obs_shape)
-        if self.kind == "nature":
+                                 num_quantiles=self.num_quantiles, torso=torso)
+        self.kind = network_kind(self.obs_shape, torso)
+        if self.kind == "strided":
             c = self.obs_shape[0]
             self.torso: nn.Module = nn.Sequential(
+                nn.Conv2d(c, 32, 3, stride=2, padding=1), nn.ReLU(),
+                nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
+                nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
+                nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
+                nn.Flatten(),
+            )
+            width = 512
+        elif self.kind == "nature":
+            c = self.obs_shape[0]
+            self.torso = nn.Sequential(
                 nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
                 nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
                 nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
@@ -88,10 +104,13 @@ class QNetwork(nn.Module):
 
 
 def build_q_network(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                    head: str = "q", num_quantiles: int = 51) -> QNetwork:
-    """3-D (C,H,W) with H,W >= 36 -> Nature CNN (512 fc); smaller 3-D -> 3x3 CNN; otherwise an MLP."""
+                    head: str = "q", num_quantiles: int = 51, torso: str = "auto") -> QNetwork:
+    """3-D (C,H,W) with H,W >= 36 -> Nature CNN (512 fc); smaller 3-D -> 3x3 CNN; otherwise an MLP.
+
+    ``torso="strided"``: four 3x3 stride-2 convolutions (512 fc) for any 3-D observation.
+    """
     return QNetwork(tuple(obs_shape), n_actions, dueling=dueling, hidden=hidden, head=head,
-                    num_quantiles=num_quantiles)
+                    num_quantiles=num_quantiles, torso=torso)
 
 
 def forward_macs(net: QNetwork) -> int:

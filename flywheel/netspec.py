@@ -12,6 +12,8 @@ from flywheel import proto
 NATURE_MIN_SIDE = 36  # smallest H/W the Nature CNN's 8/4, 4/2, 3/1 convolutions accept
 HEADS = ("q", "quantile")
 Head = Literal["q", "quantile"]
+TORSOS = ("auto", "strided")  # auto: chosen by the observation's shape; strided: four 3x3 stride-2 convolutions
+Torso = Literal["auto", "strided"]
 
 
 class WeightsMismatch(ValueError):
@@ -20,8 +22,11 @@ class WeightsMismatch(ValueError):
     fault = "mismatch"  # the fault counters' name for it (flywheel.transport.FaultCounter)
 
 
-def network_kind(obs_shape: tuple[int, ...]) -> str:
-    """"nature" (3-D, H and W >= 36), "conv" (smaller 3-D grids) or "mlp" (vectors; other ranks are flattened)."""
+def network_kind(obs_shape: tuple[int, ...], torso: str = "auto") -> str:
+    """"nature" (3-D, H and W >= 36), "conv" (smaller 3-D grids) or "mlp" (vectors; other ranks are flattened);
+    "strided" for 3-D observations when the torso is asked for by name."""
+    if torso == "strided" and len(obs_shape) == 3:
+        return "strided"
     if len(obs_shape) == 3 and min(obs_shape[1:]) >= NATURE_MIN_SIDE:
         return "nature"
     if len(obs_shape) == 3:
@@ -30,25 +35,31 @@ def network_kind(obs_shape: tuple[int, ...]) -> str:
 
 
 def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 0) -> str:
-    """E.g. "mlp-4-2-dueling", "nature-4x84x84-7-dueling" or "nature-4x84x84-7-dueling-qr51".
+                 head: str = "q", num_quantiles: int = 0, torso: str = "auto") -> str:
+    """E.g. "mlp-4-2-dueling", "nature-4x84x84-7-dueling", "strided-4x42x42-7-dueling" or
+    "nature-4x84x84-7-dueling-qr51".
 
-    "-h<N>" is appended when hidden is not 256 (it has no effect on the Nature CNN), "-qr<N>" for a quantile head,
-    so an actor built with another head refuses the learner's weights by name.
+    The kind comes first, "-h<N>" is appended when hidden is not 256 (it has no effect on the pixel torsos),
+    "-qr<N>" for a quantile head, so an actor built with another torso or head refuses the learner's weights by name.
     """
-    kind = network_kind(tuple(obs_shape))
+    kind = network_kind(tuple(obs_shape), torso)
     name = f"{kind}-{'x'.join(str(int(d)) for d in obs_shape)}-{int(n_actions)}-{'dueling' if dueling else 'plain'}"
-    if kind != "nature" and hidden != 256:
+    if kind in ("conv", "mlp") and hidden != 256:
         name += f"-h{hidden}"
     if head == "quantile":
         name += f"-qr{int(num_quantiles)}"
     return name
 
 
-def check_spec(obs_shape: tuple[int, ...], n_actions: int, head: str, num_quantiles: int) -> None:
+def check_spec(obs_shape: tuple[int, ...], n_actions: int, head: str, num_quantiles: int,
+               torso: str = "auto") -> None:
     """Raise ValueError for a network that cannot be built."""
     if n_actions < 1 or not obs_shape or any(d < 1 for d in obs_shape):
         raise ValueError(f"bad network spec: obs_shape={obs_shape}, n_actions={n_actions}")
+    if torso not in TORSOS:
+        raise ValueError(f"unknown torso {torso!r}; expected one of {', '.join(TORSOS)}")
+    if torso == "strided" and len(obs_shape) != 3:
+        raise ValueError(f"torso strided needs image observations (C, H, W), got shape {tuple(obs_shape)}")
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
     if head == "quantile" and not 2 <= num_quantiles <= 1024:

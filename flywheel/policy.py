@@ -75,7 +75,8 @@ def _spec_from_name(name: str, env_id: str) -> dict[str, Any]:
     quantiles = re.search(r"-qr(\d+)$", name)
     return {"obs_shape": list(spec.obs_shape), "n_actions": int(spec.n_actions), "dueling": "-dueling" in name,
             "hidden": int(hidden.group(1)) if hidden else 256, "head": "quantile" if quantiles else "q",
-            "num_quantiles": int(quantiles.group(1)) if quantiles else 51}
+            "num_quantiles": int(quantiles.group(1)) if quantiles else 51,
+            "torso": "strided" if name.startswith("strided-") else "auto"}
 
 
 class Policy:
@@ -124,7 +125,7 @@ class Policy:
                 spec = _spec_from_name(str(meta.get("network", "")), chosen)
             net = build_q_network(tuple(spec["obs_shape"]), int(spec["n_actions"]), dueling=bool(spec["dueling"]),
                                   hidden=int(spec["hidden"]), head=str(spec["head"]),
-                                  num_quantiles=int(spec["num_quantiles"]))
+                                  num_quantiles=int(spec["num_quantiles"]), torso=str(spec.get("torso", "auto")))
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyError(f"{path}: cannot build its network for {chosen}: {exc}".splitlines()[0]) from None
         if net.name != meta.get("network"):

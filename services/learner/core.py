@@ -63,6 +63,7 @@ class CoreConfig:
     hidden: int = _default("hidden")
     head: str = _default("head")
     num_quantiles: int = _default("num_quantiles")
+    torso: str = _default("torso")
     huber_kappa: float = _default("huber_kappa")
     grad_accum_steps: int = _default("grad_accum_steps")
     precision: str = "fp32"  # fp32 | bf16 | fp16 (resolve "auto" with resolve_precision first)
@@ -156,7 +157,8 @@ class LearnerCore:
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cudnn.benchmark = True
         nets = [build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden,
-                                head=config.head, num_quantiles=config.num_quantiles) for _ in range(2)]
+                                head=config.head, num_quantiles=config.num_quantiles, torso=config.torso)
+                for _ in range(2)]
         if (self.cuda or config.channels_last) and nets[0].kind != "mlp":
             nets = [_channels_last(net) for net in nets]  # faster cuDNN / inductor convolutions
         self.online: QNetwork = nets[0].to(self.device)

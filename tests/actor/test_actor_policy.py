@@ -182,6 +182,7 @@ def test_flywheel_run_gives_actors_the_learners_network(monkeypatch: pytest.Monk
         "HEAD": "quantile", "NUM_QUANTILES": "21", "HIDDEN": "64", "DUELING": "false"}
     assert plan()["actor"]["HIDDEN"] == plan()["learner"]["HIDDEN"] == "128" and "HEAD" not in plan()["actor"]
     assert plan("learner.hidden=64", "actor.hidden=32")["actor"]["HIDDEN"] == "32"  # the user's own choice stands
+    assert plan("learner.torso=strided")["actor"]["TORSO"] == "strided"
     monkeypatch.setenv("FLYWHEEL_ACTOR_HIDDEN", "48")
     assert plan("learner.hidden=64")["actor"]["HIDDEN"] == "48"
 

@@ -32,6 +32,35 @@ def test_names_follow_the_contract() -> None:
         build_q_network((4,), 2, head="quantile", num_quantiles=1)
 
 
+def test_the_strided_torso_keeps_a_3x3_map_at_42x42_and_is_named_for_it() -> None:
+    net = build_q_network((4, 42, 42), 7, torso="strided")
+    assert net.name == "strided-4x42x42-7-dueling" and net.kind == "strided"
+    assert net.torso(torch.zeros(1, 4, 42, 42)).shape == (1, 32 * 3 * 3)  # 42 -> 21 -> 11 -> 6 -> 3
+    assert build_q_network((4, 42, 42), 7).torso(torch.zeros(1, 4, 42, 42)).shape == (1, 64)  # Nature: 1x1x64
+    assert net(torch.zeros(5, 4, 42, 42, dtype=torch.uint8)).shape == (5, 7)
+    convs = 21 * 21 * 32 * (4 * 9) + 11 * 11 * 32 * (32 * 9) + 6 * 6 * 32 * (32 * 9) + 3 * 3 * 32 * (32 * 9)
+    assert forward_macs(net) == convs + 288 * 512 + 512 * 7 + 512 * 1
+    assert network_name((4, 42, 42), 7, True, head="quantile", num_quantiles=51,
+                        torso="strided") == "strided-4x42x42-7-dueling-qr51"
+    assert build_q_network((3, 11, 11), 5, torso="strided").name == "strided-3x11x11-5-dueling"
+    with pytest.raises(ValueError, match="torso strided needs image observations"):
+        build_q_network((4,), 2, torso="strided")
+    with pytest.raises(ValueError, match="unknown torso 'impala'"):
+        build_q_network((4, 42, 42), 7, torso="impala")
+
+
+def test_an_actor_with_the_nature_torso_refuses_strided_weights() -> None:
+    learner = build_q_network((4, 42, 42), 7, torso="strided")
+    msg = proto.decode(proto.encode(weights_message(learner, 1, learner.name)), expect=proto.Weights)
+    with pytest.raises(WeightsMismatch, match="strided-4x42x42"):
+        load_weights(build_q_network((4, 42, 42), 7), msg, "nature-4x42x42-7-dueling")
+    twin = build_q_network((4, 42, 42), 7, torso="strided")
+    load_weights(twin, msg, twin.name)
+    x = torch.randint(0, 256, (2, 4, 42, 42), dtype=torch.uint8)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), learner(x))
+
+
 def test_an_actor_with_the_plain_head_refuses_quantile_weights() -> None:
     learner = build_q_network((4,), 2, head="quantile", num_quantiles=11)
     actor = build_q_network((4,), 2)
@@ -126,3 +155,12 @@ def test_mismatches_raise_before_touching_the_net() -> None:
         after = dst.state_dict()
         assert all(torch.equal(before[k], after[k]) for k in before), label
     assert issubclass(WeightsMismatch, ValueError)
+
+
+def test_the_learner_refuses_the_strided_torso_on_vector_observations_with_one_line(caplog) -> None:
+    from flywheel.services.learner.main import main
+    from flywheel.services.learner.settings import LearnerSettings
+
+    assert main(LearnerSettings(env_id="CartPole-v1", device="cpu", torso="strided")) == 2
+    assert any("torso strided needs image observations" in r.getMessage() and "(4,)" in r.getMessage()
+               for r in caplog.records)
