@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flywheel.netspec import Torso
 from flywheel.settings import CommonSettings
 
 if TYPE_CHECKING:
@@ -35,8 +36,8 @@ class ActorSettings(CommonSettings):
     hidden: int = Field(256, ge=8, le=8192, description="hidden units of the MLP (vector observations)")
     head: Literal["q", "quantile"] = Field("q", description="q or quantile (QR-DQN) head (must match the learner)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
-    torso: Literal["auto", "strided"] = Field("auto", description="auto: chosen by the observation's shape; strided: "
-                                              "four 3x3 stride-2 convolutions for images (must match the learner)")
+    torso: Torso = Field("auto", description="auto: chosen by the observation's shape; strided: four 3x3 stride-2 "
+                         "convolutions for images (must match the learner)")
     inference: Literal["auto", "numpy", "torch"] = Field(
         "auto", description="forward pass in NumPy (MLP only: the actor then never imports torch) or torch "
         "(auto: NumPy for vector observations, torch for convolutional networks)")

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from flywheel.netspec import Torso
 from flywheel.settings import CommonSettings
 
 
@@ -40,9 +41,8 @@ class LearnerSettings(CommonSettings):
     head: Literal["q", "quantile"] = Field("q", description="q: one value per action; quantile: QR-DQN quantiles "
                                            "(actors must use the same head)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
-    torso: Literal["auto", "strided"] = Field("auto", description="auto: chosen by the observation's shape (Nature "
-                                              "CNN for images); strided: four 3x3 stride-2 convolutions for images "
-                                              "(actors must use the same torso)")
+    torso: Torso = Field("auto", description="auto: chosen by the observation's shape (Nature CNN for images); "
+                         "strided: four 3x3 stride-2 convolutions for images (actors must use the same torso)")
     huber_kappa: float = Field(1.0, gt=0, le=1000, description="Huber threshold of the TD / quantile Huber loss")
     grad_accum_steps: int = Field(1, ge=1, le=1024,
                                   description="sampled batches whose gradients are summed per optimizer step")

@@ -164,3 +164,14 @@ def test_the_learner_refuses_the_strided_torso_on_vector_observations_with_one_l
     assert main(LearnerSettings(env_id="CartPole-v1", device="cpu", torso="strided")) == 2
     assert any("torso strided needs image observations" in r.getMessage() and "(4,)" in r.getMessage()
                for r in caplog.records)
+
+
+def test_an_unknown_torso_setting_is_refused_when_the_settings_are_read() -> None:
+    from pydantic import ValidationError
+
+    from flywheel.services.actor.settings import ActorSettings
+    from flywheel.services.learner.settings import LearnerSettings
+
+    for settings in (LearnerSettings, ActorSettings):
+        with pytest.raises(ValidationError, match="'auto' or 'strided'"):
+            settings(torso="impala")
