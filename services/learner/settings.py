@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from flywheel.netspec import Torso
+from flywheel.netspec import Head, Torso
 from flywheel.settings import CommonSettings
 
 
@@ -38,7 +38,7 @@ class LearnerSettings(CommonSettings):
                                                                   "policy of the target network")
     munchausen_clip: float = Field(-1.0, ge=-1000, lt=0, description="Munchausen: lower clip of tau * log pi")
     double: bool = Field(True, description="double DQN targets (online argmax, target evaluation)")
-    head: Literal["q", "quantile"] = Field("q", description="q: one value per action; quantile: QR-DQN quantiles "
+    head: Head = Field("q", description="q: one value per action; quantile: QR-DQN quantiles "
                                            "(actors must use the same head)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
     torso: Torso = Field("auto", description="auto: chosen by the observation's shape (Nature CNN for images); "

@@ -175,3 +175,14 @@ def test_an_unknown_torso_setting_is_refused_when_the_settings_are_read() -> Non
     for settings in (LearnerSettings, ActorSettings):
         with pytest.raises(ValidationError, match="'auto' or 'strided'"):
             settings(torso="impala")
+
+
+def test_an_unknown_head_setting_is_refused_when_the_settings_are_read() -> None:
+    from pydantic import ValidationError
+
+    from flywheel.services.actor.settings import ActorSettings
+    from flywheel.services.learner.settings import LearnerSettings
+
+    for settings in (LearnerSettings, ActorSettings):
+        with pytest.raises(ValidationError, match="'q' or 'quantile'"):
+            settings(head="c51")
