@@ -56,7 +56,8 @@ def test_presets_are_chosen_from_the_env_id() -> None:
     cartpole = LearnerSettings(env_id="CartPole-v1", device="cpu")
     assert (cartpole.lr, cartpole.batch_size, cartpole.tau) == (0.002, 128, 0.02)
     mario = LearnerSettings(env_id="SuperMarioBros-1-1-v0", device="cpu")
-    assert (mario.lr, mario.batch_size, mario.compile) == (0.0001, 32, "on")
+    assert (mario.lr, mario.batch_size, mario.compile) == (0.00025, 32, "on")  # lr mario's own, the rest pixel's
+    assert LearnerSettings(env_id="SuperMarioBros-v0", device="cpu").lr == 0.0001  # the whole game: pixel's
     mario_actor = ActorSettings(env_id="SuperMarioBros-1-1-v0")
     assert (mario_actor.gamma, mario_actor.num_envs) == (0.9, 8)  # pixel's, which mario extends
     assert (mario_actor.n_step, mario_actor.start_state_share) == (10, 0.25)  # mario's own

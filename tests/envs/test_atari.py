@@ -263,7 +263,7 @@ def test_flywheel_run_picks_the_atari_preset(tmp_path: Path, monkeypatch: pytest
     assert atari.env["actor"]["ENV_ID"] == "BreakoutNoFrameskip-v4"  # training settings: the env's defaults
     assert atari.actor_extra[0]["EVAL_ENVS"] == "1"  # actor-0's greedy env (evaluation settings, see above)
     mario = plan(run_module.DEFAULT_ENV)
-    assert mario.env["actor"]["GAMMA"] == "0.9" and mario.env["learner"]["LR"] == "0.0001"  # Mario keeps its own
+    assert mario.env["actor"]["GAMMA"] == "0.9" and mario.env["learner"]["LR"] == "0.00025"  # Mario keeps its own
 
 
 def test_vector_reports_games_not_lives_and_clips() -> None:
