@@ -39,7 +39,7 @@ class LearnerSettings(CommonSettings):
     munchausen_clip: float = Field(-1.0, ge=-1000, lt=0, description="Munchausen: lower clip of tau * log pi")
     double: bool = Field(True, description="double DQN targets (online argmax, target evaluation)")
     head: Head = Field("q", description="q: one value per action; quantile: QR-DQN quantiles "
-                                           "(actors must use the same head)")
+                       "(actors must use the same head)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
     torso: Torso = Field("auto", description="auto: chosen by the observation's shape (Nature CNN for images); "
                          "strided: four 3x3 stride-2 convolutions for images (actors must use the same torso)")
