@@ -125,11 +125,11 @@ def resolve_precision(choice: str, device: torch.device) -> str:
     return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 
-def beta_at(updates: int, start: float, end: float, anneal_updates: int) -> float:
-    """Importance-sampling exponent, linear from start to end over anneal_updates."""
-    if anneal_updates <= 0:
+def linear_at(updates: int, start: float, end: float, over_updates: int) -> float:
+    """A schedule's value after ``updates``: linear from start to end over ``over_updates``, then end (beta, lr)."""
+    if over_updates <= 0:
         return end
-    return start + (end - start) * min(1.0, updates / anneal_updates)
+    return start + (end - start) * min(1.0, updates / over_updates)
 
 
 def _channels_last(net: QNetwork) -> QNetwork:

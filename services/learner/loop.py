@@ -14,7 +14,7 @@ from flywheel.metrics_spec import Gauges, LearnerCounters, LearnerGauges
 from .batches import ReadyBatch
 from .best import BestKeeper, evaluable
 from .checkpoint import reserve_versions, save_checkpoint
-from .core import LearnerCore, beta_at
+from .core import LearnerCore, linear_at
 from .metrics import GpuProbe, MetricsWindow, flops_per_update
 from .publishing import WeightsSnapshots
 from .settings import LearnerSettings
@@ -46,6 +46,7 @@ class LearnerLoop:
                                           every_seconds=settings.publish_interval_s,
                                           reserve=self._reserve_versions if settings.checkpoint_dir else None)
         self.paused = False
+        self.lr_scheduled = settings.lr_decay_updates > 0  # until a set_lr command takes the rate over
         K = proto.CommandKind
         self.handlers: proto.CommandHandlers = {
             K.PAUSE: self._on_pause, K.RESUME: self._on_resume, K.CHECKPOINT: self._on_checkpoint,
@@ -84,7 +85,13 @@ class LearnerLoop:
     @property
     def beta(self) -> float:
         s = self.settings
-        return beta_at(self.core.steps, s.beta_start, s.beta_end, s.beta_anneal_updates)
+        return linear_at(self.core.steps, s.beta_start, s.beta_end, s.beta_anneal_updates)
+
+    def _schedule_lr(self) -> None:
+        """Adam's rate for the next update, linear from lr to lr_final over lr_decay_updates (when scheduled)."""
+        if self.lr_scheduled:
+            s = self.settings
+            self.core.set_lr(linear_at(self.core.steps, s.lr, s.lr_final, s.lr_decay_updates))
 
     @property
     def waiting_batches(self) -> int:
@@ -113,6 +120,7 @@ class LearnerLoop:
     def start(self) -> None:
         """Publish the starting weights (so actors get some early) and start sampling."""
         self.snapshots.begin(self.core.steps)
+        self._schedule_lr()  # a resumed run goes on where its schedule was
         self._publish_ready(wait=True)
         self.feeder.beta = self.beta
         self.feeder.start()
@@ -155,6 +163,7 @@ class LearnerLoop:
     def train(self, ready: ReadyBatch) -> None:
         """Update on one batch; hand its priorities to the sampling thread; publish weights when due."""
         self.feeder.beta = self.beta
+        self._schedule_lr()
         result = self.core.update(ready.tensors)
         self.feeder.done(ready, result.td_abs)
         self.replay_size = float(ready.replay_size)
@@ -277,7 +286,9 @@ class LearnerLoop:
 
     def _on_set_lr(self, command: proto.Command[proto.LrArgs]) -> None:
         self.core.set_lr(command.args.lr)
-        log.info("learner: learning rate %.3g (control command %d)", command.args.lr, command.seq)
+        log.info("learner: learning rate %.3g (control command %d)%s", command.args.lr, command.seq,
+                 "; the lr_decay_updates schedule is off from here" if self.lr_scheduled else "")
+        self.lr_scheduled = False
 
     def _on_publish_interval(self, command: proto.Command[proto.PublishIntervalArgs]) -> None:
         self.snapshots.set_interval(updates=command.args.updates, seconds=command.args.seconds)

@@ -21,6 +21,11 @@ class LearnerSettings(CommonSettings):
                         description="environment id; fixes the observation shape and number of actions")
     batch_size: int = Field(512, ge=1, le=65536, description="transitions per update (per sample request)")
     lr: float = Field(1e-4, gt=0, le=1, description="Adam learning rate")
+    lr_final: float = Field(0.0, ge=0, le=1, description="Adam's learning rate after lr_decay_updates updates "
+                            "(it goes linearly from lr; 0 = no schedule)")
+    lr_decay_updates: int = Field(0, ge=0, le=1_000_000_000, description="updates over which the learning rate "
+                                  "goes linearly from lr to lr_final, then stays (0 = lr throughout; a set_lr "
+                                  "command ends the schedule)")
     adam_eps: float = Field(1.5e-4, gt=0, le=1, description="Adam epsilon")
     grad_clip_norm: float = Field(10.0, ge=0, description="clip the gradient's global L2 norm to this (0 = off)")
     target_update_interval: int = Field(2500, ge=1, le=10_000_000,
@@ -145,6 +150,13 @@ class LearnerSettings(CommonSettings):
         if value is True and not info.data.get("checkpoint_dir"):
             raise ValueError("resume needs --checkpoint-dir (resume=auto starts fresh without one)")
         return value
+
+    @model_validator(mode="after")
+    def _lr_schedule_is_whole(self) -> LearnerSettings:
+        if (self.lr_decay_updates > 0) != (self.lr_final > 0):
+            raise ValueError("an lr schedule needs both lr_final > 0 and lr_decay_updates > 0 "
+                             f"(got lr_final={self.lr_final}, lr_decay_updates={self.lr_decay_updates})")
+        return self
 
     @model_validator(mode="after")
     def _munchausen_needs_q_head(self) -> LearnerSettings:

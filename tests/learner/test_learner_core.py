@@ -10,7 +10,7 @@ import torch
 from learner_helpers import fit_one_step_rewards, make_batch
 
 from flywheel import proto
-from flywheel.services.learner.core import BadBatch, CoreConfig, LearnerCore, beta_at
+from flywheel.services.learner.core import BadBatch, CoreConfig, LearnerCore, linear_at
 
 
 def _params(net: torch.nn.Module) -> list[torch.Tensor]:
@@ -127,7 +127,7 @@ def test_set_lr_and_beta_schedule() -> None:
     assert core.lr == pytest.approx(5e-4)
     with pytest.raises(ValueError):
         core.set_lr(-1.0)
-    assert beta_at(0, 0.4, 1.0, 100) == pytest.approx(0.4)
-    assert beta_at(50, 0.4, 1.0, 100) == pytest.approx(0.7)
-    assert beta_at(500, 0.4, 1.0, 100) == pytest.approx(1.0)
-    assert beta_at(0, 0.4, 1.0, 0) == pytest.approx(1.0)
+    assert linear_at(0, 0.4, 1.0, 100) == pytest.approx(0.4)
+    assert linear_at(50, 0.4, 1.0, 100) == pytest.approx(0.7)
+    assert linear_at(500, 0.4, 1.0, 100) == pytest.approx(1.0)
+    assert linear_at(0, 0.4, 1.0, 0) == pytest.approx(1.0)

@@ -146,3 +146,15 @@ def test_munchausen_settings_reach_the_core_and_need_the_q_head() -> None:
         LearnerSettings(munchausen=True, head="quantile")
     with pytest.raises(ValidationError, match="munchausen_clip"):
         LearnerSettings(munchausen_clip=0.5)
+
+
+def test_an_lr_schedule_needs_both_its_settings() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    assert LearnerSettings(lr=2.5e-4, lr_final=1e-4, lr_decay_updates=200_000).lr_decay_updates == 200_000
+    for half in ({"lr_final": 1e-4}, {"lr_decay_updates": 1000}):
+        with pytest.raises(ValidationError, match="an lr schedule needs both"):
+            LearnerSettings(**half)
+    with pytest.raises(ValidationError, match="lr_final"):
+        LearnerSettings(lr_final=-1e-4, lr_decay_updates=1000)

@@ -69,6 +69,36 @@ def test_set_publish_interval_is_validated_applied_and_logged(harness, caplog: p
     assert h.reports[-1].counters['rejected_total{where="control",reason="bad_args"}'] == len(bad) + 1
 
 
+def test_the_lr_follows_its_schedule_until_a_set_lr_command(harness, caplog: pytest.LogCaptureFixture) -> None:
+    h = harness(lr=1e-3, lr_final=1e-4, lr_decay_updates=40)
+    h.loop.start()
+    assert h.core.lr == pytest.approx(1e-3)
+    h.drive(lambda: h.core.steps >= 20)
+    # set before each update from the steps taken so far: after k updates, the k-th used step k-1's rate
+    assert h.core.lr == pytest.approx(1e-3 + (1e-4 - 1e-3) * (h.core.steps - 1) / 40)
+    h.drive(lambda: h.core.steps >= 45)
+    assert h.core.lr == pytest.approx(1e-4)  # the end of the schedule, held
+    with caplog.at_level(logging.INFO, logger="flywheel.learner"):
+        h.send_control("set_lr", lr=5e-4)
+        h.drive(lambda: h.core.lr == pytest.approx(5e-4))
+    assert any("schedule is off from here" in r.getMessage() for r in caplog.records)
+    steps = h.core.steps
+    h.drive(lambda: h.core.steps >= steps + 5)
+    assert h.core.lr == pytest.approx(5e-4) and not h.loop.lr_scheduled
+
+
+def test_a_resumed_run_goes_on_where_its_lr_schedule_was(harness) -> None:
+    schedule = {"lr": 1e-3, "lr_final": 1e-4, "lr_decay_updates": 40}
+    h = harness(**schedule)
+    h.loop.start()
+    h.drive(lambda: h.core.steps >= 20)
+    h.loop.finish()  # leaves its checkpoint
+    h2 = harness(resume=True, **schedule)
+    assert h2.core.steps == h.core.steps and h2.core.lr == pytest.approx(1e-3)  # the checkpoint keeps no rate
+    h2.loop.start()
+    assert h2.core.lr == pytest.approx(1e-3 + (1e-4 - 1e-3) * h.core.steps / 40)
+
+
 def test_data_wait_is_measured_when_starved(harness) -> None:
     h = harness(telemetry_interval_s=0.2)
     h.replay.answer = False
