@@ -148,7 +148,9 @@ def build_settings(cls: type[S], values: dict[str, Any], command: str) -> S:
         raise SettingsError(f"flywheel {command}: {exc}") from None
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else "?"
+        field = str(err["loc"][0]) if err["loc"] else ""
+        if field not in cls.model_fields:  # a check across fields (a model validator) names no one flag
+            raise SettingsError(f"flywheel {command}: invalid settings: {err['msg']}") from None
         given = values.get(field, os.environ.get(env_name(cls, field), err.get("input")))
         raise SettingsError(
             f"flywheel {command}: invalid value {given!r} for {flag_name(field)} "

@@ -135,6 +135,14 @@ def test_unknown_names_and_missing_files_are_refused() -> None:
         build_settings(LearnerSettings, {"preset": "/nonexistent/x.yaml"}, "learner")
 
 
+def test_a_check_across_settings_is_one_line_without_a_made_up_flag() -> None:
+    with pytest.raises(SettingsError) as caught:
+        build_settings(LearnerSettings, {"lr_final": 1e-4}, "learner")
+    message = str(caught.value)
+    assert message.startswith("flywheel learner: invalid settings: ") and "an lr schedule needs both" in message
+    assert "--?" not in message and "\n" not in message
+
+
 def test_presets_command_lists_and_shows(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["presets", "list"]) == 0
     listed = capsys.readouterr().out
