@@ -191,7 +191,7 @@ class WeightsReceiver:
             self.pending = msg
             self.newest_seen = max(self.newest_seen, msg.version)
         now = time.monotonic() if now is None else now
-        if self.pending is None or now - self.loaded_at < self.interval_s:
+        if self.pending is None or now < self.loaded_at + self.interval_s:
             return False
         newest, self.pending = self.pending, None
         began = time.perf_counter()
