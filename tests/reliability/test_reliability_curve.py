@@ -237,8 +237,12 @@ def test_one_socket_serves_plain_unix_sockets_and_curve_tcp(keys_dir: Path, tmp_
             connect(remote, tcp)
         plain = make_socket(ctx, zmq.PUSH)
         connect(plain, tcp)  # no keys: refused
-        for sock, name in ((local, "local"), (remote, "remote"), (plain, "plain")):
+        for sock, name in ((local, "local"), (remote, "remote")):
             sock.send_multipart(proto.encode(transitions(2, actor=name)), flags=zmq.NOBLOCK)
+        try:
+            plain.send_multipart(proto.encode(transitions(2, actor="plain")), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the refused handshake already dropped its pipe (libzmq remakes it on each ~100 ms retry)
         got = set()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
