@@ -226,6 +226,7 @@ class ActorGauges(Gauges):
     send_blocked_seconds: Annotated[float, "seconds sending has waited for the replay so far (cumulative)"]
     num_envs: Annotated[float, "environments stepped"]
     slot_groups: Annotated[float, "groups of env slots stepped in turn"]
+    n_step: Annotated[float, "steps in the n-step returns being emitted now (falls as an annealed n-step does)"]
     episode_return_last: Annotated[float | None, "return of the last training episode"] = None
     mario_distance_mean: Annotated[float | None, "mean distance Mario reached in recent episodes"] = None
     mario_distance_max: Annotated[float | None, "farthest distance Mario reached in recent episodes"] = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -12,8 +13,10 @@ import numpy as np
 
 from flywheel.envs import EpisodeEnd, StartStateConfig, VectorEnv, make_vector_env
 
-from .nstep import Emitted, NStepAccumulator
+from .nstep import Emitted, NStepAccumulator, NStepSchedule
 from .policy import Policy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -84,7 +87,7 @@ class ActorCore:
     order.
     """
 
-    def __init__(self, vec: VectorEnv, policy: Policy, *, n_step: int, gamma: float,
+    def __init__(self, vec: VectorEnv, policy: Policy, *, n_step: int | NStepSchedule, gamma: float,
                  eval_vec: VectorEnv | None = None, seed: int | None = None,
                  clock: Callable[[], float] = time.perf_counter, start_states: StartStateConfig | None = None) -> None:
         self.clock = clock  # what the time split counts: wall time (telemetry) or thread CPU time (benchmarks)
@@ -97,8 +100,10 @@ class ActorCore:
         self.groups = vec.groups
         first = vec.reset()
         self.obs = [np.array(first[g.start:g.stop]) for g in self.groups]
-        self.nstep = [NStepAccumulator(len(g), vec.obs_shape, vec.obs_dtype, n_step, gamma, stream_base=g.start)
-                      for g in self.groups]
+        self.n_schedule = n_step if isinstance(n_step, NStepSchedule) else NStepSchedule(n_step)
+        self.n_step = self.n_schedule.at(0)  # n of the returns being emitted now
+        self.nstep = [NStepAccumulator(len(g), vec.obs_shape, vec.obs_dtype, self.n_step, gamma, stream_base=g.start,
+                                       capacity=self.n_schedule.capacity) for g in self.groups]
         self.actions = [np.zeros(len(g), dtype=np.int64) for g in self.groups]
         self.q_sa = [np.zeros(len(g)) for g in self.groups]
         self.in_flight = [False] * len(self.groups)
@@ -166,6 +171,8 @@ class ActorCore:
             for episode in res.episodes:
                 self.stats.record(episode)
             self.env_steps += len(res.reward)
+            if self.n_schedule.final is not None:
+                self._follow_n_schedule()
         n = len(self.obs[g])
         with_eval = g == 0 and self.eval_obs is not None
         batch = np.concatenate([self.obs[g], self.eval_obs]) if with_eval else self.obs[g]
@@ -191,6 +198,16 @@ class ActorCore:
         self.times.other += self.clock() - start - env_s - (self.times.inference - infer_before)
         return ready
 
+    def _follow_n_schedule(self) -> None:
+        """Give every slot group's accumulator the n the schedule asks for at these env steps."""
+        n = self.n_schedule.at(self.env_steps)
+        if n != self.n_step:
+            log.info("n-step %d -> %d at %d env steps (annealed to %s over %d)", self.n_step, n, self.env_steps,
+                     self.n_schedule.final, self.n_schedule.steps)
+            self.n_step = n
+            for acc in self.nstep:
+                acc.set_n(n)
+
     def _step_eval(self, actions: np.ndarray) -> None:
         assert self.eval_vec is not None
         res = self.eval_vec.step(actions)
@@ -205,9 +222,10 @@ class ActorCore:
             self.eval_vec.close()
 
 
-def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int, gamma: float, eval_envs: int = 0,
-               seed: int | None = None, vector_mode: Literal["inprocess", "subprocess"] = "inprocess",
-               workers: int | None = None, start_states: StartStateConfig | None = None) -> ActorCore:
+def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int | NStepSchedule, gamma: float,
+               eval_envs: int = 0, seed: int | None = None,
+               vector_mode: Literal["inprocess", "subprocess"] = "inprocess", workers: int | None = None,
+               start_states: StartStateConfig | None = None) -> ActorCore:
     """An ActorCore over ``num_envs`` slots of ``env_id``; ``eval_envs`` adds one greedy env (one simulation).
 
     ``start_states`` (the start-state curriculum) goes to the training envs only: the greedy env starts every

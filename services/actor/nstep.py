@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,36 +19,86 @@ class Emitted(proto.Transition[np.ndarray]):
     stream: np.ndarray | None = field(default=None, metadata={"dtype": "int64"})
 
 
-class NStepAccumulator:
-    """Keeps the last n steps of every environment and emits n-step transitions.
+@dataclass(frozen=True)
+class NStepSchedule:
+    """n of the n-step returns over one actor's env steps: ``start``, or linearly from ``start`` to ``final``.
 
-    ``push`` takes one vector step. An entry matures when n newer rewards exist or its episode ends.
+    ``final`` (None: ``start`` throughout) is reached after ``steps`` env steps of the actor and then kept,
+    e.g. 10 falling to 3 (long returns while Q is poor, less off-policy bias once it is good).
+    """
+
+    start: int
+    final: int | None = None
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse a schedule that cannot be followed, with the values given."""
+        if self.start < 1 or (self.final is not None and self.final < 1):
+            raise ValueError(f"n-step must be at least 1, got start={self.start}, final={self.final}")
+        if (self.final is None) != (self.steps == 0) or self.steps < 0:
+            raise ValueError("an annealed n-step needs both a final n and a number of env steps > 0 "
+                             f"(got final={self.final}, steps={self.steps})")
+
+    @property
+    def capacity(self) -> int:
+        """The longest n the schedule ever asks for (the accumulator's window)."""
+        return max(self.start, self.final or self.start)
+
+    def at(self, env_steps: int) -> int:
+        """n after ``env_steps`` of the actor's env steps (rounded half up)."""
+        if self.final is None:
+            return self.start
+        progress = min(1.0, max(0, env_steps) / self.steps)
+        return math.floor(self.start + (self.final - self.start) * progress + 0.5)
+
+
+class NStepAccumulator:
+    """Keeps the last steps of every environment and emits n-step transitions.
+
+    ``push`` takes one vector step. An entry matures when it has n rewards (its own and n - 1 newer)
+    or its episode ends. The window holds ``capacity`` steps (default n); ``set_n`` changes n between
+    pushes, up to the capacity (an annealed n-step; each row's discount says how many steps it spans).
     Matured entries whose bootstrap state is the *next* observation to be acted on wait in a
     pending list until ``finish`` is given max-Q of those observations (computed by the next batched
     forward pass anyway), so priorities cost no extra inference.
     """
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str,
-                 n: int, gamma: float, stream_base: int = 0) -> None:
-        if n < 1:
-            raise ValueError("n must be at least 1")
-        self.num_envs, self.n, self.gamma = num_envs, n, gamma
+                 n: int, gamma: float, stream_base: int = 0, capacity: int | None = None) -> None:
+        size = n if capacity is None else capacity
+        if not 1 <= n <= size:
+            raise ValueError(f"n must be at least 1 and at most the window's capacity, got n={n}, capacity={size}")
+        self.num_envs, self.size, self.gamma = num_envs, size, gamma
         self.stream_base = stream_base
         self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
-        # The last n observation batches, by reference: push takes ownership (no copy of frame stacks).
-        self.obs_w: list[np.ndarray | None] = [None] * n
-        self.act_w = np.zeros((n, num_envs), dtype=np.int64)
-        self.rew_w = np.zeros((n, num_envs), dtype=np.float64)
-        self.qsa_w = np.zeros((n, num_envs), dtype=np.float64)
-        self.filled = np.zeros(num_envs, dtype=np.int64)
-        self.all_full = False  # every env has n steps in its window: the steady state's fast path applies
+        # The last ``size`` observation batches, by reference: push takes ownership (no copy of frame stacks).
+        self.obs_w: list[np.ndarray | None] = [None] * size
+        self.act_w = np.zeros((size, num_envs), dtype=np.int64)
+        self.rew_w = np.zeros((size, num_envs), dtype=np.float64)
+        self.qsa_w = np.zeros((size, num_envs), dtype=np.float64)
+        self.filled = np.zeros(num_envs, dtype=np.int64)  # steps of each env not yet emitted, newest first
+        self.all_full = False  # every env has n - 1 steps waiting: the steady state's fast path applies next push
         self._envs = np.arange(num_envs)
         self._streams = (self._envs + stream_base).astype(np.int64)
+        self.n = n
         self._discount_n = np.full(num_envs, gamma**n, dtype=np.float32)
         self.t = 0
         self.pending: Emitted | None = None
         self.pending_env: np.ndarray = np.zeros(0, dtype=np.int64)
         self.pending_base: np.ndarray = np.zeros(0)
+
+    def set_n(self, n: int) -> None:
+        """Emit ``n``-step returns from the next push on (an annealed n).
+
+        Steps already waiting that are n or more steps old then leave at once, each with the return
+        of the steps it has (longer than n when n fell), so none is lost or emitted twice.
+        """
+        if not 1 <= n <= self.size:
+            raise ValueError(f"n must be 1..{self.size} (the window's capacity), got {n}")
+        if n != self.n:
+            self.n = n
+            self._discount_n = np.full(self.num_envs, self.gamma**n, dtype=np.float32)
+            self.all_full = bool((self.filled == n - 1).all())
 
     def push(self, obs: np.ndarray, action: np.ndarray, q_sa: np.ndarray, reward: np.ndarray,
              terminated: np.ndarray, truncated: np.ndarray, next_obs: np.ndarray,
@@ -59,7 +110,7 @@ class NStepAccumulator:
         ``obs`` and ``next_obs`` are kept by reference and may be emitted as they are: the caller
         must not modify them afterwards (give each step fresh arrays).
         """
-        slot = self.t % self.n
+        slot = self.t % self.size
         self.obs_w[slot] = obs
         self.act_w[slot] = action
         self.rew_w[slot] = reward
@@ -68,25 +119,28 @@ class NStepAccumulator:
         if self.all_full and not done.any():
             self._push_steady(slot, next_obs)
             return None
-        self.filled = np.minimum(self.filled + 1, self.n)
-        ages = np.arange(self.n)[:, None]
-        emit = (ages < self.filled[None, :]) & (done[None, :] | (ages == self.n - 1) & (self.filled[None, :] == self.n))
+        self.filled += 1
+        depth = int(self.filled.max())
+        ages = np.arange(depth)[:, None]
+        emit = (ages < self.filled[None, :]) & (done[None, :] | (ages >= self.n - 1))
         if not emit.any():
-            self.all_full = bool((self.filled == self.n).all())
+            self.all_full = bool((self.filled == self.n - 1).all())
             self.t += 1
             return None
         # Return of the entry of age j: G_j = r(age j) + gamma * G_{j-1}, G_0 = r(age 0).
-        slots_by_age = (self.t - np.arange(self.n)) % self.n
-        returns = np.empty((self.n, self.num_envs))
+        slots_by_age = (self.t - np.arange(depth)) % self.size
+        returns = np.empty((depth, self.num_envs))
         returns[0] = self.rew_w[slots_by_age[0]]
-        for j in range(1, self.n):
+        for j in range(1, depth):
             returns[j] = self.rew_w[slots_by_age[j]] + self.gamma * returns[j - 1]
         # Env-major, oldest step first: the rows of each env (stream) leave in step order.
         env_idx, newer = np.nonzero(emit[::-1].T)
-        age_idx = self.n - 1 - newer
+        age_idx = depth - 1 - newer
         slots = slots_by_age[age_idx]
         discount = self.gamma ** (age_idx + 1) * (1.0 - terminated[env_idx])
-        every_env_once = len(env_idx) == self.num_envs and not done.any()  # the steady state: no copies
+        # One row per env, all of one age (the steady state; an annealed n can break either): no copies.
+        every_env_once = (not done.any() and len(env_idx) == self.num_envs and bool((env_idx == self._envs).all())
+                          and bool((age_idx == age_idx[0]).all()))
         rows = Emitted(
             obs=self.obs_w[int(slots[0])] if every_env_once else self._gather(slots, env_idx),  # type: ignore[arg-type]
             action=self.act_w[slots, env_idx],
@@ -97,8 +151,9 @@ class NStepAccumulator:
             stream=(env_idx + self.stream_base).astype(np.int64),
         )
         base = rows.reward - self.qsa_w[slots, env_idx]
+        np.minimum(self.filled, self.n - 1, out=self.filled)
         self.filled[done] = 0
-        self.all_full = bool((self.filled == self.n).all())
+        self.all_full = bool((self.filled == self.n - 1).all())
         self.t += 1
         # Terminated rows need no bootstrap; truncated rows bootstrap from their final observation.
         ready = done[env_idx]
@@ -117,11 +172,11 @@ class NStepAccumulator:
         return _take(rows, ready) if ready.any() else None
 
     def _push_steady(self, slot: int, next_obs: np.ndarray) -> None:
-        """No episode ended and every window is full: each env's oldest step matures; nothing is copied."""
-        oldest = (self.t + 1) % self.n
+        """No episode ended and every env has n - 1 steps waiting: each env's oldest matures; nothing is copied."""
+        oldest = (self.t - self.n + 1) % self.size
         ret = self.rew_w[slot].copy()
         for j in range(1, self.n):
-            ret = self.rew_w[(self.t - j) % self.n] + self.gamma * ret
+            ret = self.rew_w[(self.t - j) % self.size] + self.gamma * ret
         obs = self.obs_w[oldest]
         assert obs is not None
         rows = Emitted(obs=obs, action=self.act_w[oldest].copy(), reward=ret.astype(np.float32),

@@ -45,7 +45,7 @@ def actor_report(core: ActorCore, sender: TransitionSender, weights: WeightsRece
         env_steps_per_second=rate.update(core.env_steps, now), episode_return_mean=_mean(stats.returns),
         episode_length_mean=_mean(stats.lengths), lease_index=lease.index, lease_slots=lease.count,
         paused=float(paused), send_blocked_seconds=sender.blocked_s, num_envs=core.num_envs,
-        slot_groups=len(core.groups),
+        slot_groups=len(core.groups), n_step=core.n_step,
     )
     if stats.returns:
         gauges.episode_return_last = stats.returns[-1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from flywheel.netspec import Head, Torso
@@ -12,6 +12,8 @@ from flywheel.settings import CommonSettings
 
 if TYPE_CHECKING:
     from flywheel.envs.start_states import StartStateConfig
+
+    from .nstep import NStepSchedule
 
 
 class ActorSettings(CommonSettings):
@@ -30,7 +32,11 @@ class ActorSettings(CommonSettings):
         "inprocess", description="step envs in this process, or in worker processes over shared memory "
         "(double-buffered: inference overlaps stepping)")
     workers: int = Field(0, ge=0, le=256, description="worker processes in subprocess mode (0: the usable cores)")
-    n_step: int = Field(3, ge=1, le=100, description="steps in each n-step return")
+    n_step: int = Field(3, ge=1, le=100, description="steps in each n-step return (the first, when annealed)")
+    n_step_final: int = Field(0, ge=0, le=100, description="anneal n linearly from n_step to this over "
+                              "n_step_anneal_steps of this actor's env steps, then keep it (0: n_step throughout)")
+    n_step_anneal_steps: int = Field(0, ge=0, le=10**12, description="this actor's env steps over which n goes "
+                                     "from n_step to n_step_final (a resumed run starts the schedule again)")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     dueling: bool = Field(True, description="dueling network head (must match the learner)")
     hidden: int = Field(256, ge=8, le=8192, description="hidden units of the MLP (vector observations)")
@@ -74,6 +80,21 @@ class ActorSettings(CommonSettings):
     start_state_pool: int = Field(8, ge=1, le=1024, description="start states each env keeps at most (the least "
                                   "advanced replaced first; Mario's emulator keeps 1)")
     max_env_steps: int = Field(0, ge=0, description="stop after this many env steps (0: run until stopped)")
+
+    @model_validator(mode="after")
+    def _n_step_schedule_is_whole(self) -> ActorSettings:
+        if (self.n_step_final > 0) != (self.n_step_anneal_steps > 0):
+            raise ValueError("an annealed n-step needs both n_step_final > 0 and n_step_anneal_steps > 0 "
+                             f"(got n_step_final={self.n_step_final}, n_step_anneal_steps={self.n_step_anneal_steps})")
+        return self
+
+    def n_step_schedule(self) -> NStepSchedule:
+        """n of the n-step returns over this actor's env steps: fixed, or annealed."""
+        from .nstep import NStepSchedule
+
+        if self.n_step_final == 0:
+            return NStepSchedule(self.n_step)
+        return NStepSchedule(self.n_step, self.n_step_final, self.n_step_anneal_steps)
 
     def start_states(self) -> StartStateConfig | None:
         """The start-state curriculum these settings ask for (None: off)."""

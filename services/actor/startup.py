@@ -28,9 +28,10 @@ def build_acting(settings: ActorSettings) -> tuple[ActorCore, EnvSpec]:
     try:
         spec = env_spec(settings.env_id)
         policy = acting_policy(settings, spec)
-        core = build_core(settings.env_id, settings.num_envs, policy, n_step=settings.n_step, gamma=settings.gamma,
-                          eval_envs=settings.eval_envs, seed=settings.seed, vector_mode=settings.vector_mode,
-                          workers=settings.workers or None, start_states=settings.start_states())
+        core = build_core(settings.env_id, settings.num_envs, policy, n_step=settings.n_step_schedule(),
+                          gamma=settings.gamma, eval_envs=settings.eval_envs, seed=settings.seed,
+                          vector_mode=settings.vector_mode, workers=settings.workers or None,
+                          start_states=settings.start_states())
     except UnknownEnvironmentError:
         raise
     except (TypeError, ValueError, ImportError, RuntimeError) as exc:

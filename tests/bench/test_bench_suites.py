@@ -182,6 +182,11 @@ def test_mario_summary_rows_and_issue_24_goals() -> None:
                                    [{**checkpoints[1], "minute": 2.0, "episodes": _episodes([1500.0] * 4)}],
                                    _episodes([400.0] * 4), loads)
     assert not any(r.met is not None for r in short.rows)  # no checkpoint at a goal's minute: no goal row
+    assert any("Last poll: 60,000 agent steps (240,000 frames)" in n for n in result.notes)  # 4 frames a step
+    skip6 = mario_report.summarize({**settings, "env_id": "SuperMarioBros-1-1-v0?size=42,frame_skip=6"}, points,
+                                   checkpoints, random, loads)
+    assert any("Last poll: 60,000 agent steps (360,000 frames)" in n for n in skip6.notes)
+    assert skip6.extra["scale_model"]["frame_skip"] == 6
 
 
 def test_mario_compose_beside_flywheel_run_at_the_nearest_agent_steps() -> None:

@@ -8,8 +8,9 @@ from typing import Any
 from flywheel.bench.parts.plots import pyplot, save_figure
 from flywheel.bench.parts.scale import ScaleModel, scale_table
 from flywheel.bench.runner import BenchContext, Row, SuiteResult, _cpu_model
+from flywheel.envs import split_env_id
+from flywheel.envs.mario import MarioConfig
 
-FRAME_SKIP = 4  # emulator frames per agent step in Flywheel's Mario preprocessing
 # Issue 24's goals for one training run (its headline goal is the median of >= 3 runs: scripts/mario_runs.py):
 # (minute of the checkpoint, least flag rate, least mean furthest x or None, the goal's name, whose runs it judges)
 GOALS = ((60.0, 0.25, 2400.0, "goal", "this run; issue 24 judges the median of >= 3 runs"),
@@ -151,7 +152,8 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
     last_part = max((p.get("part", 0) for p in points_run), default=0)
     points_run = [p for p in points_run if p.get("part", 0) == last_part]  # CPU counters restart in every part
     bare = sum(r["length"] for r in random_records) / max(sum(r["seconds"] for r in random_records), 1e-9)
-    model = ScaleModel.from_points(points_run, actors=settings["actors"], frame_skip=FRAME_SKIP,
+    frame_skip = frames_per_step(env_id)
+    model = ScaleModel.from_points(points_run, actors=settings["actors"], frame_skip=frame_skip,
                                    bare_env_steps_per_s=bare)
     if model is not None:
         result.rows += model.rows(env_id)
@@ -194,12 +196,17 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
     ]
     if points:
         p = points[-1]
-        result.notes.append(f"Last poll: {p['env_steps']:,.0f} agent steps ({FRAME_SKIP * p['env_steps']:,.0f} "
+        result.notes.append(f"Last poll: {p['env_steps']:,.0f} agent steps ({frame_skip * p['env_steps']:,.0f} "
                             f"frames), {p['updates']:,.0f} updates, replay {p['replay_size']:,.0f} transitions.")
     result.extra.update({"settings": settings, "points": points, "checkpoints": checkpoints, "loads": loads,
                          "random": {**random_entry, "episodes": random_records}, "cpu_model": _cpu_model(),
                          "flag_in_training": flagged, "a3c_anchors": [list(a) for a in A3C_ANCHORS]})
     return result
+
+
+def frames_per_step(env_id: str) -> int:
+    """Emulator frames per agent step of a Mario env id: its ``frame_skip`` option, or the default's."""
+    return int(split_env_id(env_id)[1].get("frame_skip", MarioConfig.frame_skip))
 
 
 def plot(ctx: BenchContext, env_id: str, points: list[dict[str, Any]], checkpoints: list[dict[str, Any]],
