@@ -18,9 +18,11 @@ from flywheel.netspec import (  # noqa: F401  (re-exported: flywheel.nets is whe
     Torso,
     WeightsMismatch,
     check_spec,
+    check_support,
     check_weights,
     network_kind,
     network_name,
+    outputs_per_action,
 )
 
 
@@ -28,16 +30,21 @@ class QNetwork(nn.Module):
     """Maps a batch of observations (uint8 pixels or float32 vectors) to (B, n_actions) float32 Q-values.
 
     With ``head="quantile"`` (QR-DQN) the last layers produce ``num_quantiles`` return quantiles per action;
-    ``forward`` still returns their mean, so an actor acts greedily on Q without knowing the head.
+    ``forward`` still returns their mean, so an actor acts greedily on Q without knowing the head. With
+    ``head="c51"`` (C51, Bellemare et al., 2017) they produce the logits of 51 atoms spread evenly over
+    [v_min, v_max]; the atoms' values are the buffer ``support``, part of the state_dict, so the learner's support
+    reaches the actors with the weights, and ``forward`` returns sum(softmax(logits) * support).
     ``torso="strided"`` replaces the shape's choice for images with four 3x3 stride-2 convolutions of 32 channels
     (the torso of the universe starter agent and of the public A3C that reaches Mario's flag at 42x42): at 42x42
     it keeps a 3x3 map of 288 features where the Nature CNN's 8/4, 4/2, 3/1 stack ends at 1x1 of 64.
     """
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 51, torso: str = "auto") -> None:
+                 head: str = "q", num_quantiles: int = 51, torso: str = "auto", v_min: float = -10.0,
+                 v_max: float = 10.0) -> None:
         super().__init__()
         check_spec(tuple(obs_shape), n_actions, head, num_quantiles, torso)
+        check_support(v_min, v_max)
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.n_actions = int(n_actions)
         self.dueling = bool(dueling)
@@ -45,6 +52,12 @@ class QNetwork(nn.Module):
         self.head = head
         self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
         self.torso_kind = torso
+        self.per_action = outputs_per_action(head, num_quantiles)
+        self.support: torch.Tensor | None
+        if head == "c51":
+            self.register_buffer("support", torch.linspace(float(v_min), float(v_max), self.per_action))
+        else:
+            self.support = None
         self.name = network_name(self.obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
                                  num_quantiles=self.num_quantiles, torso=torso)
         self.kind = network_kind(self.obs_shape, torso)
@@ -83,34 +96,43 @@ class QNetwork(nn.Module):
         with torch.no_grad():
             features = self.torso(torch.zeros(1, *self.obs_shape)).shape[1]
         self.fc = nn.Sequential(nn.Linear(features, width), nn.ReLU())
-        self.advantage = nn.Linear(width, self.n_actions * self.num_quantiles)
-        self.value = nn.Linear(width, self.num_quantiles) if self.dueling else None
+        self.advantage = nn.Linear(width, self.n_actions * self.per_action)
+        self.value = nn.Linear(width, self.per_action) if self.dueling else None
 
     def outputs(self, obs: torch.Tensor) -> torch.Tensor:
-        """The head's own output: (B, A) Q-values, or (B, A, N) quantiles for the quantile head."""
+        """The head's own output: (B, A) Q-values, (B, A, N) quantiles (quantile) or atom logits (c51)."""
         x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
         h = self.fc(self.torso(x))
         adv = self.advantage(h)
-        if self.head == "quantile":
-            n = self.num_quantiles
+        if self.head != "q":
+            n = self.per_action
             adv = adv.view(-1, self.n_actions, n)
             return adv if self.value is None else self.value(h).view(-1, 1, n) + adv - adv.mean(dim=1, keepdim=True)
         return adv if self.value is None else self.value(h) + adv - adv.mean(dim=1, keepdim=True)
 
+    def q_values(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, A) Q-values from ``outputs``: Q itself, the quantiles' mean, or the c51 distribution's mean."""
+        if self.head == "q":
+            return out
+        if self.support is not None:
+            return (torch.softmax(out.float(), dim=2) * self.support).sum(dim=2)
+        return out.mean(dim=2)
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values for a (B, *obs_shape) batch; uint8 input is scaled by 1/255 on the tensor's device."""
-        out = self.outputs(obs)
-        return out if self.head == "q" else out.mean(dim=2)
+        return self.q_values(self.outputs(obs))
 
 
 def build_q_network(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                    head: str = "q", num_quantiles: int = 51, torso: str = "auto") -> QNetwork:
+                    head: str = "q", num_quantiles: int = 51, torso: str = "auto", v_min: float = -10.0,
+                    v_max: float = 10.0) -> QNetwork:
     """3-D (C,H,W) with H,W >= 36 -> Nature CNN (512 fc); smaller 3-D -> 3x3 CNN; otherwise an MLP.
 
-    ``torso="strided"``: four 3x3 stride-2 convolutions (512 fc) for any 3-D observation.
+    ``torso="strided"``: four 3x3 stride-2 convolutions (512 fc) for any 3-D observation. ``v_min``/``v_max``:
+    the c51 head's support (an actor's net takes the learner's with the first weights).
     """
     return QNetwork(tuple(obs_shape), n_actions, dueling=dueling, hidden=hidden, head=head,
-                    num_quantiles=num_quantiles, torso=torso)
+                    num_quantiles=num_quantiles, torso=torso, v_min=v_min, v_max=v_max)
 
 
 def forward_macs(net: QNetwork) -> int:

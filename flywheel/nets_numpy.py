@@ -7,7 +7,15 @@ import math
 import numpy as np
 
 from flywheel import proto
-from flywheel.netspec import check_spec, check_weights, mlp_parameter_shapes, network_kind, network_name
+from flywheel.netspec import (
+    check_spec,
+    check_support,
+    check_weights,
+    mlp_parameter_shapes,
+    network_kind,
+    network_name,
+    outputs_per_action,
+)
 
 
 class NumpyQNetwork:
@@ -15,14 +23,17 @@ class NumpyQNetwork:
 
     Same parameters (the state_dict keys and shapes of the torch network), same name, same outputs up to float
     rounding: Linear-ReLU, Linear-ReLU, then the advantage stream, the dueling value stream when ``dueling``, and
-    for ``head="quantile"`` per-action quantiles whose mean is Q. Before the first ``load`` it holds torch's
-    default initialisation (uniform in +-1/sqrt(fan_in)), drawn from ``seed``.
+    for ``head="quantile"`` per-action quantiles whose mean is Q, for ``head="c51"`` per-action atom logits whose
+    distribution's mean over ``support`` is Q. Before the first ``load`` it holds torch's default initialisation
+    (uniform in +-1/sqrt(fan_in)), drawn from ``seed``, and the support linspace(v_min, v_max, 51).
     """
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 51, seed: int | None = None) -> None:
+                 head: str = "q", num_quantiles: int = 51, seed: int | None = None, v_min: float = -10.0,
+                 v_max: float = 10.0) -> None:
         obs_shape = tuple(int(d) for d in obs_shape)
         check_spec(obs_shape, n_actions, head, num_quantiles)
+        check_support(v_min, v_max)
         if network_kind(obs_shape) != "mlp":
             raise ValueError(f"NumpyQNetwork covers vector observations only; {obs_shape} needs flywheel.nets.QNetwork")
         self.obs_shape = obs_shape
@@ -31,14 +42,19 @@ class NumpyQNetwork:
         self.hidden = int(hidden)
         self.head = head
         self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
+        self.per_action = outputs_per_action(head, num_quantiles)
         self.name = network_name(obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
                                  num_quantiles=self.num_quantiles)
         self.kind = "mlp"
         self.shapes = mlp_parameter_shapes(obs_shape, self.n_actions, dueling=self.dueling, hidden=self.hidden,
-                                           outputs_per_action=self.num_quantiles)
+                                           outputs_per_action=self.per_action, support=head == "c51")
         rng = np.random.default_rng(seed)
         params: dict[str, np.ndarray] = {}
+        if head == "c51":
+            params["support"] = np.linspace(v_min, v_max, self.per_action, dtype=np.float32)
         for key, shape in self.shapes.items():
+            if key == "support":
+                continue
             fan_in = self.shapes[key.rsplit(".", 1)[0] + ".weight"][1]
             bound = 1.0 / math.sqrt(fan_in)
             params[key] = rng.uniform(-bound, bound, size=shape).astype(np.float32)
@@ -54,6 +70,7 @@ class NumpyQNetwork:
         self._fc = layer("fc.0")
         self._advantage = layer("advantage")
         self._value = layer("value") if self.dueling else None
+        self._support = np.array(params["support"], dtype=np.float32) if self.head == "c51" else None
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of the parameters under QNetwork's state_dict keys and shapes."""
@@ -64,6 +81,8 @@ class NumpyQNetwork:
         for prefix, (weight, bias) in layers.items():
             out[prefix + ".weight"] = np.ascontiguousarray(weight.T)
             out[prefix + ".bias"] = bias.copy()
+        if self._support is not None:
+            out["support"] = self._support.copy()
         return out
 
     def load(self, msg: proto.Weights) -> None:
@@ -72,7 +91,7 @@ class NumpyQNetwork:
         self._set(msg.tensors)
 
     def outputs(self, obs: np.ndarray) -> np.ndarray:
-        """The head's own output: (B, A) Q-values, or (B, A, N) quantiles for the quantile head."""
+        """The head's own output: (B, A) Q-values, (B, A, N) quantiles (quantile) or atom logits (c51)."""
         obs = np.asarray(obs)
         x = obs.reshape(len(obs), -1)
         x = x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x.astype(np.float32, copy=False)
@@ -84,16 +103,21 @@ class NumpyQNetwork:
         np.maximum(h2, 0, out=h2)
         adv = h2 @ self._advantage[0]
         adv += self._advantage[1]
-        if self.head == "quantile":
-            adv = adv.reshape(len(obs), self.n_actions, self.num_quantiles)
+        if self.head != "q":
+            adv = adv.reshape(len(obs), self.n_actions, self.per_action)
         if self._value is None:
             return adv
         value = h2 @ self._value[0]
         value += self._value[1]
-        value = value.reshape(len(obs), 1, self.num_quantiles) if self.head == "quantile" else value
+        value = value.reshape(len(obs), 1, self.per_action) if self.head != "q" else value
         return value + adv - adv.mean(axis=1, keepdims=True)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
-        """(B, n_actions) float32 Q-values for a (B, *obs_shape) batch (the quantile head's mean)."""
+        """(B, n_actions) float32 Q-values for a (B, *obs_shape) batch (the quantiles' or the c51 atoms' mean)."""
         out = self.outputs(obs)
-        return out if self.head == "q" else out.mean(axis=2)
+        if self.head == "q":
+            return out
+        if self._support is None:
+            return out.mean(axis=2)
+        shifted = np.exp(out - out.max(axis=2, keepdims=True))
+        return ((shifted @ self._support) / shifted.sum(axis=2)).astype(np.float32, copy=False)

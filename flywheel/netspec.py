@@ -10,8 +10,9 @@ import numpy as np
 from flywheel import proto
 
 NATURE_MIN_SIDE = 36  # smallest H/W the Nature CNN's 8/4, 4/2, 3/1 convolutions accept
-HEADS = ("q", "quantile")
-Head = Literal["q", "quantile"]
+HEADS = ("q", "quantile", "c51")
+Head = Literal["q", "quantile", "c51"]
+C51_ATOMS = 51  # atoms of the categorical (C51) head's fixed support; the name says it
 TORSOS = ("auto", "strided")  # auto: chosen by the observation's shape; strided: four 3x3 stride-2 convolutions
 Torso = Literal["auto", "strided"]
 
@@ -37,10 +38,11 @@ def network_kind(obs_shape: tuple[int, ...], torso: str = "auto") -> str:
 def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, hidden: int = 256,
                  head: str = "q", num_quantiles: int = 0, torso: str = "auto") -> str:
     """E.g. "mlp-4-2-dueling", "nature-4x84x84-7-dueling", "strided-4x42x42-7-dueling" or
-    "nature-4x84x84-7-dueling-qr51".
+    "nature-4x84x84-7-dueling-qr51" or "nature-4x84x84-7-dueling-c51".
 
     The kind comes first, "-h<N>" is appended when hidden is not 256 (it has no effect on the pixel torsos),
-    "-qr<N>" for a quantile head, so an actor built with another torso or head refuses the learner's weights by name.
+    "-qr<N>" for a quantile head, "-c51" for the categorical head, so an actor built with another torso or head
+    refuses the learner's weights by name.
     """
     kind = network_kind(tuple(obs_shape), torso)
     name = f"{kind}-{'x'.join(str(int(d)) for d in obs_shape)}-{int(n_actions)}-{'dueling' if dueling else 'plain'}"
@@ -48,7 +50,20 @@ def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, h
         name += f"-h{hidden}"
     if head == "quantile":
         name += f"-qr{int(num_quantiles)}"
+    elif head == "c51":
+        name += f"-c{C51_ATOMS}"
     return name
+
+
+def outputs_per_action(head: str, num_quantiles: int) -> int:
+    """How many numbers the head gives each action: 1 (q), the quantiles (quantile) or the atoms' logits (c51)."""
+    return int(num_quantiles) if head == "quantile" else C51_ATOMS if head == "c51" else 1
+
+
+def check_support(v_min: float, v_max: float) -> None:
+    """Raise ValueError unless [v_min, v_max] is a finite interval the C51 head can spread its atoms over."""
+    if not (math.isfinite(v_min) and math.isfinite(v_max) and v_min < v_max):
+        raise ValueError(f"the c51 support needs finite v_min < v_max, got [{v_min}, {v_max}]")
 
 
 def check_spec(obs_shape: tuple[int, ...], n_actions: int, head: str, num_quantiles: int,
@@ -67,8 +82,9 @@ def check_spec(obs_shape: tuple[int, ...], n_actions: int, head: str, num_quanti
 
 
 def mlp_parameter_shapes(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool, hidden: int,
-                         outputs_per_action: int = 1) -> dict[str, tuple[int, ...]]:
-    """The state_dict keys and shapes of QNetwork's MLP: torso.1 (in -> hidden), fc.0, advantage, value."""
+                         outputs_per_action: int = 1, support: bool = False) -> dict[str, tuple[int, ...]]:
+    """The state_dict keys and shapes of QNetwork's MLP: torso.1 (in -> hidden), fc.0, advantage, value, and for
+    the c51 head (``support``) the atoms' values, a buffer that travels with the weights."""
     features, outputs = math.prod(obs_shape), n_actions * outputs_per_action
     shapes: dict[str, tuple[int, ...]] = {
         "torso.1.weight": (hidden, features), "torso.1.bias": (hidden,),
@@ -78,6 +94,8 @@ def mlp_parameter_shapes(obs_shape: tuple[int, ...], n_actions: int, *, dueling:
     if dueling:
         shapes["value.weight"] = (outputs_per_action, hidden)
         shapes["value.bias"] = (outputs_per_action,)
+    if support:
+        shapes["support"] = (outputs_per_action,)
     return shapes
 
 

@@ -73,8 +73,9 @@ def _spec_from_name(name: str, env_id: str) -> dict[str, Any]:
     spec = env_spec(env_id)
     hidden = re.search(r"-h(\d+)(?:-|$)", name)
     quantiles = re.search(r"-qr(\d+)$", name)
+    head = "quantile" if quantiles else "c51" if name.endswith("-c51") else "q"
     return {"obs_shape": list(spec.obs_shape), "n_actions": int(spec.n_actions), "dueling": "-dueling" in name,
-            "hidden": int(hidden.group(1)) if hidden else 256, "head": "quantile" if quantiles else "q",
+            "hidden": int(hidden.group(1)) if hidden else 256, "head": head,
             "num_quantiles": int(quantiles.group(1)) if quantiles else 51,
             "torso": "strided" if name.startswith("strided-") else "auto"}
 

@@ -40,7 +40,8 @@ class ActorSettings(CommonSettings):
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     dueling: bool = Field(True, description="dueling network head (must match the learner)")
     hidden: int = Field(256, ge=8, le=8192, description="hidden units of the MLP (vector observations)")
-    head: Head = Field("q", description="q or quantile (QR-DQN) head (must match the learner)")
+    head: Head = Field("q", description="q, quantile (QR-DQN) or c51 head (must match the learner; a c51 net "
+                       "takes the learner's support with the weights)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
     torso: Torso = Field("auto", description="auto: chosen by the observation's shape; strided: four 3x3 stride-2 "
                          "convolutions for images (must match the learner)")

@@ -21,7 +21,14 @@ from flywheel.nets import QNetwork, as_tensor, build_q_network
 from flywheel.settings import setting_default
 
 from .augment import random_shift
-from .losses import LossTerms, large_margin_loss, munchausen_td_loss, q_td_loss, quantile_td_loss
+from .losses import (
+    LossTerms,
+    categorical_td_loss,
+    large_margin_loss,
+    munchausen_td_loss,
+    q_td_loss,
+    quantile_td_loss,
+)
 from .settings import LearnerSettings
 from .staging import Batch, BatchStager, DeviceBatch
 from .state import core_state, load_core_state
@@ -63,6 +70,8 @@ class CoreConfig:
     hidden: int = _default("hidden")
     head: str = _default("head")
     num_quantiles: int = _default("num_quantiles")
+    c51_v_min: float = _default("c51_v_min")
+    c51_v_max: float = _default("c51_v_max")
     torso: str = _default("torso")
     huber_kappa: float = _default("huber_kappa")
     grad_accum_steps: int = _default("grad_accum_steps")
@@ -157,7 +166,8 @@ class LearnerCore:
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cudnn.benchmark = True
         nets = [build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden,
-                                head=config.head, num_quantiles=config.num_quantiles, torso=config.torso)
+                                head=config.head, num_quantiles=config.num_quantiles, torso=config.torso,
+                                v_min=config.c51_v_min, v_max=config.c51_v_max)
                 for _ in range(2)]
         if (self.cuda or config.channels_last) and nets[0].kind != "mlp":
             nets = [_channels_last(net) for net in nets]  # faster cuDNN / inductor convolutions
@@ -255,6 +265,9 @@ class LearnerCore:
             assert beside is not None
             return munchausen_td_loss(out, action, reward, discount, next_target, beside, alpha=c.munchausen_alpha,
                                       entropy_tau=c.munchausen_tau, clip_low=c.munchausen_clip, kappa=c.huber_kappa)
+        if c.head == "c51":
+            assert self.target.support is not None
+            return categorical_td_loss(out, action, reward, discount, next_target, beside, self.target.support)
         loss = quantile_td_loss if c.head == "quantile" else q_td_loss
         return loss(out, action, reward, discount, next_target, beside, c.huber_kappa)
 
@@ -278,7 +291,7 @@ class LearnerCore:
         if is_demo is not None:
             demo = is_demo.float()
             if self.config.demo_loss_weight > 0:
-                margin = large_margin_loss(out, action, self.config.demo_margin) * demo
+                margin = large_margin_loss(self.online.q_values(out), action, self.config.demo_margin) * demo
                 per_sample = per_sample + self.config.demo_loss_weight * margin
                 demo_stats = torch.stack((demo.sum(), margin.detach().sum()))
             else:

@@ -1,5 +1,5 @@
-"""DQN loss terms as pure tensor functions: n-step double-DQN TD Huber, Munchausen-DQN, QR-DQN quantile Huber, DQfD
-large margin.
+"""DQN loss terms as pure tensor functions: n-step double-DQN TD Huber, Munchausen-DQN, QR-DQN quantile Huber, C51
+cross-entropy, DQfD large margin.
 
 Each term returns per-sample losses (the core applies importance weights and averages), so terms add up per row:
 the DQfD large-margin loss and behaviour cloning's cross-entropy apply to demonstration rows beside the TD loss.
@@ -98,6 +98,50 @@ def quantile_td_loss(z_all: torch.Tensor, action: torch.Tensor, reward: torch.Te
     per_sample = quantile_huber(z_taken, target, kappa)
     q_taken = z_taken.detach().mean(dim=1)
     return LossTerms(per_sample=per_sample, td_abs=(target.mean(dim=1) - q_taken).abs(), q_taken=q_taken)
+
+
+def project_distribution(probs: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
+                         support: torch.Tensor) -> torch.Tensor:
+    """C51's projection: the distribution ``probs`` (B, N) over ``support`` (N,) moved to r + discount * z, clipped
+    to the support's ends and split between the two nearest atoms in proportion to closeness; (B, N), rows sum to 1.
+    """
+    n = support.shape[0]
+    v_min, v_max = support[0], support[-1]
+    delta = (v_max - v_min) / (n - 1)
+    moved = (reward.unsqueeze(1) + discount.unsqueeze(1) * support.unsqueeze(0)).clamp(v_min, v_max)
+    b = ((moved - v_min) / delta).clamp(0, n - 1)  # fractional atom index (B, N)
+    lower = b.floor().long()
+    upper = (lower + 1).clamp(max=n - 1)
+    upper_share = b - lower.float()  # 0 when b lands on an atom: all its mass stays there
+    out = torch.zeros_like(probs)
+    out.scatter_add_(1, lower, probs * (1.0 - upper_share))
+    out.scatter_add_(1, upper, probs * upper_share)
+    return out
+
+
+def categorical_td_loss(logits_all: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
+                        logits_next_target: torch.Tensor, logits_next_online: torch.Tensor | None,
+                        support: torch.Tensor) -> LossTerms:
+    """C51 (Bellemare et al., 2017): cross-entropy between the projected target distribution of
+    r + discount * Z_target(s', a*) and the predicted distribution of Z(s, a); a* by the distributions' means
+    (of the online net: double DQN, as in Rainbow). The priority is |mean target - mean prediction|, the TD error
+    of the Q-values, as for the other heads (Rainbow uses the cross-entropy itself).
+    """
+    logits_all, logits_next_target, support = logits_all.float(), logits_next_target.float(), support.float()
+    n = logits_all.shape[2]
+    log_p = torch.log_softmax(logits_all.gather(1, action.view(-1, 1, 1).expand(-1, 1, n)).squeeze(1), dim=1)
+    with torch.no_grad():
+        p_next_target = torch.softmax(logits_next_target, dim=2)
+        q_next_target = (p_next_target * support).sum(dim=2)
+        q_next_online = None if logits_next_online is None else (
+            torch.softmax(logits_next_online.float(), dim=2) * support).sum(dim=2)
+        best = greedy_next(q_next_online, q_next_target)
+        p_next = p_next_target.gather(1, best.unsqueeze(2).expand(-1, 1, n)).squeeze(1)
+        target = project_distribution(p_next, reward, discount, support)
+        q_taken = (log_p.exp() * support).sum(dim=1)
+        td_abs = ((target * support).sum(dim=1) - q_taken).abs()
+    per_sample = -(target * log_p).sum(dim=1)
+    return LossTerms(per_sample=per_sample, td_abs=td_abs, q_taken=q_taken)
 
 
 def action_values(out: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from flywheel import proto
 from flywheel.demos.format import DemoFileError, DemoFrames, DemoSet
 
 from .core import LearnerCore
-from .losses import action_values, cross_entropy_loss, large_margin_loss
+from .losses import cross_entropy_loss, large_margin_loss
 
 log = logging.getLogger("flywheel.learner")
 PREFETCH_BATCHES = 4
@@ -151,9 +151,10 @@ class Pretrainer:
         b = core.stager.stage(batch)  # pinned buffers + side stream on CUDA
         b.use_on_current_stream()
         out = core.online.outputs(b.obs)
-        margin = large_margin_loss(out, b.action, self.margin)
+        q = core.online.q_values(out)
+        margin = large_margin_loss(q, b.action, self.margin)
         if self.loss == "bc":
-            loss = cross_entropy_loss(out, b.action).mean()
+            loss = cross_entropy_loss(q, b.action).mean()
         else:
             terms = core.td_terms(out, b.action, b.reward, b.discount, *core.bootstrap_outputs(b.obs, b.next_obs))
             loss = (terms.per_sample + self.margin_weight * margin).mean()
@@ -165,7 +166,7 @@ class Pretrainer:
         self.updates += 1
         if self.loss == "dqfd":
             self._refresh_target()
-        agreement = (action_values(out).argmax(dim=1) == b.action).float().mean()
+        agreement = (q.argmax(dim=1) == b.action).float().mean()
         return torch.stack((loss.detach(), margin.detach().mean(), agreement.detach()))
 
     def _refresh_target(self) -> None:

@@ -43,9 +43,12 @@ class LearnerSettings(CommonSettings):
                                                                   "policy of the target network")
     munchausen_clip: float = Field(-1.0, ge=-1000, lt=0, description="Munchausen: lower clip of tau * log pi")
     double: bool = Field(True, description="double DQN targets (online argmax, target evaluation)")
-    head: Head = Field("q", description="q: one value per action; quantile: QR-DQN quantiles "
-                       "(actors must use the same head)")
+    head: Head = Field("q", description="q: one value per action; quantile: QR-DQN quantiles; c51: a categorical "
+                       "distribution over 51 atoms (actors must use the same head)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
+    c51_v_min: float = Field(-10.0, ge=-1e6, le=1e6, description="c51 head: the lowest atom's return (the actors "
+                             "take the support with the weights)")
+    c51_v_max: float = Field(10.0, ge=-1e6, le=1e6, description="c51 head: the highest atom's return")
     torso: Torso = Field("auto", description="auto: chosen by the observation's shape (Nature CNN for images); "
                          "strided: four 3x3 stride-2 convolutions for images (actors must use the same torso)")
     huber_kappa: float = Field(1.0, gt=0, le=1000, description="Huber threshold of the TD / quantile Huber loss")
@@ -156,6 +159,12 @@ class LearnerSettings(CommonSettings):
         if (self.lr_decay_updates > 0) != (self.lr_final > 0):
             raise ValueError("an lr schedule needs both lr_final > 0 and lr_decay_updates > 0 "
                              f"(got lr_final={self.lr_final}, lr_decay_updates={self.lr_decay_updates})")
+        return self
+
+    @model_validator(mode="after")
+    def _c51_support_is_an_interval(self) -> LearnerSettings:
+        if self.c51_v_min >= self.c51_v_max:
+            raise ValueError(f"c51_v_min must be below c51_v_max (got {self.c51_v_min} and {self.c51_v_max})")
         return self
 
     @model_validator(mode="after")

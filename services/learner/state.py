@@ -111,6 +111,11 @@ def load_core_state(core: LearnerCore, tensors: dict[str, torch.Tensor], meta: d
         raise StateError(f"it is for network {meta.get('network')!r} but this learner builds {core.name!r}; "
                          "check --env-id, --dueling, --hidden, --head, --num-quantiles and --torso")
     online, target = _net("online", core.online, tensors), _net("target", core.target, tensors)
+    if core.online.support is not None and not torch.allclose(online["support"].float(), core.online.support.cpu()):
+        saved = online["support"]
+        raise StateError(f"its c51 support is [{float(saved[0]):g}, {float(saved[-1]):g}] but this learner's is "
+                         f"[{float(core.online.support[0]):g}, {float(core.online.support[-1]):g}]; "
+                         "set --c51-v-min and --c51-v-max as the run had them")
     state = _optimizer(core, tensors)
     scaler_state = meta.get("grad_scaler")
     if scaler_state is not None and not (isinstance(scaler_state, dict) and all(

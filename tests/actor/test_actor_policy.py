@@ -21,6 +21,8 @@ SPECS = [  # obs_shape, n_actions, dueling, hidden, head
     ((4,), 2, False, 64, "q"),
     ((8,), 5, True, 256, "quantile"),
     ((8,), 5, False, 32, "quantile"),
+    ((8,), 5, True, 64, "c51"),
+    ((6,), 3, False, 32, "c51"),
     ((2, 3), 3, True, 16, "q"),  # other ranks are flattened
 ]
 

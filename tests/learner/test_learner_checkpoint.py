@@ -108,6 +108,17 @@ def test_quantile_checkpoint_refuses_a_plain_learner(tmp_path: Path) -> None:
     assert load_checkpoint(tmp_path, LearnerCore((4,), 2, CoreConfig(head="quantile", num_quantiles=8))).updates == 0
 
 
+def test_c51_checkpoint_keeps_its_support_and_refuses_another(tmp_path: Path) -> None:
+    wide = CoreConfig(head="c51", c51_v_min=-4.0, c51_v_max=40.0)
+    save_checkpoint(tmp_path, LearnerCore((4,), 2, wide), 1)
+    with pytest.raises(CheckpointError, match=r"support is \[-4, 40\].*\[-10, 10\].*--c51-v-min") as err:
+        load_checkpoint(tmp_path, LearnerCore((4,), 2, CoreConfig(head="c51")))
+    assert "\n" not in str(err.value)
+    restored = LearnerCore((4,), 2, wide)
+    assert load_checkpoint(tmp_path, restored).updates == 0
+    torch.testing.assert_close(restored.target.support, torch.linspace(-4.0, 40.0, 51))
+
+
 def test_gradient_scaler_state_round_trips(tmp_path: Path) -> None:
     core = LearnerCore((4,), 2, CoreConfig(precision="fp16"))
     assert core.scaler is not None

@@ -1,5 +1,5 @@
-"""Loss terms against hand-computed values and plain references: QR-DQN quantile Huber, double/dueling targets,
-Munchausen-DQN."""
+"""Loss terms against hand-computed values and plain references: QR-DQN quantile Huber, C51 projection and
+cross-entropy, double/dueling targets, Munchausen-DQN."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from torch.nn import functional as F
 
 from flywheel.nets import build_q_network
 from flywheel.services.learner.losses import (
+    categorical_td_loss,
     munchausen_td_loss,
+    project_distribution,
     q_td_loss,
     quantile_huber,
     quantile_midpoints,
@@ -147,3 +149,84 @@ def test_quantile_network_forward_is_the_quantile_mean() -> None:
         h = net.fc(net.torso(x))
         adv, value = net.advantage(h).view(6, 4, 8), net.value(h).view(6, 1, 8)
         torch.testing.assert_close(z, value + adv - adv.mean(1, keepdim=True))
+
+
+def project_by_hand(probs: list[float], reward: float, discount: float, support: list[float]) -> list[float]:
+    """C51's projection written out atom by atom (Bellemare et al., 2017, Algorithm 1), for one row."""
+    n, v_min, v_max = len(support), support[0], support[-1]
+    delta = (v_max - v_min) / (n - 1)
+    out = [0.0] * n
+    for p, z in zip(probs, support, strict=True):
+        moved = min(max(reward + discount * z, v_min), v_max)
+        b = (moved - v_min) / delta
+        lower, upper = int(b // 1), min(int(b // 1) + 1, n - 1)
+        frac = b - lower
+        out[lower] += p * (1 - frac)
+        out[upper] += p * frac
+    return out
+
+
+def test_c51_projection_matches_a_hand_worked_example() -> None:
+    support = torch.tensor([-1.0, 0.0, 1.0])  # atoms 1 apart
+    probs = torch.tensor([[0.2, 0.3, 0.5]])
+    # r = 0.5, discount 0.5: atoms move to 0, 0.5, 1 -> 0.2 all on 0; 0.3 split 0.15/0.15 between 0 and 1; 0.5 on 1
+    got = project_distribution(probs, torch.tensor([0.5]), torch.tensor([0.5]), support)
+    torch.testing.assert_close(got, torch.tensor([[0.0, 0.35, 0.65]]))
+    # an episode end (discount 0) puts everything at r: 0.25 lies a quarter of the way from 0 to 1
+    end = project_distribution(probs, torch.tensor([0.25]), torch.tensor([0.0]), support)
+    torch.testing.assert_close(end, torch.tensor([[0.0, 0.75, 0.25]]))
+    # returns beyond the support are clipped to its ends
+    high = project_distribution(probs, torch.tensor([5.0]), torch.tensor([0.9]), support)
+    torch.testing.assert_close(high, torch.tensor([[0.0, 0.0, 1.0]]))
+
+
+def test_c51_projection_matches_the_papers_algorithm_on_random_rows() -> None:
+    gen = torch.Generator().manual_seed(3)
+    support = torch.linspace(-10.0, 10.0, 51)
+    probs = torch.softmax(torch.randn(64, 51, generator=gen) * 2, dim=1)
+    reward = torch.randn(64, generator=gen) * 4
+    discount = torch.where(torch.rand(64, generator=gen) < 0.2, 0.0, 0.9 ** torch.randint(1, 11, (64,), generator=gen))
+    got = project_distribution(probs, reward, discount, support)
+    want = torch.tensor([project_by_hand(probs[i].tolist(), float(reward[i]), float(discount[i]), support.tolist())
+                         for i in range(64)])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.sum(dim=1), torch.ones(64))
+    # inside the support the projection keeps the mean: E = r + discount * E[Z]
+    inside = (reward.abs() + discount * 10 <= 10)
+    torch.testing.assert_close((got * support).sum(1)[inside], (reward + discount * (probs * support).sum(1))[inside],
+                               atol=1e-4, rtol=0)
+
+
+def test_c51_loss_is_the_cross_entropy_to_the_double_dqn_target() -> None:
+    support = torch.tensor([-1.0, 0.0, 1.0])
+    logits = torch.tensor([[[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]]], requires_grad=True)  # (B=1, A=2, N=3), action 1
+    next_target = torch.log(torch.tensor([[[0.2, 0.3, 0.5], [1.0, 1e-9, 1e-9]]]))  # target means 0.3 and -1
+    next_online = torch.tensor([[[0.0, 0.0, 9.0], [0.0, 0.0, 0.0]]])  # the online net prefers action 0
+    kwargs = dict(action=torch.tensor([1]), reward=torch.tensor([0.5]), discount=torch.tensor([0.5]),
+                  logits_next_target=next_target, support=support)
+    terms = categorical_td_loss(logits, logits_next_online=next_online, **kwargs)  # type: ignore[arg-type]
+    target = torch.tensor([0.0, 0.35, 0.65])  # the hand-worked projection above, of the target net's action 0
+    log_p = F.log_softmax(torch.tensor([1.0, 2.0, 3.0]), dim=0)
+    torch.testing.assert_close(terms.per_sample, -(target * log_p).sum().view(1))
+    q_taken = (log_p.exp() * support).sum()
+    torch.testing.assert_close(terms.q_taken, q_taken.view(1))
+    torch.testing.assert_close(terms.td_abs, (0.65 - q_taken).abs().view(1))
+    terms.per_sample.sum().backward()
+    assert logits.grad is not None and logits.grad[0, 0].abs().sum() == 0  # only the taken action learns
+    # without the online net a* comes from the target means: action 0 (0.3 > -1) again; flip them to see it move
+    flipped = categorical_td_loss(logits.detach(), logits_next_online=None, **{  # type: ignore[arg-type]
+        **kwargs, "logits_next_target": next_target.flip(1)})
+    torch.testing.assert_close(flipped.per_sample, terms.per_sample)
+
+
+def test_c51_network_forward_is_the_distribution_mean() -> None:
+    net = build_q_network((5,), 4, hidden=16, head="c51", v_min=-2.0, v_max=6.0)
+    assert net.name == "mlp-5-4-dueling-h16-c51"
+    torch.testing.assert_close(net.support, torch.linspace(-2.0, 6.0, 51))
+    assert "support" in net.state_dict()
+    x = torch.randn(6, 5)
+    with torch.no_grad():
+        logits = net.outputs(x)
+        assert logits.shape == (6, 4, 51)
+        torch.testing.assert_close(net(x), (torch.softmax(logits, 2) * net.support).sum(2))
+        assert ((net(x) > -2.0) & (net(x) < 6.0)).all()

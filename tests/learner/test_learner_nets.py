@@ -61,6 +61,32 @@ def test_an_actor_with_the_nature_torso_refuses_strided_weights() -> None:
         torch.testing.assert_close(twin(x), learner(x))
 
 
+def test_an_actor_takes_the_c51_support_with_the_learners_weights() -> None:
+    learner = build_q_network((4,), 2, head="c51", v_min=-5.0, v_max=25.0)
+    msg = proto.decode(proto.encode(weights_message(learner, 3, learner.name)), expect=proto.Weights)
+    assert msg.tensors["support"].tolist() == torch.linspace(-5.0, 25.0, 51).tolist()
+    with pytest.raises(WeightsMismatch, match="c51"):
+        load_weights(build_q_network((4,), 2), msg, "mlp-4-2-dueling")
+    actor = build_q_network((4,), 2, head="c51")  # the actors' settings have no support: the default until weights
+    assert actor.name == learner.name and float(actor.support[-1]) == 10.0
+    load_weights(actor, msg, actor.name)
+    torch.testing.assert_close(actor.support, learner.support)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(actor(x), learner(x))
+
+
+def test_a_c51_support_must_be_an_interval() -> None:
+    from pydantic import ValidationError
+
+    from flywheel.services.learner.settings import LearnerSettings
+
+    with pytest.raises(ValueError, match="v_min < v_max"):
+        build_q_network((4,), 2, head="c51", v_min=1.0, v_max=1.0)
+    with pytest.raises(ValidationError, match="c51_v_min must be below c51_v_max"):
+        LearnerSettings(head="c51", c51_v_min=3.0, c51_v_max=-3.0)
+
+
 def test_an_actor_with_the_plain_head_refuses_quantile_weights() -> None:
     learner = build_q_network((4,), 2, head="quantile", num_quantiles=11)
     actor = build_q_network((4,), 2)
@@ -184,5 +210,5 @@ def test_an_unknown_head_setting_is_refused_when_the_settings_are_read() -> None
     from flywheel.services.learner.settings import LearnerSettings
 
     for settings in (LearnerSettings, ActorSettings):
-        with pytest.raises(ValidationError, match="'q' or 'quantile'"):
-            settings(head="c51")
+        with pytest.raises(ValidationError, match="'q', 'quantile' or 'c51'"):
+            settings(head="c101")

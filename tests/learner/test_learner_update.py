@@ -223,6 +223,13 @@ def test_quantile_head_learns_one_step_rewards() -> None:
     np.testing.assert_allclose(q, table, atol=0.08)
 
 
+def test_c51_head_learns_one_step_rewards() -> None:
+    core = LearnerCore((4,), 2, CoreConfig(lr=3e-3, head="c51", c51_v_min=-2.0, c51_v_max=2.0))
+    assert core.name == "mlp-4-2-dueling-c51"
+    q, table = fit_one_step_rewards(core, seed=7)
+    np.testing.assert_allclose(q, table, atol=0.08)
+
+
 def test_munchausen_learns_its_fixed_point_on_one_step_rewards() -> None:
     """One-step rewards (discount 0): Munchausen's target is r + alpha * clip(tau * log pi(a|s), -1, 0) with pi the
     softmax of Q / tau itself once the target net has caught up, so Q must reach that fixed point (computed here by
