@@ -141,7 +141,8 @@ def write_card(folder: str | Path, policy: Any, model_path: str | Path, results:
         "actions": {"dtype": "int64", "shape": ["batch"]}},
         "network": {"name": policy.network, "obs_shape": list(policy.obs_shape), "n_actions": policy.n_actions,
                     "dueling": bool(net.dueling), "hidden": int(net.hidden), "head": str(net.head),
-                    "num_quantiles": int(net.num_quantiles), "torso": str(net.torso_kind)},
+                    "num_quantiles": int(net.num_quantiles), "c51_atoms": int(net.c51_atoms),
+                    "torso": str(net.torso_kind)},
         "checkpoint": {"file": policy.path.name if policy.path else None, "which": which,
                        "updates": policy.updates, "weight_version": policy.weight_version}, "parity": parity}
     (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")

@@ -8,6 +8,7 @@ import numpy as np
 
 from flywheel import proto
 from flywheel.netspec import (
+    C51_ATOMS,
     check_spec,
     check_support,
     check_weights,
@@ -25,14 +26,14 @@ class NumpyQNetwork:
     rounding: Linear-ReLU, Linear-ReLU, then the advantage stream, the dueling value stream when ``dueling``, and
     for ``head="quantile"`` per-action quantiles whose mean is Q, for ``head="c51"`` per-action atom logits whose
     distribution's mean over ``support`` is Q. Before the first ``load`` it holds torch's default initialisation
-    (uniform in +-1/sqrt(fan_in)), drawn from ``seed``, and the support linspace(v_min, v_max, 51).
+    (uniform in +-1/sqrt(fan_in)), drawn from ``seed``, and the support linspace(v_min, v_max, c51_atoms).
     """
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
                  head: str = "q", num_quantiles: int = 51, seed: int | None = None, v_min: float = -10.0,
-                 v_max: float = 10.0) -> None:
+                 v_max: float = 10.0, c51_atoms: int = C51_ATOMS) -> None:
         obs_shape = tuple(int(d) for d in obs_shape)
-        check_spec(obs_shape, n_actions, head, num_quantiles)
+        check_spec(obs_shape, n_actions, head, num_quantiles, c51_atoms=c51_atoms)
         check_support(v_min, v_max)
         if network_kind(obs_shape) != "mlp":
             raise ValueError(f"NumpyQNetwork covers vector observations only; {obs_shape} needs flywheel.nets.QNetwork")
@@ -42,9 +43,10 @@ class NumpyQNetwork:
         self.hidden = int(hidden)
         self.head = head
         self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
-        self.per_action = outputs_per_action(head, num_quantiles)
+        self.c51_atoms = int(c51_atoms) if head == "c51" else C51_ATOMS
+        self.per_action = outputs_per_action(head, num_quantiles, c51_atoms)
         self.name = network_name(obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
-                                 num_quantiles=self.num_quantiles)
+                                 num_quantiles=self.num_quantiles, c51_atoms=self.c51_atoms)
         self.kind = "mlp"
         self.shapes = mlp_parameter_shapes(obs_shape, self.n_actions, dueling=self.dueling, hidden=self.hidden,
                                            outputs_per_action=self.per_action, support=head == "c51")

@@ -12,7 +12,7 @@ from flywheel import proto
 NATURE_MIN_SIDE = 36  # smallest H/W the Nature CNN's 8/4, 4/2, 3/1 convolutions accept
 HEADS = ("q", "quantile", "c51")
 Head = Literal["q", "quantile", "c51"]
-C51_ATOMS = 51  # atoms of the categorical (C51) head's fixed support; the name says it
+C51_ATOMS = 51  # the categorical (C51) head's atoms unless told otherwise; the name says how many ("-c51")
 TORSOS = ("auto", "strided")  # auto: chosen by the observation's shape; strided: four 3x3 stride-2 convolutions
 Torso = Literal["auto", "strided"]
 
@@ -36,13 +36,13 @@ def network_kind(obs_shape: tuple[int, ...], torso: str = "auto") -> str:
 
 
 def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 0, torso: str = "auto") -> str:
+                 head: str = "q", num_quantiles: int = 0, torso: str = "auto", c51_atoms: int = C51_ATOMS) -> str:
     """E.g. "mlp-4-2-dueling", "nature-4x84x84-7-dueling", "strided-4x42x42-7-dueling" or
-    "nature-4x84x84-7-dueling-qr51" or "nature-4x84x84-7-dueling-c51".
+    "nature-4x84x84-7-dueling-qr51" or "nature-4x84x84-7-dueling-c51" (or "-c21" for 21 atoms).
 
     The kind comes first, "-h<N>" is appended when hidden is not 256 (it has no effect on the pixel torsos),
-    "-qr<N>" for a quantile head, "-c51" for the categorical head, so an actor built with another torso or head
-    refuses the learner's weights by name.
+    "-qr<N>" for a quantile head, "-c<N>" for the categorical head of N atoms, so an actor built with another torso
+    or head refuses the learner's weights by name.
     """
     kind = network_kind(tuple(obs_shape), torso)
     name = f"{kind}-{'x'.join(str(int(d)) for d in obs_shape)}-{int(n_actions)}-{'dueling' if dueling else 'plain'}"
@@ -51,13 +51,13 @@ def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, h
     if head == "quantile":
         name += f"-qr{int(num_quantiles)}"
     elif head == "c51":
-        name += f"-c{C51_ATOMS}"
+        name += f"-c{int(c51_atoms)}"
     return name
 
 
-def outputs_per_action(head: str, num_quantiles: int) -> int:
+def outputs_per_action(head: str, num_quantiles: int, c51_atoms: int = C51_ATOMS) -> int:
     """How many numbers the head gives each action: 1 (q), the quantiles (quantile) or the atoms' logits (c51)."""
-    return int(num_quantiles) if head == "quantile" else C51_ATOMS if head == "c51" else 1
+    return int(num_quantiles) if head == "quantile" else int(c51_atoms) if head == "c51" else 1
 
 
 def check_support(v_min: float, v_max: float) -> None:
@@ -67,7 +67,7 @@ def check_support(v_min: float, v_max: float) -> None:
 
 
 def check_spec(obs_shape: tuple[int, ...], n_actions: int, head: str, num_quantiles: int,
-               torso: str = "auto") -> None:
+               torso: str = "auto", c51_atoms: int = C51_ATOMS) -> None:
     """Raise ValueError for a network that cannot be built."""
     if n_actions < 1 or not obs_shape or any(d < 1 for d in obs_shape):
         raise ValueError(f"bad network spec: obs_shape={obs_shape}, n_actions={n_actions}")
@@ -79,6 +79,8 @@ def check_spec(obs_shape: tuple[int, ...], n_actions: int, head: str, num_quanti
         raise ValueError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
     if head == "quantile" and not 2 <= num_quantiles <= 1024:
         raise ValueError(f"num_quantiles must be in 2..1024, got {num_quantiles}")
+    if head == "c51" and not 2 <= c51_atoms <= 1024:
+        raise ValueError(f"c51_atoms must be in 2..1024, got {c51_atoms}")
 
 
 def mlp_parameter_shapes(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool, hidden: int,

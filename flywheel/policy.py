@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from flywheel.checkpoints import CHECKPOINT_FILE, CheckpointError, check_format
-from flywheel.nets import QNetwork, build_q_network
+from flywheel.nets import C51_ATOMS, QNetwork, build_q_network
 
 RUN_JSON = "run.json"
 
@@ -72,11 +72,12 @@ def _spec_from_name(name: str, env_id: str) -> dict[str, Any]:
 
     spec = env_spec(env_id)
     hidden = re.search(r"-h(\d+)(?:-|$)", name)
-    quantiles = re.search(r"-qr(\d+)$", name)
-    head = "quantile" if quantiles else "c51" if name.endswith("-c51") else "q"
+    quantiles, atoms = re.search(r"-qr(\d+)$", name), re.search(r"-c(\d+)$", name)
+    head = "quantile" if quantiles else "c51" if atoms else "q"
     return {"obs_shape": list(spec.obs_shape), "n_actions": int(spec.n_actions), "dueling": "-dueling" in name,
             "hidden": int(hidden.group(1)) if hidden else 256, "head": head,
             "num_quantiles": int(quantiles.group(1)) if quantiles else 51,
+            "c51_atoms": int(atoms.group(1)) if atoms else C51_ATOMS,
             "torso": "strided" if name.startswith("strided-") else "auto"}
 
 
@@ -126,7 +127,8 @@ class Policy:
                 spec = _spec_from_name(str(meta.get("network", "")), chosen)
             net = build_q_network(tuple(spec["obs_shape"]), int(spec["n_actions"]), dueling=bool(spec["dueling"]),
                                   hidden=int(spec["hidden"]), head=str(spec["head"]),
-                                  num_quantiles=int(spec["num_quantiles"]), torso=str(spec.get("torso", "auto")))
+                                  num_quantiles=int(spec["num_quantiles"]), torso=str(spec.get("torso", "auto")),
+                                  c51_atoms=int(spec.get("c51_atoms", C51_ATOMS)))
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyError(f"{path}: cannot build its network for {chosen}: {exc}".splitlines()[0]) from None
         if net.name != meta.get("network"):

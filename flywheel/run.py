@@ -32,7 +32,8 @@ STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10
 SOCKET_PARENT_MAX = 64  # bytes: PARENT/flywheel-run-PID-XXXXXXXX/transitions fits in sun_path (107 + NUL)
 STOP_CHECK_INTERVAL_S = 1.0  # --steps, --target-return and --time-limit are checked this often
 
-NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES", "TORSO")  # the learner's values go to the actors too
+# the learner's values go to the actors too
+NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES", "C51_ATOMS", "TORSO")
 
 
 def _check_port(port: int, what: str, flag: str) -> None:

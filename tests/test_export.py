@@ -138,9 +138,10 @@ def test_a_qr_dqn_head_without_dueling_exports_its_mean_q(tmp_path: Path) -> Non
 
 
 def test_a_c51_head_exports_its_mean_q_with_the_checkpoints_support(tmp_path: Path) -> None:
-    folder = _checkpoint(tmp_path, "CartPole-v1", (4,), 2, head="c51", c51_v_min=-3.0, c51_v_max=30.0)
+    folder = _checkpoint(tmp_path, "CartPole-v1", (4,), 2, head="c51", c51_atoms=21, c51_v_min=-3.0,
+                         c51_v_max=30.0)
     policy = Policy.load(folder)  # built with the default support, then the checkpoint's loaded over it
-    assert policy.network.endswith("-c51") and float(policy.net.support[-1]) == 30.0
+    assert policy.network.endswith("-c21") and float(policy.net.support[-1]) == 30.0
     obs = real_observations("CartPole-v1", 9)
     assert_parity(policy, onnx_runner(export_onnx(policy, tmp_path / "model.onnx")), obs)
     assert_parity(policy, jit_runner(export_torchscript(policy, tmp_path / "model.pt")), obs)

@@ -102,7 +102,7 @@ def random_policy(n_actions: int, seed: int = 0) -> Policy:
 
 
 _NAME = re.compile(r"(?P<kind>mlp|conv|nature|strided)-(?P<shape>[0-9x]+)-(?P<actions>\d+)-(?P<arch>dueling|plain)"
-                   r"(?:-h(?P<hidden>\d+))?(?:-qr(?P<quantiles>\d+)|(?P<c51>-c51))?")
+                   r"(?:-h(?P<hidden>\d+))?(?:-qr(?P<quantiles>\d+)|-c(?P<atoms>\d+))?")
 
 
 def checkpoint_policy(directory: str | Path, obs_shape: tuple[int, ...], n_actions: int) -> Policy:
@@ -127,8 +127,8 @@ def checkpoint_policy(directory: str | Path, obs_shape: tuple[int, ...], n_actio
         raise PolicyError(f"{path} names no network this build knows: {meta.get('network')!r}")
     net = QNetwork(tuple(obs_shape), n_actions, dueling=match["arch"] == "dueling",
                    hidden=int(match["hidden"] or 256),
-                   head="quantile" if match["quantiles"] else "c51" if match["c51"] else "q",
-                   num_quantiles=int(match["quantiles"] or 51),
+                   head="quantile" if match["quantiles"] else "c51" if match["atoms"] else "q",
+                   num_quantiles=int(match["quantiles"] or 51), c51_atoms=int(match["atoms"] or 51),
                    torso="strided" if match["kind"] == "strided" else "auto")
     if net.name != meta["network"]:
         raise PolicyError(f"{path} holds {meta['network']} but this env needs {net.name}")

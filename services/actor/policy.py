@@ -86,8 +86,8 @@ def resolve_backend(obs_shape: tuple[int, ...], backend: Backend = "auto") -> Li
 
 
 def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 51, torso: str = "auto", backend: Backend = "auto",
-                 threads: int | None = 1,
+                 head: str = "q", num_quantiles: int = 51, c51_atoms: int = 51, torso: str = "auto",
+                 backend: Backend = "auto", threads: int | None = 1,
                  seed: int | None = None, freeze: bool = False, obs_dtype: str = "float32") -> Policy:
     """The acting network for ``obs_shape``; ``threads`` (unless None) caps the math library's threads.
 
@@ -102,7 +102,7 @@ def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = 
         if threads is not None:
             limit_blas_threads(threads)
         return NumpyQNetwork(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head,
-                             num_quantiles=num_quantiles, seed=seed)
+                             num_quantiles=num_quantiles, c51_atoms=c51_atoms, seed=seed)
     import torch
 
     from flywheel.nets import build_q_network
@@ -110,5 +110,5 @@ def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = 
     if threads is not None:
         torch.set_num_threads(threads)
     net = build_q_network(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head,
-                          num_quantiles=num_quantiles, torso=torso)
+                          num_quantiles=num_quantiles, c51_atoms=c51_atoms, torso=torso)
     return TorchPolicy(net, freeze=freeze, obs_dtype=obs_dtype)

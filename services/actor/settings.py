@@ -43,6 +43,7 @@ class ActorSettings(CommonSettings):
     head: Head = Field("q", description="q, quantile (QR-DQN) or c51 head (must match the learner; a c51 net "
                        "takes the learner's support with the weights)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
+    c51_atoms: int = Field(51, ge=2, le=1024, description="atoms per action of the c51 head (must match the learner)")
     torso: Torso = Field("auto", description="auto: chosen by the observation's shape; strided: four 3x3 stride-2 "
                          "convolutions for images (must match the learner)")
     inference: Literal["auto", "numpy", "torch"] = Field(

@@ -70,6 +70,7 @@ class CoreConfig:
     hidden: int = _default("hidden")
     head: str = _default("head")
     num_quantiles: int = _default("num_quantiles")
+    c51_atoms: int = _default("c51_atoms")
     c51_v_min: float = _default("c51_v_min")
     c51_v_max: float = _default("c51_v_max")
     torso: str = _default("torso")
@@ -167,7 +168,7 @@ class LearnerCore:
             torch.backends.cudnn.benchmark = True
         nets = [build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden,
                                 head=config.head, num_quantiles=config.num_quantiles, torso=config.torso,
-                                v_min=config.c51_v_min, v_max=config.c51_v_max)
+                                v_min=config.c51_v_min, v_max=config.c51_v_max, c51_atoms=config.c51_atoms)
                 for _ in range(2)]
         if (self.cuda or config.channels_last) and nets[0].kind != "mlp":
             nets = [_channels_last(net) for net in nets]  # faster cuDNN / inductor convolutions

@@ -44,8 +44,10 @@ class LearnerSettings(CommonSettings):
     munchausen_clip: float = Field(-1.0, ge=-1000, lt=0, description="Munchausen: lower clip of tau * log pi")
     double: bool = Field(True, description="double DQN targets (online argmax, target evaluation)")
     head: Head = Field("q", description="q: one value per action; quantile: QR-DQN quantiles; c51: a categorical "
-                       "distribution over 51 atoms (actors must use the same head)")
+                       "distribution over c51_atoms atoms (actors must use the same head)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
+    c51_atoms: int = Field(51, ge=2, le=1024, description="c51 head: atoms of the support (actors must use the "
+                           "same number)")
     c51_v_min: float = Field(-10.0, ge=-1e6, le=1e6, description="c51 head: the lowest atom's return (the actors "
                              "take the support with the weights)")
     c51_v_max: float = Field(10.0, ge=-1e6, le=1e6, description="c51 head: the highest atom's return")

@@ -31,7 +31,8 @@ def random_torch_net(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, 
                      seed: int) -> QNetwork:
     """A QNetwork with every parameter redrawn from N(0, 0.3): larger than the init, so outputs spread widely."""
     torch.manual_seed(seed)
-    net = build_q_network(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head, num_quantiles=11).eval()
+    net = build_q_network(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head, num_quantiles=11,
+                          c51_atoms=13).eval()
     with torch.no_grad():
         for param in net.parameters():
             param.normal_(0.0, 0.3)
@@ -42,7 +43,8 @@ def random_torch_net(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, 
 def test_numpy_mlp_matches_torch_qnetwork(spec: tuple[tuple[int, ...], int, bool, int, str]) -> None:
     obs_shape, n_actions, dueling, hidden, head = spec
     net = random_torch_net(obs_shape, n_actions, dueling, hidden, head, seed=len(obs_shape) * 100 + hidden)
-    mine = NumpyQNetwork(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head, num_quantiles=11, seed=0)
+    mine = NumpyQNetwork(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head, num_quantiles=11,
+                         c51_atoms=13, seed=0)
     assert mine.name == net.name
     torch_shapes = {k: tuple(v.shape) for k, v in net.state_dict().items()}
     assert {k: v.shape for k, v in mine.state_dict().items()} == torch_shapes
@@ -185,6 +187,7 @@ def test_flywheel_run_gives_actors_the_learners_network(monkeypatch: pytest.Monk
     assert plan()["actor"]["HIDDEN"] == plan()["learner"]["HIDDEN"] == "128" and "HEAD" not in plan()["actor"]
     assert plan("learner.hidden=64", "actor.hidden=32")["actor"]["HIDDEN"] == "32"  # the user's own choice stands
     assert plan("learner.torso=strided")["actor"]["TORSO"] == "strided"
+    assert plan("learner.head=c51", "learner.c51_atoms=21")["actor"]["C51_ATOMS"] == "21"
     monkeypatch.setenv("FLYWHEEL_ACTOR_HIDDEN", "48")
     assert plan("learner.hidden=64")["actor"]["HIDDEN"] == "48"
 

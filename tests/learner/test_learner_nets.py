@@ -30,6 +30,10 @@ def test_names_follow_the_contract() -> None:
         build_q_network((4,), 2, head="categorical")
     with pytest.raises(ValueError, match="num_quantiles"):
         build_q_network((4,), 2, head="quantile", num_quantiles=1)
+    assert build_q_network((4,), 2, head="c51").name == "mlp-4-2-dueling-c51"
+    assert network_name((4, 42, 42), 7, True, head="c51", c51_atoms=21) == "nature-4x42x42-7-dueling-c21"
+    with pytest.raises(ValueError, match="c51_atoms"):
+        build_q_network((4,), 2, head="c51", c51_atoms=1)
 
 
 def test_the_strided_torso_keeps_a_3x3_map_at_42x42_and_is_named_for_it() -> None:
@@ -85,6 +89,30 @@ def test_a_c51_support_must_be_an_interval() -> None:
         build_q_network((4,), 2, head="c51", v_min=1.0, v_max=1.0)
     with pytest.raises(ValidationError, match="c51_v_min must be below c51_v_max"):
         LearnerSettings(head="c51", c51_v_min=3.0, c51_v_max=-3.0)
+
+
+def test_the_c51_atoms_are_a_setting_named_in_the_network_and_checked_by_actors() -> None:
+    from pydantic import ValidationError
+
+    from flywheel.services.actor.settings import ActorSettings
+    from flywheel.services.learner.settings import LearnerSettings
+
+    learner = build_q_network((4, 42, 42), 7, head="c51", c51_atoms=21, v_min=-10.0, v_max=20.0)
+    assert learner.name == "nature-4x42x42-7-dueling-c21" and learner.support.shape == (21,)
+    assert learner.outputs(torch.zeros(2, 4, 42, 42, dtype=torch.uint8)).shape == (2, 7, 21)
+    assert learner.advantage.weight.shape[0] == 7 * 21  # the head's cost scales with the atoms
+    msg = proto.decode(proto.encode(weights_message(learner, 1, learner.name)), expect=proto.Weights)
+    with pytest.raises(WeightsMismatch, match="c21"):  # an actor left at 51 atoms refuses by name
+        load_weights(build_q_network((4, 42, 42), 7, head="c51"), msg, "nature-4x42x42-7-dueling-c51")
+    actor = build_q_network((4, 42, 42), 7, head="c51", c51_atoms=21)
+    load_weights(actor, msg, actor.name)
+    x = torch.randint(0, 256, (3, 4, 42, 42), dtype=torch.uint8)
+    with torch.no_grad():
+        torch.testing.assert_close(actor(x), learner(x))
+    assert LearnerSettings(c51_atoms=21).c51_atoms == ActorSettings(c51_atoms=21).c51_atoms == 21
+    for settings in (LearnerSettings, ActorSettings):
+        with pytest.raises(ValidationError, match="c51_atoms"):
+            settings(c51_atoms=1)
 
 
 def test_an_actor_with_the_plain_head_refuses_quantile_weights() -> None:
