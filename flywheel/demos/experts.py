@@ -110,7 +110,7 @@ def checkpoint_policy(directory: str | Path, obs_shape: tuple[int, ...], n_actio
     import torch  # only here: scripted experts start their workers without it
     from safetensors import safe_open
 
-    from flywheel.nets import QNetwork
+    from flywheel.nets import C51_ATOMS, QNetwork
 
     path = Path(directory)
     path = path / "learner.safetensors" if path.is_dir() else path
@@ -128,7 +128,7 @@ def checkpoint_policy(directory: str | Path, obs_shape: tuple[int, ...], n_actio
     net = QNetwork(tuple(obs_shape), n_actions, dueling=match["arch"] == "dueling",
                    hidden=int(match["hidden"] or 256),
                    head="quantile" if match["quantiles"] else "c51" if match["atoms"] else "q",
-                   num_quantiles=int(match["quantiles"] or 51), c51_atoms=int(match["atoms"] or 51),
+                   num_quantiles=int(match["quantiles"] or 51), c51_atoms=int(match["atoms"] or C51_ATOMS),
                    torso="strided" if match["kind"] == "strided" else "auto")
     if net.name != meta["network"]:
         raise PolicyError(f"{path} holds {meta['network']} but this env needs {net.name}")

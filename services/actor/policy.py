@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from flywheel import proto
-from flywheel.netspec import network_kind
+from flywheel.netspec import C51_ATOMS, network_kind
 
 if TYPE_CHECKING:
     from flywheel.nets import QNetwork
@@ -86,7 +86,7 @@ def resolve_backend(obs_shape: tuple[int, ...], backend: Backend = "auto") -> Li
 
 
 def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 51, c51_atoms: int = 51, torso: str = "auto",
+                 head: str = "q", num_quantiles: int = 51, c51_atoms: int = C51_ATOMS, torso: str = "auto",
                  backend: Backend = "auto", threads: int | None = 1,
                  seed: int | None = None, freeze: bool = False, obs_dtype: str = "float32") -> Policy:
     """The acting network for ``obs_shape``; ``threads`` (unless None) caps the math library's threads.

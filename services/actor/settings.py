@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from flywheel.netspec import Head, Torso
+from flywheel.netspec import C51_ATOMS, Head, Torso
 from flywheel.settings import CommonSettings
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ class ActorSettings(CommonSettings):
     head: Head = Field("q", description="q, quantile (QR-DQN) or c51 head (must match the learner; a c51 net "
                        "takes the learner's support with the weights)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
-    c51_atoms: int = Field(51, ge=2, le=1024, description="atoms per action of the c51 head (must match the learner)")
+    c51_atoms: int = Field(C51_ATOMS, ge=2, le=1024, description="atoms per action of the c51 head (must match the "
+                           "learner)")
     torso: Torso = Field("auto", description="auto: chosen by the observation's shape; strided: four 3x3 stride-2 "
                          "convolutions for images (must match the learner)")
     inference: Literal["auto", "numpy", "torch"] = Field(

@@ -19,8 +19,7 @@ def acting_policy(settings: ActorSettings, spec: EnvSpec) -> Policy:
     """The acting network as the settings describe it, on one thread."""
     return build_policy(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden,
                         head=settings.head, num_quantiles=settings.num_quantiles, c51_atoms=settings.c51_atoms,
-                        torso=settings.torso,
-                        backend=settings.inference,
+                        torso=settings.torso, backend=settings.inference,
                         threads=1, seed=settings.seed, freeze=settings.torch_freeze, obs_dtype=spec.obs_dtype)
 
 

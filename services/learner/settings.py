@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from flywheel.netspec import Head, Torso
+from flywheel.netspec import C51_ATOMS, Head, Torso
 from flywheel.settings import CommonSettings
 
 
@@ -46,7 +46,7 @@ class LearnerSettings(CommonSettings):
     head: Head = Field("q", description="q: one value per action; quantile: QR-DQN quantiles; c51: a categorical "
                        "distribution over c51_atoms atoms (actors must use the same head)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
-    c51_atoms: int = Field(51, ge=2, le=1024, description="c51 head: atoms of the support (actors must use the "
+    c51_atoms: int = Field(C51_ATOMS, ge=2, le=1024, description="c51 head: atoms of the support (actors must use the "
                            "same number)")
     c51_v_min: float = Field(-10.0, ge=-1e6, le=1e6, description="c51 head: the lowest atom's return (the actors "
                              "take the support with the weights)")
