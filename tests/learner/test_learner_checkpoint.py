@@ -119,6 +119,17 @@ def test_c51_checkpoint_keeps_its_support_and_refuses_another(tmp_path: Path) ->
     torch.testing.assert_close(restored.target.support, torch.linspace(-4.0, 40.0, 51))
 
 
+def test_c51_checkpoint_refuses_a_learner_with_other_atoms(tmp_path: Path) -> None:
+    coarse = LearnerCore((4,), 2, CoreConfig(head="c51", c51_atoms=21))
+    save_checkpoint(tmp_path, coarse, 1)
+    with pytest.raises(CheckpointError, match=r"c21.*c51.*--c51-atoms") as err:
+        load_checkpoint(tmp_path, LearnerCore((4,), 2, CoreConfig(head="c51")))
+    assert "\n" not in str(err.value)
+    restored = LearnerCore((4,), 2, CoreConfig(head="c51", c51_atoms=21))
+    assert load_checkpoint(tmp_path, restored).updates == 0
+    torch.testing.assert_close(restored.online.support, coarse.online.support)
+
+
 def test_gradient_scaler_state_round_trips(tmp_path: Path) -> None:
     core = LearnerCore((4,), 2, CoreConfig(precision="fp16"))
     assert core.scaler is not None
