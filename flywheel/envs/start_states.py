@@ -1,13 +1,15 @@
-"""Start-state curriculum: training episodes that start from states the agent itself reached near its frontier.
+"""Start-state curriculum: training episodes that start from states the agent itself reached (near its frontier).
 
 In the spirit of Backplay and Go-Explore restarts, an env whose emulator can save and restore its state
 (:class:`StartStates`: Mario's nes-py, Atari's ``cloneState``) is wrapped in :class:`StartStateCurriculum`, which
 runs in the env's own process. It tracks the env's frontier, the furthest progress (Mario: ``x_pos``; Atari: agent
-steps into the game) over its last ``window`` episodes, keeps the state of an episode that passes
-``frontier - margin`` (at most one per episode, at most ``pool`` states; one behind that point or kept for
-``window`` episodes is replaced, the least advanced first), and starts a share of its episodes from one of them,
-picked uniformly. Restarted episodes are marked in ``info`` (``restarted``, ``start_progress``) so that the actor
-keeps them out of its level-start episode statistics.
+steps into the game) over its last ``window`` episodes, keeps the state of an episode at a point chosen by
+``choice`` (at most one per episode, at most ``pool`` states), and starts a share of its episodes from one of them,
+picked uniformly. ``frontier``: where the episode passes ``frontier - margin`` (a state behind that point or kept for
+``window`` episodes is replaced, the least advanced first). ``uniform``: where it passes a point drawn uniformly
+between the level start and the frontier, so that restarts spread over all the ground the agent has reached (a
+state kept for ``window`` episodes is replaced, the oldest first). Restarted episodes are marked in ``info``
+(``restarted``, ``start_progress``) so that the actor keeps them out of its level-start episode statistics.
 Only training envs get it: evaluation always starts at the level start.
 """
 
@@ -23,6 +25,7 @@ import numpy as np
 
 # info keys every step of a wrapped env carries (the vector copies them into EpisodeEnd)
 RESTARTED, START_PROGRESS, STATES_KEPT = "restarted", "start_progress", "start_states_kept"
+CHOICES = ("frontier", "uniform")  # where an episode's state is kept (module docstring)
 
 
 @runtime_checkable
@@ -70,12 +73,14 @@ class StartStatesUnsupported(ValueError):
 @dataclass(frozen=True)
 class StartStateConfig:
     """The curriculum's settings: ``share`` of episodes restarted, ``margin`` behind the frontier where states are
-    kept, ``window`` of episodes the frontier is the furthest progress of, ``pool`` of states kept at most."""
+    kept, ``window`` of episodes the frontier is the furthest progress of, ``pool`` of states kept at most,
+    ``choice`` of the point where an episode's state is kept (``frontier`` or ``uniform``, module docstring)."""
 
     share: float = 0.0
     margin: float = 100.0
     window: int = 20
     pool: int = 8
+    choice: str = "frontier"
 
     def __post_init__(self) -> None:
         """Reject bad values with a clear message."""
@@ -87,6 +92,8 @@ class StartStateConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"start state {name} must be an integer >= 1, got {value!r}")
+        if self.choice not in CHOICES:
+            raise ValueError(f"start state choice must be one of {', '.join(CHOICES)}, got {self.choice!r}")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able form (subprocess workers get it through their options)."""
@@ -117,7 +124,7 @@ class KeptState:
 
 
 class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
-    """Starts ``config.share`` of the episodes from kept states near the env's frontier (module docstring).
+    """Starts ``config.share`` of the episodes from kept states the agent reached (module docstring).
 
     The draw comes from the wrapper's own generator, seeded by the first seeded ``reset``. Every ``info`` gets
     ``restarted`` (bool), ``start_progress`` (where the episode began) and ``start_states_kept``.
@@ -140,6 +147,8 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
         self.best = 0.0  # furthest progress of this episode
         self.saved = False  # a state was kept in this episode
         self.episodes = 0  # episodes finished
+        self.origin = 0.0  # progress at the last level start
+        self.keep_at: float | None = None  # choice "uniform": where this episode's state is kept (None: nowhere)
 
     @property
     def frontier(self) -> float | None:
@@ -165,8 +174,20 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
             obs, info = self.states.restore(kept.slot)
         self.restarted = kept is not None
         self.start_progress = self.best = self.states.progress(info)
+        if not self.restarted:
+            self.origin = self.start_progress
         self.saved = False
+        self.keep_at = self._uniform_point()
         return obs, self._mark(info)
+
+    def _uniform_point(self) -> float | None:
+        """Choice ``uniform``: a point drawn uniformly between the level start and the frontier (None: other
+        choices, no frontier beyond the level start yet, or a restarted episode that began past the point)."""
+        frontier = self.frontier
+        if self.config.choice != "uniform" or frontier is None or frontier <= self.origin:
+            return None
+        point = self.origin + float(self.rng.random()) * (frontier - self.origin)
+        return point if point > self.start_progress else None
 
     def step(self, action: Any) -> tuple[np.ndarray, Any, bool, bool, dict[str, Any]]:
         """The env's step; keeps the state where the episode first passes ``frontier - margin``."""
@@ -181,24 +202,30 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
         return obs, reward, terminated, truncated, self._mark(info)
 
     def _maybe_keep(self, progress: float) -> None:
-        """Keep this state if it is past ``frontier - margin`` and the pool has room, or holds a state behind that
-        point or kept for ``window`` episodes already (so a state where every episode dies does not stay forever):
-        the least advanced of those is replaced."""
+        """Keep this state if it is past the episode's keeping point (choice ``frontier``: ``frontier - margin``;
+        ``uniform``: the drawn point) and the pool has room, or holds a state kept for ``window`` episodes already
+        (so a state where every episode dies does not stay forever) or, for ``frontier``, one behind that point: the
+        least advanced (``frontier``) or the oldest (``uniform``) of those is replaced."""
         frontier = self.frontier
         if frontier is None or progress <= self.start_progress:
             return
+        uniform = self.config.choice == "uniform"
         threshold = frontier - self.config.margin
-        if progress < threshold:
+        if uniform:
+            if self.keep_at is None or progress < self.keep_at:
+                return
+        elif progress < threshold:
             return
         if len(self.kept) < self.capacity:
             self.kept.append(KeptState(len(self.kept), progress, self.episodes))
             slot = len(self.kept) - 1
         else:
-            replaceable = [k for k in self.kept
-                           if k.progress < threshold or self.episodes - k.episode >= self.config.window]
+            replaceable = [k for k in self.kept if self.episodes - k.episode >= self.config.window
+                           or (not uniform and k.progress < threshold)]
             if not replaceable:
+                self.keep_at = None  # full: nothing is kept in this episode
                 return
-            victim = min(replaceable, key=lambda k: k.progress)
+            victim = min(replaceable, key=(lambda k: k.episode) if uniform else (lambda k: k.progress))
             victim.progress, victim.episode = progress, self.episodes
             slot = victim.slot
         self.states.save(slot)

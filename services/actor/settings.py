@@ -82,6 +82,10 @@ class ActorSettings(CommonSettings):
                                     "each env's last this many episodes")
     start_state_pool: int = Field(8, ge=1, le=1024, description="start states each env keeps at most (the least "
                                   "advanced replaced first; Mario's emulator keeps 1)")
+    start_state_choice: Literal["frontier", "uniform"] = Field(
+        "frontier", description="where an episode's state is kept: frontier (where it passes the frontier minus "
+        "start_state_margin) or uniform (where it passes a point drawn uniformly between the level start and the "
+        "frontier)")
     max_env_steps: int = Field(0, ge=0, description="stop after this many env steps (0: run until stopped)")
 
     @model_validator(mode="after")
@@ -106,5 +110,5 @@ class ActorSettings(CommonSettings):
         if self.start_state_share <= 0:
             return None
         return StartStateConfig(self.start_state_share, self.start_state_margin, self.start_state_window,
-                                self.start_state_pool)
+                                self.start_state_pool, self.start_state_choice)
     seed: int | None = Field(None, description="seed for environments and exploration")

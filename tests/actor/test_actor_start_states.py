@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import get_args
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import zmq
 from pydantic import ValidationError
 
 from flywheel.envs import StartStateConfig, StartStatesUnsupported, env_spec
-from flywheel.envs.start_states import StartStateCurriculum
+from flywheel.envs.start_states import CHOICES, StartStateCurriculum
 from flywheel.services.actor.core import ActorCore, build_core
 from flywheel.services.actor.policy import build_policy
 from flywheel.services.actor.report import StepRate, actor_report
@@ -108,7 +109,8 @@ def test_without_the_curriculum_nothing_is_wrapped_or_reported() -> None:
 
 @pytest.mark.parametrize(("name", "value"), [("start_state_share", 1.5), ("start_state_share", -0.5),
                                              ("start_state_margin", -1.0), ("start_state_margin", float("nan")),
-                                             ("start_state_window", 0), ("start_state_pool", 0)])
+                                             ("start_state_window", 0), ("start_state_pool", 0),
+                                             ("start_state_choice", "random")])
 def test_settings_validation(name: str, value: float) -> None:
     with pytest.raises(ValidationError, match=name):
         ActorSettings(**{name: value})
@@ -118,6 +120,13 @@ def test_settings_give_the_curriculum_only_when_on() -> None:
     assert ActorSettings().start_states() is None  # default: off
     on = ActorSettings(start_state_share=0.25, start_state_margin=64, start_state_window=5, start_state_pool=3)
     assert on.start_states() == StartStateConfig(share=0.25, margin=64.0, window=5, pool=3)
+    uniform = ActorSettings(start_state_share=0.25, start_state_choice="uniform").start_states()
+    assert uniform == StartStateConfig(share=0.25, choice="uniform")
+
+
+def test_the_settings_offer_every_choice_the_curriculum_knows() -> None:
+    annotation = ActorSettings.model_fields["start_state_choice"].annotation
+    assert get_args(annotation) == CHOICES
 
 
 def test_an_env_that_cannot_save_state_stops_the_actor_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:

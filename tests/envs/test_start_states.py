@@ -95,6 +95,32 @@ def test_a_kept_state_is_replaced_once_it_has_been_kept_for_window_episodes() ->
         wrapped.close()
 
 
+def test_uniform_choice_keeps_states_spread_between_the_level_start_and_the_frontier() -> None:
+    env = make_env(MARIO, max_episode_steps=150)
+    config = StartStateConfig(share=0.0, margin=50.0, window=1, pool=1, choice="uniform")
+    wrapped = StartStateCurriculum(env, config, MARIO)
+    try:
+        wrapped.reset(seed=3)
+        frontier = max(play(wrapped)[0])  # the same scripted game every time: the frontier stays here
+        kept_at = []
+        for _ in range(8):
+            wrapped.reset()
+            point = wrapped.keep_at
+            assert point is not None and LEVEL_START_X < point <= frontier
+            xs, kept = play(wrapped)
+            saved_at = kept.index(True)  # the first step at or past the drawn point
+            assert xs[saved_at] >= point and (saved_at == 0 or xs[saved_at - 1] < point)
+            assert wrapped.kept[0].progress == xs[saved_at]  # one state, replaced every episode (window 1)
+            kept_at.append(xs[saved_at])
+        assert len(set(kept_at)) >= 4 and min(kept_at) < frontier - 200  # frontier choice: only past frontier - 50
+        wrapped.config = StartStateConfig(share=1.0, window=1, pool=1, choice="uniform")
+        _, info = wrapped.reset()
+        assert info["restarted"] and info["start_progress"] == kept_at[-1]
+        assert wrapped.keep_at is None or wrapped.keep_at > kept_at[-1]  # a restart keeps only ahead of its start
+    finally:
+        wrapped.close()
+
+
 def test_the_level_start_is_rebuilt_exactly_when_no_emulator_holds_it() -> None:
     env = make_env(MARIO)
     assert isinstance(env, MarioEnv)
@@ -221,6 +247,7 @@ def test_which_ids_can_keep_start_states_is_known_from_the_id(env_id: str, refus
     ({"share": 1.5}, "share must be a number in"), ({"share": -0.1}, "share must be"),
     ({"margin": float("inf")}, "margin must be a finite"), ({"margin": -1}, "margin must be"),
     ({"window": 0}, "window must be an integer >= 1"), ({"pool": 2.5}, "pool must be an integer"),
+    ({"choice": "random"}, "choice must be one of frontier, uniform, got 'random'"),
 ])
 def test_config_validation(values: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
