@@ -82,10 +82,11 @@ class ActorSettings(CommonSettings):
                                     "each env's last this many episodes")
     start_state_pool: int = Field(8, ge=1, le=1024, description="start states each env keeps at most (the least "
                                   "advanced replaced first; Mario's emulator keeps 1)")
-    start_state_choice: Literal["frontier", "uniform"] = Field(
+    start_state_choice: Literal["frontier", "uniform", "ends"] = Field(
         "frontier", description="where an episode's state is kept: frontier (where it passes the frontier minus "
-        "start_state_margin) or uniform (where it passes a point drawn uniformly between the level start and the "
-        "frontier)")
+        "start_state_margin), uniform (where it passes a point drawn uniformly between the level start and the "
+        "frontier) or ends (start_state_margin before where one of the last start_state_window episodes ended, "
+        "drawn uniformly)")
     max_env_steps: int = Field(0, ge=0, description="stop after this many env steps (0: run until stopped)")
 
     @model_validator(mode="after")

@@ -122,6 +122,8 @@ def test_settings_give_the_curriculum_only_when_on() -> None:
     assert on.start_states() == StartStateConfig(share=0.25, margin=64.0, window=5, pool=3)
     uniform = ActorSettings(start_state_share=0.25, start_state_choice="uniform").start_states()
     assert uniform == StartStateConfig(share=0.25, choice="uniform")
+    ends = ActorSettings(start_state_share=0.25, start_state_choice="ends").start_states()
+    assert ends == StartStateConfig(share=0.25, choice="ends")
 
 
 def test_the_settings_offer_every_choice_the_curriculum_knows() -> None:

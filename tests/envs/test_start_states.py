@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,13 +28,14 @@ def curriculum(share: float, margin: float = 50.0, **options: Any) -> StartState
     return StartStateCurriculum(env, StartStateConfig(share=share, margin=margin, window=1, pool=4), MARIO)
 
 
-def play(env: StartStateCurriculum, offset: int = 0) -> tuple[list[int], list[bool]]:
-    """One scripted episode (its t-th action is ``run_and_jump(offset + t)``): x after each step, kept or not."""
+def play(env: StartStateCurriculum, offset: int = 0, script: Callable[[int], int] = run_and_jump
+         ) -> tuple[list[int], list[bool]]:
+    """One scripted episode (its t-th action is ``script(offset + t)``): x after each step, kept or not."""
     xs, kept = [], []
     t = 0
     while True:
         saved_before = env.saved
-        _, _, terminated, truncated, info = env.step(run_and_jump(offset + t))
+        _, _, terminated, truncated, info = env.step(script(offset + t))
         xs.append(info["x_pos"])
         kept.append(env.saved and not saved_before)
         t += 1
@@ -117,6 +119,40 @@ def test_uniform_choice_keeps_states_spread_between_the_level_start_and_the_fron
         _, info = wrapped.reset()
         assert info["restarted"] and info["start_progress"] == kept_at[-1]
         assert wrapped.keep_at is None or wrapped.keep_at > kept_at[-1]  # a restart keeps only ahead of its start
+    finally:
+        wrapped.close()
+
+
+def walk_right(t: int) -> int:
+    """Hold right (the "simple" action 1): Mario walks into the first Goomba, a little before the jumper dies."""
+    return 1
+
+
+def test_ends_choice_keeps_states_just_before_where_recent_episodes_ended() -> None:
+    env = make_env(MARIO, max_episode_steps=150)
+    config = StartStateConfig(share=0.0, margin=50.0, window=2, pool=1, choice="ends")
+    wrapped = StartStateCurriculum(env, config, MARIO)
+    try:
+        wrapped.reset(seed=3)
+        points, kept_at = set(), []
+        for episode in range(8):  # the jumper and the walker take turns: two different ends in the window
+            script = run_and_jump if episode % 2 == 0 else walk_right
+            point, ends = wrapped.keep_at, set(wrapped.recent)
+            assert (point is None) == (episode == 0)  # no end yet in the first episode
+            assert point is None or point in {end - 50.0 for end in ends}
+            xs, kept = play(wrapped, script=script)
+            if any(kept):
+                assert point is not None
+                saved_at = kept.index(True)  # the first step at or past the drawn point
+                assert xs[saved_at] >= point and (saved_at == 0 or xs[saved_at - 1] < point)
+                assert wrapped.kept[0].progress == xs[saved_at] < point + 50.0  # just before an episode's end
+                points.add(point)
+                kept_at.append(xs[saved_at])
+            wrapped.reset()
+        assert len(points) == 2 and len(set(wrapped.recent)) == 2  # both ends were drawn, states kept before each
+        wrapped.config = StartStateConfig(share=1.0, margin=50.0, window=2, pool=1, choice="ends")
+        _, info = wrapped.reset()
+        assert info["restarted"] and info["start_progress"] == kept_at[-1]
     finally:
         wrapped.close()
 
@@ -247,7 +283,7 @@ def test_which_ids_can_keep_start_states_is_known_from_the_id(env_id: str, refus
     ({"share": 1.5}, "share must be a number in"), ({"share": -0.1}, "share must be"),
     ({"margin": float("inf")}, "margin must be a finite"), ({"margin": -1}, "margin must be"),
     ({"window": 0}, "window must be an integer >= 1"), ({"pool": 2.5}, "pool must be an integer"),
-    ({"choice": "random"}, "choice must be one of frontier, uniform, got 'random'"),
+    ({"choice": "random"}, "choice must be one of frontier, uniform, ends, got 'random'"),
 ])
 def test_config_validation(values: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
