@@ -1,15 +1,18 @@
-"""The best policy so far (SB3's EvalCallback best_model): the learner's weights evaluated greedily on a schedule.
+"""The best policy so far (SB3's EvalCallback best_model): the learner's weights evaluated on a schedule.
 
-Every ``interval_s`` the learner writes its online network to a candidate file and a child process (spawned once,
-at a lower CPU priority than the actors, one torch thread) plays ``episodes`` greedy episodes of it with
-flywheel/evaluation.py, the code ``flywheel evaluate`` uses. Each round plays new seeds (``seed + episodes * k``
-for round k), as ``flywheel bench sb3`` does. A candidate whose round beats the best so far is played once more on
-the next round's seeds before it is kept, and its score is the mean of both rounds: picking the maximum of many
-noisy rounds on the same few seeds keeps a policy that was lucky on those seeds (seen on CartPole: a kept best
-that scored 500 on its 10 seeds averaged 359 on 10 fresh ones). A confirmed candidate whose score beats the best
-(strictly, as SB3's) replaces DIR/best.safetensors, and DIR/best.json says which version it is, how it did and on
-which seeds. The learner never waits for an evaluation: it checks for a result each turn. ``flywheel play``,
-``Policy.load`` and ``flywheel export`` take best.safetensors by default (``--which latest``: the newest weights).
+Every ``interval_s`` the learner writes its online network to a candidate file and a child process (spawned once, at
+a lower CPU priority than the actors, one torch thread) plays ``episodes`` episodes of it with
+flywheel/evaluation.py, the code ``flywheel bench mario`` evaluates with: greedy by default, or at ``epsilon`` after
+0..``noop_max`` NOOPs (Mario's preset: its evaluation protocol, since a greedy policy on a deterministic emulator
+plays one episode however many seeds it is given; a best.json scored another way is not compared with). Each round
+plays new seeds (``seed + episodes * k`` for round k), as ``flywheel bench sb3`` does. A candidate whose round beats
+the best so far is played once more on the next round's seeds before it is kept, and its score is the mean of both
+rounds: picking the maximum of many noisy rounds on the same few seeds keeps a policy that was lucky on those seeds
+(seen on CartPole: a kept best that scored 500 on its 10 seeds averaged 359 on 10 fresh ones). A confirmed candidate
+whose score beats the best (strictly, as SB3's) replaces DIR/best.safetensors, and DIR/best.json says which version
+it is, how it did and on which seeds. The learner never waits for an evaluation: it checks for a result each turn.
+``flywheel play``, ``Policy.load`` and ``flywheel export`` take best.safetensors by default (``--which latest``: the
+newest weights).
 """
 
 from __future__ import annotations
@@ -75,10 +78,12 @@ def evaluable(env_id: str) -> bool:
         return False
 
 
-def _evaluate(env_id: str, candidate: str, seeds: list[int], max_steps: int | None) -> list[dict[str, Any]]:
+def _evaluate(env_id: str, candidate: str, seeds: list[int], max_steps: int | None, epsilon: float,
+              noop_max: int) -> list[dict[str, Any]]:
     from flywheel.evaluation import evaluate
 
-    return evaluate(env_id, seeds, checkpoint=candidate, epsilon=0.0, workers=1, max_steps=max_steps)
+    return evaluate(env_id, seeds, checkpoint=candidate, epsilon=epsilon, workers=1, max_steps=max_steps,
+                    noop_max=noop_max)
 
 
 @dataclass
@@ -95,12 +100,15 @@ class Round:
 
 
 class BestKeeper:
-    """Schedules greedy evaluations of the learner's weights and keeps the best (see the module docstring)."""
+    """Schedules evaluations of the learner's weights and keeps the best (see the module docstring)."""
 
     def __init__(self, directory: str | Path, env_id: str, *, interval_s: float, episodes: int, seed: int,
-                 max_steps: int | None = None, resumed: bool = True) -> None:
+                 max_steps: int | None = None, epsilon: float = 0.0, noop_max: int = 0,
+                 resumed: bool = True) -> None:
         self.directory = Path(directory)
         self.env_id, self.interval_s, self.episodes, self.max_steps = env_id, interval_s, episodes, max_steps
+        self.epsilon, self.noop_max = float(epsilon), int(noop_max)
+        self.kind = "greedy evaluation" if self.epsilon == 0 else f"evaluation at epsilon {self.epsilon:g}"
         self.seed = seed
         self.rounds = 0  # rounds started: round k plays seeds seed + episodes * k ...
         self.candidate = self.directory / CANDIDATE_FILE
@@ -131,10 +139,16 @@ class BestKeeper:
             best = json.loads(path.read_text())
             float(best["mean_return"])
             int(best["weight_version"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            scored = (float(best.get("epsilon", 0.0)), int(best.get("noop_max", 0)))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("learner: %s is unreadable (%s); the next evaluation sets the best anew", path, exc)
             return None
-        log.info("learner: best policy so far: weight version %d, mean greedy return %.2f over %d episodes",
+        if scored != (self.epsilon, self.noop_max):
+            log.warning("learner: the best policy in %s was scored at epsilon %g with 0..%d no-ops, these evaluations "
+                        "play epsilon %g with 0..%d: not comparable, so the next evaluation sets the best anew",
+                        self.directory, *scored, self.epsilon, self.noop_max)
+            return None
+        log.info("learner: best policy so far: weight version %d, mean return %.2f over %d episodes",
                  best["weight_version"], best["mean_return"], best.get("episodes", 0))
         return dict(best)
 
@@ -145,8 +159,8 @@ class BestKeeper:
             self._finish(done, now)
         elif self.pending is not None and now - self.pending.started > max(EVAL_TIMEOUT_S, 3 * self.interval_s):
             self.failures += 1  # a child killed mid-task (e.g. out of memory) never answers
-            log.error("learner: greedy evaluation of weight version %d gave no result in %.0f s; restarting its "
-                      "process", self.pending.version, now - self.pending.started)
+            log.error("learner: %s of weight version %d gave no result in %.0f s; restarting its "
+                      "process", self.kind, self.pending.version, now - self.pending.started)
             self.pending = None
             self._stop_pool()
         if self.pending is not None or now < self.next_at or version <= self.evaluated_version or version <= 0:
@@ -169,7 +183,8 @@ class BestKeeper:
         self.rounds += 1
         if self.pool is None:
             self.pool = multiprocessing.get_context("spawn").Pool(1, initializer=_evaluator_start)
-        result = self.pool.apply_async(_evaluate, (self.env_id, str(self.candidate), seeds, self.max_steps))
+        result = self.pool.apply_async(_evaluate, (self.env_id, str(self.candidate), seeds, self.max_steps,
+                                                   self.epsilon, self.noop_max))
         self.pending = Round(result, version, now, seeds, first_records or [], first.seeds if first else [])
 
     def _finish(self, done: Round, now: float) -> None:
@@ -177,7 +192,7 @@ class BestKeeper:
             records = done.result.get(0)
         except Exception as exc:  # the env or the policy failed in the child: counted, the run goes on
             self.failures += 1
-            log.error("learner: greedy evaluation of weight version %d failed: %s", done.version,
+            log.error("learner: %s of weight version %d failed: %s", self.kind, done.version,
                       str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
             return
         self.evaluations += 1
@@ -187,18 +202,19 @@ class BestKeeper:
         mean = sum(returns) / len(returns)
         self.last = {"weight_version": done.version, "mean_return": mean, "min_return": min(returns),
                      "max_return": max(returns), "episodes": len(returns), "seeds": done.first_seeds + done.seeds,
-                     "epsilon": 0.0, "seconds": now - done.started, "evaluated_at": time.time(),
+                     "epsilon": self.epsilon, "noop_max": self.noop_max, "seconds": now - done.started,
+                     "evaluated_at": time.time(),
                      "ends": [r["end"] for r in records]}
         better = self.best is None or mean > float(self.best["mean_return"])
         if better and not confirming:  # one round beat the best: the next seeds say whether it was luck
-            log.info("learner: greedy evaluation of weight version %d: mean return %.2f over %d episodes; playing "
-                     "it on %d more seeds before it is kept", done.version, mean, len(returns), self.episodes)
+            log.info("learner: %s of weight version %d: mean return %.2f over %d episodes; playing it on %d more "
+                     "seeds before it is kept", self.kind, done.version, mean, len(returns), self.episodes)
             self._start(done.version, now, done, records)
             return
         if better and not self._keep():
             return
-        log.info("learner: greedy evaluation of weight version %d: mean return %.2f over %d episodes (%.0f s)%s",
-                 done.version, mean, len(returns), self.last["seconds"],
+        log.info("learner: %s of weight version %d: mean return %.2f over %d episodes (%.0f s)%s",
+                 self.kind, done.version, mean, len(returns), self.last["seconds"],
                  "; the best so far, kept as " + str(self.directory / BEST_FILE) if better else
                  f"; the best stays version {self.best['weight_version']} ({self.best['mean_return']:.2f})"
                  if self.best else "")

@@ -65,7 +65,8 @@ class LearnerLoop:
         self.last_gauges: dict[str, float] = {}
         self.best = BestKeeper(settings.checkpoint_dir, settings.env_id, interval_s=settings.best_eval_interval_s,
                                episodes=settings.best_eval_episodes, seed=settings.best_eval_seed,
-                               max_steps=settings.best_eval_max_steps or None, resumed=resumed) if (
+                               max_steps=settings.best_eval_max_steps or None, epsilon=settings.best_eval_epsilon,
+                               noop_max=settings.best_eval_noop_max, resumed=resumed) if (
             settings.checkpoint_dir and settings.best_eval_interval_s > 0 and evaluable(settings.env_id)) else None
 
     # ---- lifecycle -------------------------------------------------------------------------------------------

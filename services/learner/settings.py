@@ -90,6 +90,11 @@ class LearnerSettings(CommonSettings):
     best_eval_episodes: int = Field(5, ge=1, le=1000, description="greedy episodes per evaluation, on fixed seeds")
     best_eval_seed: int = Field(1_000_000, ge=0, le=2**31 - 1, description="the evaluations' first seed")
     best_eval_max_steps: int = Field(0, ge=0, description="agent steps an evaluation episode is cut at (0: none)")
+    best_eval_epsilon: float = Field(0.0, ge=0.0, le=1.0, description="the evaluations' exploration rate (0: "
+                                     "greedy; Mario's preset plays its evaluation protocol's 0.05)")
+    best_eval_noop_max: int = Field(0, ge=0, le=1000, description="each evaluation episode of a Mario env starts "
+                                    "with 0..N NOOPs drawn from its seed (0: none; Mario's preset 30, so that the "
+                                    "episodes of a deterministic emulator differ)")
     resume: bool | Literal["auto"] = Field(
         False, description="start from the checkpoint in checkpoint_dir: true (it must exist), false (start fresh) "
                            "or auto (resume when one exists, else start fresh)")

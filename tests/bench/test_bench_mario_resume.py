@@ -44,6 +44,12 @@ def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
     assert two["checkpoint_updates"] > one["checkpoint_updates"]  # the learner went on from its checkpoint
     assert two["env_steps"] > one["env_steps"] and two["t"] > 0.4 * 60  # counted from the first part's start
     assert one["episodes"] == first.checkpoints[0]["episodes"]  # evaluated once, kept
+    # each checkpoint keeps the learner's kept best of its moment (what flywheel play takes), played on the same seeds
+    for c in (one, two):
+        kept = Path(c["best"]["file"])
+        assert kept.parent == Path(c["dir"]) / "kept-best" and kept.is_file() and len(c["best"]["episodes"]) == 2
+        assert c["best"]["weight_version"] <= c["weight_version"]
+    assert one["best"]["episodes"] == first.checkpoints[0]["best"]["episodes"]
     assert state.random == first.random
     steps = [p["env_steps"] for p in state.points]
     assert steps == sorted(steps) and {p["part"] for p in state.points} == {0, 1}
@@ -54,6 +60,7 @@ def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
     assert any(c.startswith("checkpoint at 0.4 min") for c in cases)
     assert any(c.startswith("checkpoint at 0.8 min") for c in cases)
     assert any(n.startswith("Trained in 2 parts") for n in result["notes"])
+    assert any(c.startswith("run: kept best at 0.8 min (weight version") for c in cases)
 
 
 def test_resume_needs_the_kept_workdir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -320,3 +320,27 @@ def test_learner_host_staging_option_refuses_a_typo_in_one_line(tmp_path: Path,
     assert main(["bench", "learner", "--quick", "--out", str(tmp_path / "out"), "--opt", "device=cpu",
                  "--opt", "host_staging=zero-copy"]) == 2
     assert "--opt host_staging='zero-copy': expected pinned or direct" in capsys.readouterr().err
+
+
+def test_mario_kept_best_is_reported_beside_the_newest_weights_and_judges_no_goal() -> None:
+    settings = {"env_id": "SuperMarioBros-1-1-v0?size=42", "minutes": 60.0, "actors": 2, "sets": [],
+                "eval_episodes": 100, "eval_epsilon": 0.05, "eval_workers": 2, "noop_max": 30, "stall_steps": 0,
+                "seeds": list(range(300_000, 300_100))}
+    scored = {"weight_version": 2532, "mean_return": 311.2, "episodes": 10, "epsilon": 0.05, "noop_max": 30}
+    checkpoints = [{"minute": 30.0, "env_steps": 30_000, "weight_version": 1400,
+                    "episodes": _episodes([900.0, 1100.0] * 50)},  # no kept best yet at this checkpoint
+                   {"minute": 60.0, "env_steps": 60_000, "weight_version": 3083,
+                    "episodes": _episodes([2400.0, 2600.0] * 50, flags=30),
+                    "best": {"file": "ckpt-60min/kept-best/best.safetensors", "weight_version": 2532,
+                             "scored": scored, "episodes": _episodes([2000.0, 2200.0] * 50, flags=20)}}]
+    result = mario_report.summarize(settings, [], checkpoints, _episodes([400.0, 600.0] * 50),
+                                    {"start": [0.5, 0.5, 0.5]})
+    [kept] = [r for r in result.rows if "kept best" in r.case]
+    assert kept.case == "run: kept best at 60 min (weight version 2532; the newest 3083)"
+    assert (kept.flywheel, kept.peer) == (2100.0, 2500.0) and "flags 20%" in kept.metric
+    goal = next(r for r in result.rows if r.case == "goal: checkpoint at 60 min")
+    assert goal.flywheel == 30.0  # the goals judge the newest weights, as before
+    table = result.sections[-1]
+    assert "best.safetensors" in table and "| run 60 min | v3083, 2,500, 30% | v2532, 311.2 over 10, eps 0.05, " \
+        "0..30 | 2,100 (" in table
+    assert "| 20% (" in table and "run 30 min" not in table  # only checkpoints that had a kept best

@@ -165,3 +165,40 @@ def test_a_round_that_beats_the_best_is_played_again_and_kept_only_if_both_round
     assert any("playing it on 3 more seeds before it is kept" in m for m in messages)
     assert any("the best stays version 2" in m for m in messages)
     assert keeper.counters().greedy_evaluations_total == 2.0
+
+
+def mario_walker() -> LearnerCore:
+    """A real Mario learner core whose network always prefers action 1 (right) of SIMPLE_MOVEMENT."""
+    core = LearnerCore((4, 84, 84), 7, CoreConfig())
+    core.env_id = "SuperMarioBros-1-1-v0"  # type: ignore[attr-defined]
+    with torch.no_grad():
+        core.online.advantage.weight.zero_()
+        core.online.advantage.bias.copy_(torch.tensor([0.0, 1.0, 0, 0, 0, 0, 0]))
+    return core
+
+
+@pytest.mark.parametrize(("epsilon", "noop_max", "alike"), [(0.0, 0, True), (0.05, 30, False)])
+def test_mario_episodes_are_one_episode_played_greedily_and_differ_on_the_evaluation_protocol(
+        tmp_path: Path, epsilon: float, noop_max: int, alike: bool) -> None:
+    keeper = BestKeeper(tmp_path, "SuperMarioBros-1-1-v0", interval_s=3600, episodes=4, seed=300,
+                        max_steps=40, epsilon=epsilon, noop_max=noop_max)
+    try:
+        evaluate_now(keeper, mario_walker(), 3)
+    finally:
+        keeper.close()
+    best = json.loads((tmp_path / BEST_JSON).read_text())
+    assert (best["epsilon"], best["noop_max"], best["episodes"]) == (epsilon, noop_max, 8)
+    # the emulator is deterministic: greedy from the level start, 8 seeds are one episode; no-ops and epsilon differ
+    assert (best["min_return"] == best["max_return"]) is alike
+
+
+def test_a_best_scored_under_another_protocol_is_not_compared_with(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "best.safetensors").write_bytes(b"kept")
+    (tmp_path / BEST_JSON).write_text(json.dumps({"weight_version": 2, "mean_return": 311.0, "epsilon": 0.0}))
+    assert BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=1, seed=0).best is not None  # same: greedy
+    with caplog.at_level("WARNING", logger="flywheel.learner"):
+        keeper = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=1, seed=0, epsilon=0.05, noop_max=30)
+    assert keeper.best is None and (tmp_path / "best.safetensors").read_bytes() == b"kept"  # nothing removed
+    assert any("scored at epsilon 0 with 0..0 no-ops, these evaluations play epsilon 0.05 with 0..30: not "
+               "comparable" in r.getMessage() for r in caplog.records)

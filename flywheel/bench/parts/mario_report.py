@@ -73,6 +73,26 @@ def _also_table(rnd: dict[str, Any], checkpoints: list[dict[str, Any]], settings
     return "\n".join(lines)
 
 
+def _kept_best_table(checkpoints: list[dict[str, Any]], settings: dict[str, Any]) -> str:
+    """Markdown: each checkpoint's kept best (what flywheel play and export take) beside its newest weights."""
+    lines = [f"The learner's kept best at each checkpoint (best.safetensors: what `flywheel play`, `Policy.load` and "
+             f"`flywheel export` take by default), on the same {len(settings['seeds'])} seeds and rule as the "
+             "headline, beside the checkpoint's newest weights; `scored` is the kept best's own evaluation in "
+             "training (mean return, its episodes, epsilon and no-ops).", "",
+             "| checkpoint | newest weights: version, mean x, flag rate | kept best: version, scored | kept best: mean "
+             "x (95% CI) | median x | flag rate (95% CI) |", "|---|---:|---:|---:|---:|---:|"]
+    for c in checkpoints:
+        b, s, n = c["best"], c["best"]["summary"], c["summary"]
+        sc = b.get("scored") or {}
+        scored = (f"{sc['mean_return']:.1f} over {sc.get('episodes')}, eps {sc.get('epsilon') or 0:g}, "
+                  f"0..{sc.get('noop_max') or 0}" if sc.get("mean_return") is not None else "-")
+        lines.append(f"| {c.get('deploy', 'run')} {c['minute']:g} min | v{c.get('weight_version')}, {n['mean']:,.0f}, "
+                     f"{n['flag_rate']:.0%} | v{b['weight_version']}, {scored} | {s['mean']:,.0f} ({s['ci_low']:,.0f}-"
+                     f"{s['ci_high']:,.0f}) | {s['median']:,.0f} | {s['flag_rate']:.0%} ({s['flag_ci_low']:.0%}-"
+                     f"{s['flag_ci_high']:.0%}) |")
+    return "\n".join(lines)
+
+
 def _compose_row(checkpoints: list[dict[str, Any]], rnd: dict[str, Any]) -> Row | None:
     """Compose's last checkpoint against random and against flywheel run's checkpoint nearest in agent steps."""
     composed = [c for c in checkpoints if c.get("deploy") == "compose"]
@@ -139,6 +159,18 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
             metric=f"mean max x_pos, eps {eps:g} ({_describe(s)})",
             unit="x_pos", flywheel=s["mean"], peer=rnd["mean"], peer_name="random policy (mean)",
             flywheel_runs=_x(c["episodes"]), peer_runs=_x(random_records)))
+    kept = [c for c in checkpoints if c.get("best", {}).get("episodes")]
+    for c in kept:
+        b = c["best"]
+        b["summary"] = stats(_x(b["episodes"]), [r["flag"] for r in b["episodes"]])
+        b["stall_rule"] = stats(*_stall_rule(b["episodes"]))
+        result.rows.append(Row(
+            case=f"{c.get('deploy', 'run')}: kept best at {c['minute']:g} min (weight version {b['weight_version']}; "
+                 f"the newest {c.get('weight_version')})",
+            metric=f"mean max x_pos, eps {eps:g} ({_describe(b['summary'])})", unit="x_pos",
+            flywheel=b["summary"]["mean"], peer=c["summary"]["mean"],
+            peer_name="the checkpoint's newest weights (mean)",
+            flywheel_runs=_x(b["episodes"]), peer_runs=_x(c["episodes"])))
     flagged = any((v or 0) > 0 for p in points for v in p.get("flag_rate", {}).values())
     local = [c for c in checkpoints if c.get("deploy", "run") == deploys[0]]
     result.rows += _goal_rows(local, rnd)
@@ -148,6 +180,8 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
         result.sections.append(_policy_table(random_entry, checkpoints, settings))
         if settings.get("also_epsilon") is not None:
             result.sections.append(_also_table(rnd, checkpoints, settings))
+    if kept:
+        result.sections.append(_kept_best_table(kept, settings))
     points_run = [p for p in points if p.get("deploy", "run") == "run"]
     last_part = max((p.get("part", 0) for p in points_run), default=0)
     points_run = [p for p in points_run if p.get("part", 0) == last_part]  # CPU counters restart in every part
@@ -166,8 +200,9 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
             f"`flywheel run --env {env_id} --actors {settings['actors']}` with the "
             f"{settings.get('preset', 'pixel')} preset"
             + "".join(f" `--set {s}`" for s in settings["sets"]) + f", {settings['minutes']:g} min from process "
-            "start; nothing was evaluated while it trained (actor.eval_envs=0 also turns off actor-0's greedy env); "
-            "checkpoints via POST /control/checkpoint (learner only).")
+            "start; the bench evaluated nothing while it trained (actor.eval_envs=0 also turns off actor-0's "
+            "greedy env; the learner's own evaluations for its kept best ran as in any run of the preset); "
+            "checkpoints via POST /control/checkpoint (learner only), each with the kept best of that moment.")
     if settings.get("parts", 1) > 1:
         result.notes.append(
             f"Trained in {settings['parts']} parts, each continuing the last with `flywheel run --resume` "

@@ -2,20 +2,25 @@
 against a random policy.
 
 The suite starts ``flywheel run`` with the env id's preset (the mario preset for Mario; plus any ``set`` overrides)
-for ``minutes`` and evaluates nothing while it trains, so evaluation takes no CPU from training. It reads the
+for ``minutes`` and evaluates nothing of its own while it trains (the learner's evaluations for its kept best run,
+as in any flywheel run of the preset). It reads the
 gateway every ``poll_s`` seconds (agent steps, updates, each actor's rolling distance and flag rate, CPU seconds;
 the load average too) and, at each of the ``checkpoint_at`` minutes, asks the learner for a checkpoint through the
-gateway's ``POST /control/checkpoint`` and copies it to ``ckpt-<M>min/``. ``deploy=compose`` trains the shipped
-docker-compose.yml instead (``docker compose up --scale actor=<actors>``, built and run on a private Docker engine;
-flywheel.testing.compose), and ``deploy=run,compose`` trains both, one after the other, for the same minutes. After
-training, every checkpoint and a uniformly random policy play the same ``eval_episodes`` seeds at epsilon
-``eval_epsilon`` in ``eval_workers`` processes (flywheel.evaluation: level start, 0..``noop_max`` no-ops, no stall
-rule unless ``stall_steps`` is set; the stall rule's figure is reported beside), each summarised by the mean and
-median furthest x_pos with 95% bootstrap CIs and the flag rate with its Wilson interval.
+gateway's ``POST /control/checkpoint`` and copies it to ``ckpt-<M>min/``, with the learner's kept best of that
+moment (best.safetensors, what ``flywheel play`` and ``flywheel export`` take) in ``ckpt-<M>min/kept-best/``.
+``deploy=compose`` trains the shipped docker-compose.yml instead (``docker compose up --scale actor=<actors>``,
+built and run on a private Docker engine; flywheel.testing.compose), and ``deploy=run,compose`` trains both, one
+after the other, for the same minutes. After training, every checkpoint and a uniformly random policy play the same
+``eval_episodes`` seeds at epsilon ``eval_epsilon`` in ``eval_workers`` processes (flywheel.evaluation: level start,
+0..``noop_max`` no-ops, no stall rule unless ``stall_steps`` is set; the stall rule's figure is reported beside),
+each summarised by the mean and median furthest x_pos with 95% bootstrap CIs and the flag rate with its Wilson
+interval; each kept best plays the same seeds too, reported beside its checkpoint's newest weights (the headline and
+the goals judge the newest).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -157,12 +162,35 @@ def _take_checkpoint(run: Training, token: str, minute: float, workdir: Path) ->
                 shutil.copy2(extra, dest / extra.name)
     from flywheel.policy import Policy
 
-    policy = Policy.load(dest, env_id=run.env_id)
+    policy = Policy.load(dest, env_id=run.env_id, which="latest")
     point = _point(run, snap) if snap is not None else {}
-    return {"minute": minute, "dir": str(dest), "t": time.monotonic() - run.started, "asked_t": asked - run.started,
-            "env_steps": point.get("env_steps"), "updates": point.get("updates"),
-            "replay_size": point.get("replay_size"), "checkpoint_updates": policy.updates,
-            "weight_version": policy.weight_version}
+    found = {"minute": minute, "dir": str(dest), "t": time.monotonic() - run.started, "asked_t": asked - run.started,
+             "env_steps": point.get("env_steps"), "updates": point.get("updates"),
+             "replay_size": point.get("replay_size"), "checkpoint_updates": policy.updates,
+             "weight_version": policy.weight_version}
+    if not isinstance(run, ComposeStack) and (kept := _copy_kept_best(source.parent, dest, run.env_id)) is not None:
+        found["best"] = kept
+    return found
+
+
+def _copy_kept_best(learner_dir: Path, dest: Path, env_id: str) -> dict[str, Any] | None:
+    """The learner's kept best of this moment, copied to dest/kept-best/ (None before its first evaluation): the
+    policy file, its best.json, and the version the file itself names."""
+    from flywheel.policy import BEST_FILE, Policy
+    from flywheel.services.learner.best import BEST_JSON
+
+    if not (learner_dir / BEST_FILE).is_file():
+        return None
+    folder = dest / "kept-best"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(learner_dir / BEST_FILE, folder / BEST_FILE)
+    scored: dict[str, Any] = {}
+    if (learner_dir / BEST_JSON).is_file():
+        shutil.copy2(learner_dir / BEST_JSON, folder / BEST_JSON)
+        scored = json.loads((folder / BEST_JSON).read_text())
+    kept = Policy.load(folder / BEST_FILE, env_id=env_id)
+    return {"file": str(folder / BEST_FILE), "weight_version": kept.weight_version, "updates": kept.updates,
+            "scored": {k: scored.get(k) for k in ("weight_version", "mean_return", "episodes", "epsilon", "noop_max")}}
 
 
 def train_and_poll(ctx: BenchContext, run: Training, minutes: float, poll_s: float, points: list[dict[str, Any]],
@@ -340,6 +368,10 @@ def run(ctx: BenchContext) -> SuiteResult:
             if also >= 0:  # the random policy ignores epsilon: its episodes above stand for both rates
                 c["episodes_also"] = _evaluate(ctx, env_id, f"{name}, epsilon {also:g}", c["dir"], seeds, also,
                                                *args[2:])
+            state.save(workdir)
+        for c in [c for c in state.checkpoints if c.get("best") and "episodes" not in c["best"]]:
+            c["best"]["episodes"] = _evaluate(ctx, env_id, f"{c['deploy']} kept best at {c['minute']:g} min",
+                                              c["best"]["file"], *args)
             state.save(workdir)
         loads["end"] = list(os.getloadavg())
         settings = {**recipe, **evaluation, "minutes": state.trained_minutes, "checkpoint_at": marks,
