@@ -76,7 +76,7 @@ def _card_body(policy: Any, results: dict[str, Any], model_file: str, dtype: np.
                files: list[str], parity: dict[str, Any] | None) -> str:
     env, shape = policy.env_id, ", ".join(str(d) for d in policy.obs_shape)
     name = policy.path.name if policy.path else "?"
-    picked = ("the weights that did best in the learner's greedy evaluations" if name == "best.safetensors"
+    picked = ("the weights that did best in the learner's evaluations" if name == "best.safetensors"
               else "the newest weights")
     seeds = results["seeds"]
     mario = results["flag_rate"] is not None
@@ -172,7 +172,7 @@ def add_export_flags(parser: argparse.ArgumentParser) -> None:
                         help="the model file (default CHECKPOINT_DIR/export/model.onnx or model.pt); with --card, "
                              "the card folder (default CHECKPOINT_DIR/export)")
     parser.add_argument("--which", choices=("auto", "best", "latest"), default="auto",
-                        help="best: the weights that did best in the learner's greedy evaluations; latest: the "
+                        help="best: the weights that did best in the learner's evaluations; latest: the "
                              "newest; auto (default): best when the run kept one, else latest")
     parser.add_argument("--env", default=None, help="environment id (default: the checkpoint's or run.json's)")
     parser.add_argument("--card", action="store_true",

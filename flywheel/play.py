@@ -301,7 +301,7 @@ def add_play_flags(parser: argparse.ArgumentParser) -> None:
                         help="a flywheel run --checkpoint-dir (or its learner/ folder)")
     parser.add_argument("--episodes", type=int, default=3, help="episodes to play (default 3)")
     parser.add_argument("--which", choices=("auto", "best", "latest"), default="auto",
-                        help="best: the weights that did best in the learner's greedy evaluations; latest: the "
+                        help="best: the weights that did best in the learner's evaluations; latest: the "
                              "newest; auto (default): best when the run kept one, else latest")
     parser.add_argument("--epsilon", type=float, default=0.0, help="random-action probability (default 0: greedy)")
     parser.add_argument("--seed", type=int, default=None, help="seeds the first reset and the random actions")

@@ -29,7 +29,7 @@ def find_checkpoint(directory: str | Path, which: str = "auto") -> Path:
     """The policy file of a checkpoint folder (or the file itself when ``directory`` is a .safetensors file).
 
     In DIR, or DIR/learner for a ``flywheel run --checkpoint-dir``: ``latest`` is learner.safetensors (the newest
-    weights), ``best`` is best.safetensors (the weights that did best in the learner's greedy evaluations),
+    weights), ``best`` is best.safetensors (the weights that did best in the learner's evaluations),
     ``auto`` is best when there is one, else latest.
     """
     if which not in WHICH:
