@@ -202,3 +202,14 @@ def test_a_best_scored_under_another_protocol_is_not_compared_with(tmp_path: Pat
     assert keeper.best is None and (tmp_path / "best.safetensors").read_bytes() == b"kept"  # nothing removed
     assert any("scored at epsilon 0 with 0..0 no-ops, these evaluations play epsilon 0.05 with 0..30: not "
                "comparable" in r.getMessage() for r in caplog.records)
+
+
+def test_the_evaluation_protocol_settings_are_validated_at_start() -> None:
+    from pydantic import ValidationError
+
+    from flywheel.services.learner.settings import LearnerSettings
+
+    assert (LearnerSettings().best_eval_epsilon, LearnerSettings().best_eval_noop_max) == (0.0, 0)  # greedy, as before
+    for bad in ({"best_eval_epsilon": 1.5}, {"best_eval_epsilon": -0.1}, {"best_eval_noop_max": -1}):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            LearnerSettings(**bad)

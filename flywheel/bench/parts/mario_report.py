@@ -39,6 +39,18 @@ def _describe(s: dict[str, Any]) -> str:
             f"{s['flag_ci_high']:.0%})")
 
 
+def _mean_cell(s: dict[str, Any]) -> str:
+    return f"{s['mean']:,.0f} ({s['ci_low']:,.0f}-{s['ci_high']:,.0f})"
+
+
+def _median_cell(s: dict[str, Any]) -> str:
+    return f"{s['median']:,.0f} ({s['median_ci_low']:,.0f}-{s['median_ci_high']:,.0f})"
+
+
+def _flag_cell(s: dict[str, Any]) -> str:
+    return f"{s['flag_rate']:.0%} ({s['flag_ci_low']:.0%}-{s['flag_ci_high']:.0%})"
+
+
 def _policy_table(rnd: dict[str, Any], checkpoints: list[dict[str, Any]], settings: dict[str, Any]) -> str:
     """Markdown: each policy's plain figures beside what the stall rule (which can only lower them) makes of them."""
     lines = [f"Every policy on the same {len(settings['seeds'])} seeds (epsilon {settings['eval_epsilon']:g}, "
@@ -50,10 +62,8 @@ def _policy_table(rnd: dict[str, Any], checkpoints: list[dict[str, Any]], settin
     for name, steps, s, t in [("random", None, rnd["summary"], rnd["stall_rule"])] + [
             (f"{c.get('deploy', 'run')} {c['minute']:g} min", c["env_steps"], c["summary"], c["stall_rule"])
             for c in checkpoints]:
-        lines.append(f"| {name} | {'-' if steps is None else f'{steps:,.0f}'} | {s['mean']:,.0f} ({s['ci_low']:,.0f}-"
-                     f"{s['ci_high']:,.0f}) | {s['median']:,.0f} ({s['median_ci_low']:,.0f}-"
-                     f"{s['median_ci_high']:,.0f}) | {s['flag_rate']:.0%} ({s['flag_ci_low']:.0%}-"
-                     f"{s['flag_ci_high']:.0%}) | {t['mean']:,.0f} | {t['flag_rate']:.0%} |")
+        lines.append(f"| {name} | {'-' if steps is None else f'{steps:,.0f}'} | {_mean_cell(s)} | {_median_cell(s)} | "
+                     f"{_flag_cell(s)} | {t['mean']:,.0f} | {t['flag_rate']:.0%} |")
     return "\n".join(lines)
 
 
@@ -67,9 +77,8 @@ def _also_table(rnd: dict[str, Any], checkpoints: list[dict[str, Any]], settings
              f"(95% CI) | mean x, eps {eps:g} | flag rate, eps {eps:g} |", "|---|---:|---:|---:|---:|---:|"]
     for name, s, h in [("random", rnd, rnd)] + [(f"{c.get('deploy', 'run')} {c['minute']:g} min", c["summary_also"],
                                                   c["summary"]) for c in checkpoints]:
-        lines.append(f"| {name} | {s['mean']:,.0f} ({s['ci_low']:,.0f}-{s['ci_high']:,.0f}) | {s['median']:,.0f} "
-                     f"({s['median_ci_low']:,.0f}-{s['median_ci_high']:,.0f}) | {s['flag_rate']:.0%} "
-                     f"({s['flag_ci_low']:.0%}-{s['flag_ci_high']:.0%}) | {h['mean']:,.0f} | {h['flag_rate']:.0%} |")
+        lines.append(f"| {name} | {_mean_cell(s)} | {_median_cell(s)} | {_flag_cell(s)} | {h['mean']:,.0f} | "
+                     f"{h['flag_rate']:.0%} |")
     return "\n".join(lines)
 
 
@@ -87,9 +96,8 @@ def _kept_best_table(checkpoints: list[dict[str, Any]], settings: dict[str, Any]
         scored = (f"{sc['mean_return']:.1f} over {sc.get('episodes')}, eps {sc.get('epsilon') or 0:g}, "
                   f"0..{sc.get('noop_max') or 0}" if sc.get("mean_return") is not None else "-")
         lines.append(f"| {c.get('deploy', 'run')} {c['minute']:g} min | v{c.get('weight_version')}, {n['mean']:,.0f}, "
-                     f"{n['flag_rate']:.0%} | v{b['weight_version']}, {scored} | {s['mean']:,.0f} ({s['ci_low']:,.0f}-"
-                     f"{s['ci_high']:,.0f}) | {s['median']:,.0f} | {s['flag_rate']:.0%} ({s['flag_ci_low']:.0%}-"
-                     f"{s['flag_ci_high']:.0%}) |")
+                     f"{n['flag_rate']:.0%} | v{b['weight_version']}, {scored} | {_mean_cell(s)} | "
+                     f"{s['median']:,.0f} | {_flag_cell(s)} |")
     return "\n".join(lines)
 
 
