@@ -61,6 +61,7 @@ class CoreConfig:
     target_update_interval: int = _default("target_update_interval")
     tau: float = _default("tau")
     double: bool = _default("double")
+    bootstrap_epsilon: float = _default("bootstrap_epsilon")
     dueling: bool = _default("dueling")
     random_shift: int = _default("random_shift")
     munchausen: bool = _default("munchausen")
@@ -268,9 +269,11 @@ class LearnerCore:
                                       entropy_tau=c.munchausen_tau, clip_low=c.munchausen_clip, kappa=c.huber_kappa)
         if c.head == "c51":
             assert self.target.support is not None
-            return categorical_td_loss(out, action, reward, discount, next_target, beside, self.target.support)
-        loss = quantile_td_loss if c.head == "quantile" else q_td_loss
-        return loss(out, action, reward, discount, next_target, beside, c.huber_kappa)
+            return categorical_td_loss(out, action, reward, discount, next_target, beside, self.target.support,
+                                       c.bootstrap_epsilon)
+        if c.head == "quantile":
+            return quantile_td_loss(out, action, reward, discount, next_target, beside, c.huber_kappa)
+        return q_td_loss(out, action, reward, discount, next_target, beside, c.huber_kappa, c.bootstrap_epsilon)
 
     def _nets(self, obs: torch.Tensor, next_obs: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

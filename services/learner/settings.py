@@ -43,6 +43,11 @@ class LearnerSettings(CommonSettings):
                                                                   "policy of the target network")
     munchausen_clip: float = Field(-1.0, ge=-1000, lt=0, description="Munchausen: lower clip of tau * log pi")
     double: bool = Field(True, description="double DQN targets (online argmax, target evaluation)")
+    bootstrap_epsilon: float = Field(
+        0.0, ge=0, lt=1, description="the bootstrap values the epsilon-greedy policy of this epsilon around a*: "
+                                     "(1 - e) Q_t(s', a*) + e mean_a Q_t(s', a), expected SARSA, so the greedy "
+                                     "policy learns to survive its own random actions (0 = greedy, Q-learning; "
+                                     "heads q and c51)")
     head: Head = Field("q", description="q: one value per action; quantile: QR-DQN quantiles; c51: a categorical "
                        "distribution over c51_atoms atoms (actors must use the same head)")
     num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
@@ -178,6 +183,13 @@ class LearnerSettings(CommonSettings):
     def _munchausen_needs_q_head(self) -> LearnerSettings:
         if self.munchausen and self.head != "q":
             raise ValueError("munchausen needs head q (its soft bootstrap is over Q-values, not quantiles)")
+        return self
+
+    @model_validator(mode="after")
+    def _bootstrap_epsilon_needs_a_mixable_head(self) -> LearnerSettings:
+        if self.bootstrap_epsilon > 0 and (self.head == "quantile" or self.munchausen):
+            raise ValueError("bootstrap_epsilon needs head q or c51 without munchausen (quantiles of a mixture are "
+                             "not the mix of quantiles; Munchausen has its own soft bootstrap)")
         return self
 
     @model_validator(mode="after")

@@ -148,6 +148,23 @@ def test_munchausen_settings_reach_the_core_and_need_the_q_head() -> None:
         LearnerSettings(munchausen_clip=0.5)
 
 
+def test_bootstrap_epsilon_reaches_the_core_and_needs_a_mixable_head() -> None:
+    import pytest
+    import torch
+    from pydantic import ValidationError
+
+    from flywheel.services.learner.startup import core_config
+
+    config = core_config(LearnerSettings(device="cpu", bootstrap_epsilon=0.05, head="c51"), torch.device("cpu"))
+    assert (config.bootstrap_epsilon, config.head) == (0.05, "c51")
+    with pytest.raises(ValidationError, match="bootstrap_epsilon needs head q or c51"):
+        LearnerSettings(bootstrap_epsilon=0.05, head="quantile")
+    with pytest.raises(ValidationError, match="bootstrap_epsilon needs head q or c51"):
+        LearnerSettings(bootstrap_epsilon=0.05, munchausen=True)
+    with pytest.raises(ValidationError, match="bootstrap_epsilon"):
+        LearnerSettings(bootstrap_epsilon=1.0)
+
+
 def test_an_lr_schedule_needs_both_its_settings() -> None:
     import pytest
     from pydantic import ValidationError
