@@ -6,19 +6,24 @@ stay plain: they never leave the host and file permissions guard them.
 
 One key layout, made by ``flywheel keys generate DIR``::
 
-    DIR/server.key         the servers' public key (every service)
-    DIR/server.key_secret  the servers' key pair (services that bind: replay, learner, gateway)
-    DIR/client.key_secret  a client key pair (services that connect: actors, learner, replay)
-    DIR/authorized/*.key   client public keys the servers accept
-    DIR/clients/NAME/      a ready-to-mount folder for one more client (``--client NAME``)
+    DIR/server.key          the servers' public key (every service)
+    DIR/server.key_secret   the servers' key pair (services that bind: replay, learner, gateway)
+    DIR/ROLE.key_secret     one client key pair per role that connects (learner, replay, actor)
+    DIR/authorized/NAME.key client public keys the servers accept; NAME is the key's identity (``key_role``)
+    DIR/clients/NAME/       a ready-to-mount folder for one more client (``--client NAME``: an actor elsewhere)
+    DIR/client.key_secret   folders made before per-role keys: one client key every service shared (any role)
+
+A service reads ``ROLE.key_secret`` where the folder has it, else ``client.key_secret``. ``role_folder`` writes
+what one role's containers mount and nothing more (compose's per-role volumes; k8s picks the same files by
+Secret items). The gateway's telemetry socket learns which key sent each report (flywheel.zap.IDENTITY_DOMAIN):
+a key may speak only for its role.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
-import os
-import shutil
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +32,17 @@ from typing import Any
 import zmq
 import zmq.utils.z85
 
+from flywheel.zap import IDENTITY_DOMAIN, start_zap_handler
 from flywheel.zap import refused_counts as refused_counts  # re-exported: transport and gateway count refusals here
-from flywheel.zap import start_zap_handler
 
 log = logging.getLogger("flywheel.security")
 ZAP_DOMAIN = b"flywheel"
 PLAIN_TRANSPORTS = ("ipc://", "inproc://")
 BINDS = {"replay", "learner", "gateway"}
 CONNECTS = {"replay", "learner", "actor"}
+ROLES = ("learner", "replay", "actor")  # the client key pairs `flywheel keys generate` writes, one per role
+LEGACY_CLIENT = "client"  # the one client key of folders made before per-role keys: it may speak for any role
+RESERVED_NAMES = frozenset({"server", LEGACY_CLIENT, "gateway", *ROLES})  # not for --client NAME
 
 
 class CurveKeyError(ValueError):
@@ -54,6 +62,7 @@ class CurveKeys:
     client_public: bytes | None = None
     client_secret: bytes | None = None
     authorized: frozenset[bytes] = frozenset()
+    names: tuple[tuple[bytes, str], ...] = ()  # authorized keys' names (authorized/NAME.key): their identities
 
 
 def _z85(value: str | bytes, what: str) -> bytes:
@@ -65,6 +74,16 @@ def _z85(value: str | bytes, what: str) -> bytes:
     except (ValueError, KeyError, IndexError, TypeError):
         raise CurveKeyError(f"{what} is not a Z85 CURVE key (40 characters)") from None
     return key
+
+
+def key_fingerprint(key: str | bytes) -> str:
+    """A CURVE public key's short name in messages: the first 8 hex characters of the sha256 of its 32 bytes."""
+    return hashlib.sha256(zmq.utils.z85.decode(_z85(key, "a CURVE key"))).hexdigest()[:8]
+
+
+def public_key(value: str | bytes, what: str) -> bytes:
+    """``value`` as a Z85 CURVE key (40 characters), or a CurveKeyError naming ``what``."""
+    return _z85(value, what)
 
 
 def _certificate(path: Path, want_secret: bool) -> tuple[bytes, bytes | None]:
@@ -81,12 +100,15 @@ def _certificate(path: Path, want_secret: bool) -> tuple[bytes, bytes | None]:
 
 def load_keys(keys_dir: Path | None = None, *, server_key: str = "", server_secret_key: str = "",
               client_secret_key: str = "", authorized_keys: str = "", env_prefix: str = "FLYWHEEL_*_",
-              ) -> CurveKeys | None:
-    """Keys from ``keys_dir`` and/or explicit Z85 values (which win); None when CURVE is not asked for."""
+              role: str = "") -> CurveKeys | None:
+    """Keys from ``keys_dir`` and/or explicit Z85 values (which win); None when CURVE is not asked for.
+
+    The client key pair is ``ROLE.key_secret`` when the folder has one for ``role``, else ``client.key_secret``."""
     if keys_dir is None and not (server_key or server_secret_key or client_secret_key or authorized_keys):
         return None
     server_public = server_secret = client_public = client_secret = None
     authorized: set[bytes] = set()
+    names: dict[bytes, str] = {}
     if keys_dir is not None:
         if not keys_dir.is_dir():
             raise CurveKeyError(f"CURVE keys folder {keys_dir} does not exist ({env_prefix}CURVE_KEYS_DIR); "
@@ -95,11 +117,14 @@ def load_keys(keys_dir: Path | None = None, *, server_key: str = "", server_secr
             server_public, server_secret = _certificate(keys_dir / "server.key_secret", True)
         elif (keys_dir / "server.key").exists():
             server_public, _ = _certificate(keys_dir / "server.key", False)
-        if (keys_dir / "client.key_secret").exists():
-            client_public, client_secret = _certificate(keys_dir / "client.key_secret", True)
+        own = keys_dir / f"{role}.key_secret"
+        client_file = own if role in ROLES and own.exists() else keys_dir / f"{LEGACY_CLIENT}.key_secret"
+        if client_file.exists():
+            client_public, client_secret = _certificate(client_file, True)
         folder = keys_dir / "authorized"
         if folder.is_dir():
-            authorized |= {_certificate(path, False)[0] for path in sorted(folder.glob("*.key"))}
+            names |= {_certificate(path, False)[0]: path.stem for path in sorted(folder.glob("*.key"))}
+            authorized |= set(names)
     if server_secret_key:
         server_secret = _z85(server_secret_key, f"{env_prefix}CURVE_SERVER_SECRET_KEY")
         server_public = zmq.curve_public(server_secret)
@@ -116,7 +141,8 @@ def load_keys(keys_dir: Path | None = None, *, server_key: str = "", server_secr
     if server_public is None:
         raise CurveKeyError(f"CURVE is on but the servers' public key is missing: put server.key in the keys "
                             f"folder or set {env_prefix}CURVE_SERVER_KEY")
-    return CurveKeys(server_public, server_secret, client_public, client_secret, frozenset(authorized))
+    return CurveKeys(server_public, server_secret, client_public, client_secret, frozenset(authorized),
+                     tuple(sorted(names.items())))
 
 
 def keys_from_settings(settings: Any, service: str) -> CurveKeys | None:
@@ -126,7 +152,7 @@ def keys_from_settings(settings: Any, service: str) -> CurveKeys | None:
                      server_key=getattr(settings, "curve_server_key", ""),
                      server_secret_key=_secret(getattr(settings, "curve_server_secret_key", "")),
                      client_secret_key=_secret(getattr(settings, "curve_client_secret_key", "")),
-                     authorized_keys=getattr(settings, "curve_authorized_keys", ""), env_prefix=prefix)
+                     authorized_keys=getattr(settings, "curve_authorized_keys", ""), env_prefix=prefix, role=service)
     if keys is None:
         return None
     if service in BINDS and keys.server_secret is None:
@@ -137,7 +163,8 @@ def keys_from_settings(settings: Any, service: str) -> CurveKeys | None:
                             f"authorized/*.key to the keys folder or set {prefix}CURVE_AUTHORIZED_KEYS")
     if service in CONNECTS and keys.client_secret is None:
         raise CurveKeyError(f"flywheel {service} connects to other services, so CURVE needs a client key pair: "
-                            f"client.key_secret in the keys folder or {prefix}CURVE_CLIENT_SECRET_KEY")
+                            f"{service}.key_secret (or client.key_secret) in the keys folder or "
+                            f"{prefix}CURVE_CLIENT_SECRET_KEY")
     return keys
 
 
@@ -228,13 +255,54 @@ def prepare_bind(sock: zmq.Socket, endpoint: str) -> None:
         return
     if keys.server_secret is None:
         raise CurveKeyError(f"cannot bind {endpoint} with CURVE: this process has no server secret key")
-    handler = start_zap_handler(sock.context, keys.authorized)
+    handler = start_zap_handler(sock.context, keys.authorized, dict(keys.names))
     if sock not in _watched:  # one monitor per socket, whatever it binds
         _watched.add(sock)
         handler.watch(sock)
-    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+    if not sock.getsockopt(zmq.ZAP_DOMAIN):  # identify_peers may have set its own
+        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
     sock.setsockopt(zmq.CURVE_SERVER, 1)
+
+
+def identify_peers(sock: zmq.Socket) -> None:
+    """Before its binds: ``sock``'s CURVE clients are named on each message (``peer_key``); no-op without CURVE."""
+    if _active is None:
+        return
+    if sock.getsockopt(zmq.RCVHWM) == 1:  # a user id stalls a CURVE socket at RCVHWM 1 (flywheel.zap)
+        sock.setsockopt(zmq.RCVHWM, 2)
+    sock.setsockopt(zmq.ZAP_DOMAIN, IDENTITY_DOMAIN)
+
+
+def peer_key(frame: zmq.Frame) -> str:
+    """The name of the CURVE key that sent ``frame`` on an ``identify_peers`` socket; "" for a plain (local) peer."""
+    try:
+        return str(frame.get("User-Id") or "")
+    except (zmq.ZMQError, AttributeError, TypeError):  # no user id at all (a plain connection), or bytes
+        return ""
+
+
+def key_role(name: str) -> str:
+    """Whose key it is: ``learner`` or ``learner-*`` the learner's, ``replay``/``replay-*`` the replay's, ""
+    (a plain local peer) and the legacy shared ``client`` key anyone's ("*"), every other key an actor's."""
+    if not name or name == LEGACY_CLIENT:
+        return "*"
+    for role in ("learner", "replay"):
+        if name == role or name.startswith(f"{role}-"):
+            return role
+    return "actor"
+
+
+# The services each role's key may report for: an actor's key also for `flywheel run`'s launcher (flywheel/
+# supervisor.py reports with the actors' keys), never for the learner or the replay.
+SPEAKS_FOR = {"learner": frozenset({"learner"}), "replay": frozenset({"replay"}),
+              "actor": frozenset({"actor", "supervisor"})}
+
+
+def speaks_for(name: str, service: str) -> bool:
+    """Whether the key named ``name`` (``peer_key``) may report for ``service``."""
+    role = key_role(name)
+    return role == "*" or service in SPEAKS_FOR[role]
 
 
 def prepare_connect(sock: zmq.Socket, endpoint: str) -> None:
@@ -249,35 +317,3 @@ def prepare_connect(sock: zmq.Socket, endpoint: str) -> None:
     sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.client_public)
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.client_secret)
-
-
-# ---- key generation ----------------------------------------------------------------------------------------------
-def generate(directory: Path, clients: list[str] | None = None, force: bool = False) -> list[Path]:
-    """Write a server key pair, a client key pair and its authorization; one folder more per named client."""
-    import zmq.auth
-
-    names = clients or []
-    bad = [n for n in names if not n.replace("-", "").replace("_", "").isalnum() or n in ("server", "client")]
-    if bad:
-        raise CurveKeyError(f"client names must be letters, digits, '-' or '_' (and not server/client): {bad}")
-    if (directory / "server.key_secret").exists() and not force:
-        raise CurveKeyError(f"{directory} already holds keys; pass --force to replace them (every service then "
-                            "needs the new ones)")
-    directory.mkdir(parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
-    authorized = directory / "authorized"
-    shutil.rmtree(authorized, ignore_errors=True)
-    authorized.mkdir(mode=0o700)
-    written = [Path(p) for p in zmq.auth.create_certificates(directory, "server")]
-    written += [Path(p) for p in zmq.auth.create_certificates(directory, "client")]
-    shutil.copy(directory / "client.key", authorized / "client.key")
-    for name in names:
-        folder = directory / "clients" / name
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True, mode=0o700)
-        written += [Path(p) for p in zmq.auth.create_certificates(folder, "client")]
-        shutil.copy(directory / "server.key", folder / "server.key")
-        shutil.copy(folder / "client.key", authorized / f"{name}.key")
-    for path in [*written, *authorized.glob("*.key")]:
-        os.chmod(path, 0o600 if path.name.endswith("_secret") else 0o644)
-    return sorted(set(written) | set(authorized.glob("*.key")))

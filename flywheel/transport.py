@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import functools
 import logging
+import math
 import time
 import weakref
 from collections import Counter
@@ -26,6 +30,12 @@ class EndpointInUse(RuntimeError):
 
 
 MAX_PARTS = 64  # the most parts any Flywheel message has: a header, its arrays and a ROUTER envelope
+# The most one message may hold, each part and all of it, on the gateway's telemetry and lease sockets (peers reach
+# them): the biggest real telemetry report measured is 1.6 KiB (about 46 values), a clip piece is
+# proto.CLIP_CHUNK_BYTES (12 KiB) and a header under 1 KiB, a lease request under 1.1 KiB (an instance name of at
+# most 256 characters). Small caps bound what one multipart message can make libzmq queue (docs/RELIABILITY.md).
+TELEMETRY_MAX_BYTES = 16 * 1024
+LEASE_MAX_BYTES = 2 * 1024
 
 
 class MessageTooLarge(proto.OversizedMessage):
@@ -66,16 +76,44 @@ def make_socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int 
     return sock
 
 
+PART_OVERHEAD = 64  # bytes libzmq holds per queued part beyond its data (a zmq_msg_t in the pipe), at least
+_GIVE_BACK_AFTER = 1 << 20  # a refused message that made libzmq hold this much: give the freed pages back
+_given_back = -math.inf
+
+
+def give_back_memory(held: int) -> None:
+    """After a refused message that made libzmq hold ``held`` bytes: return the freed heap pages to the system
+    (glibc ``malloc_trim``; at most once a second). Without it a process keeps its peak resident size: libzmq
+    frees the parts, but malloc keeps the pages (measured: 8,000 parts of 16 KiB, +250 MiB resident, kept)."""
+    global _given_back
+    now = time.monotonic()
+    if held < _GIVE_BACK_AFTER or now - _given_back < 1.0:
+        return
+    _given_back = now
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None)  # the C library the interpreter runs on (malloc_trim: glibc only)
+    except OSError:
+        return None
+
+
 class _Intake:
     """One message's parts as they are received, kept only while within the budget."""
 
     def __init__(self, budget: MessageBudget) -> None:
-        self.budget, self.size, self.why = budget, 0, ""
+        self.budget, self.size, self.parts, self.why = budget, 0, 0, ""
         self.frames: list[zmq.Frame] = []
 
     def add(self, frame: zmq.Frame) -> bool:
         """Take one part; whether more parts follow."""
         self.size += len(frame)
+        self.parts += 1
         if not self.why:
             if len(self.frames) + 1 > self.budget.max_parts:
                 self.why = f"more than {self.budget.max_parts} parts"
@@ -87,7 +125,8 @@ class _Intake:
 
     def message(self) -> list[zmq.Frame]:
         if self.why:
-            raise MessageTooLarge(f"message of {self.size} bytes refused: {self.why}")
+            give_back_memory(self.size + PART_OVERHEAD * self.parts)
+            raise MessageTooLarge(f"message of {self.size} bytes in {self.parts} parts refused: {self.why}")
         return self.frames
 
 
@@ -105,7 +144,11 @@ def receive(sock: zmq.Socket, flags: int = zmq.NOBLOCK) -> list[zmq.Frame]:
 
 
 async def receive_async(sock: zmq.asyncio.Socket) -> list[zmq.Frame]:
-    """``receive`` for an asyncio socket: waits for the first part, then takes the rest within the budget."""
+    """``receive`` for an asyncio socket: waits for the first part, then takes the rest within the budget.
+
+    It first lets the event loop run its other tasks once: pyzmq hands over a queued message without yielding, so
+    a loop reading a socket that one peer keeps full would otherwise starve every other task (leases, HTTP)."""
+    await asyncio.sleep(0)
     intake = _Intake(_budgets.get(sock, MessageBudget()))
     more = intake.add(await sock.recv(copy=False))
     while more:
@@ -281,7 +324,8 @@ class TelemetryReporter:
         connect(self.sock, endpoint)
         self.service, self.instance, self.interval_s = service, instance, interval_s
         self.seq = 0
-        self.dropped = 0
+        self.dropped = 0  # reports not sent: the queue to the gateway was full, or one was over its cap (oversized)
+        self.oversized = 0
         self._next = 0.0
         self.process = ProcessStats() if process_stats else None
 
@@ -303,8 +347,16 @@ class TelemetryReporter:
             counters = {**refused, **counters}
             info["curve"] = "on"
         msg = proto.Telemetry(self.service, self.instance, self.seq, time.time(), counters, gauges, info)
+        frames = proto.encode(msg)
+        if len(frames[0]) > TELEMETRY_MAX_BYTES:  # the gateway would cut the connection at it: say so, send none
+            if not self.oversized:
+                log.warning("telemetry report of %d bytes is over the gateway's %d-byte cap (%d values): not sent",
+                            len(frames[0]), TELEMETRY_MAX_BYTES, len(counters) + len(gauges) + len(info))
+            self.oversized += 1
+            self.dropped += 1
+            return
         try:
-            self.sock.send_multipart(proto.encode(msg), flags=zmq.NOBLOCK, copy=False)
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.dropped += 1
 

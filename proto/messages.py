@@ -223,9 +223,17 @@ class PriorityUpdate(Message):
         batch_size(self, ("index", "priority"))
 
 
+_RUN_ID = re.compile(r"^[0-9a-f]{0,32}$")
+
+
 @dataclass
 class Weights(Message):
-    """Learner -> actors: a full set of network parameters with a strictly increasing version."""
+    """Learner -> actors: a full set of network parameters with a version that increases within one learner run.
+
+    ``run_id`` names the learner process that published it (random, new at each start, a resumed one included):
+    actors take the first weights of a new run whatever their version, and within one run only versions that
+    grow by a bounded step. Absent (an older learner): "", one run like any other.
+    """
 
     KIND: ClassVar[str] = "weights"
     DYNAMIC_ARRAYS: ClassVar[tuple[str, ArraySpec] | None] = (
@@ -234,10 +242,13 @@ class Weights(Message):
     version: int
     network: str
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    run_id: str = ""
 
     def validate(self) -> None:
         if self.version < 0:
             raise BadShape(f"weights: negative version {self.version}")
+        if not _RUN_ID.match(self.run_id):
+            raise BadShape(f"weights: run_id {self.run_id[:40]!r} is not up to 32 lowercase hex digits")
 
 
 @dataclass
@@ -289,7 +300,7 @@ class LeaseReply(Message):
             raise BadShape(f"lease_reply: index {self.index} outside 0..{self.count - 1}")
 
 
-CLIP_CHUNK_BYTES = 48 * 1024  # a clip travels in pieces that fit the gateway's small-message cap (64 KiB)
+CLIP_CHUNK_BYTES = 12 * 1024  # a clip travels in pieces that fit the telemetry socket's 16 KiB cap with their header
 
 
 @dataclass

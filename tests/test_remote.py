@@ -119,7 +119,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, dict[str, object]]]:
     """A real HTTP server on the loopback answering /join with a document the test can change."""
     document: dict[str, object] = {"format": remote.FORMAT, "env_id": "CartPole-v1", "actor": {
         "ENV_ID": "CartPole-v1", "NUM_ENVS": "16", "GAMMA": "0.99", "HIDDEN": "128",
-        "TRANSITIONS_ENDPOINT": "tcp://10.77.0.1:47100", "WEIGHTS_ENDPOINT": "tcp://10.77.0.1:47102"}}
+        "TRANSITIONS_ENDPOINT": "tcp://127.0.0.1:47100", "WEIGHTS_ENDPOINT": "tcp://127.0.0.1:47102"}}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -140,32 +140,34 @@ def served(tmp_path: Path) -> Iterator[tuple[str, dict[str, object]]]:
     server.server_close()
 
 
-def _actor(argv: list[str]) -> object:
-    args = build_parser().parse_args(["actor", *argv])
+def _actor(argv: list[str], keys: Path | None = None) -> object:
+    """``flywheel actor ARGV``'s settings, with the client folder ``keys/clients/far`` when given."""
+    own = ["--curve-keys-dir", str(keys / "clients" / "far")] if keys is not None else []
+    args = build_parser().parse_args(["actor", *argv, *own])
     settings = settings_from_args(settings_class("actor"), args, "actor")
     return remote.joined_settings(settings, args, "actor")
 
 
 def test_actor_join_takes_the_runs_values_under_its_own_flags_and_variables(
-        served: tuple[str, dict[str, object]], monkeypatch: pytest.MonkeyPatch) -> None:
+        served: tuple[str, dict[str, object]], keys: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url, _ = served
     monkeypatch.setenv("FLYWHEEL_ACTOR_GAMMA", "0.5")
-    settings = _actor(["--join", url, "--num-envs", "3"])
+    settings = _actor(["--join", url, "--num-envs", "3"], keys)
     assert settings.env_id == "CartPole-v1" and settings.hidden == 128  # type: ignore[attr-defined]
-    assert settings.transitions_endpoint == "tcp://10.77.0.1:47100"  # type: ignore[attr-defined]
+    assert settings.transitions_endpoint == "tcp://127.0.0.1:47100"  # type: ignore[attr-defined]
     assert settings.num_envs == 3 and settings.gamma == 0.5  # type: ignore[attr-defined]  # flag, variable win
 
 
-def test_actor_join_errors_are_one_line(served: tuple[str, dict[str, object]]) -> None:
+def test_actor_join_errors_are_one_line(served: tuple[str, dict[str, object]], keys: Path) -> None:
     url, document = served
     with pytest.raises(SettingsError, match=r"answered 404 \(is the run started with --listen\?\)"):
-        _actor(["--join", url + "/nothing"])
+        _actor(["--join", url + "/nothing"], keys)
     with pytest.raises(SettingsError, match="cannot read http://127.0.0.1:1/join"):
-        _actor(["--join", "http://127.0.0.1:1"])
+        _actor(["--join", "http://127.0.0.1:1"], keys)
     document["format"] = "something-else"
     with pytest.raises(SettingsError, match="is not a Flywheel run's join document"):
-        _actor(["--join", url])
+        _actor(["--join", url], keys)
     document["format"] = remote.FORMAT
     document["actor"] = {"WARP_DRIVE": "1"}
     with pytest.raises(SettingsError, match=r"names settings this actor does not have \(warp_drive\)"):
-        _actor(["--join", url])
+        _actor(["--join", url], keys)

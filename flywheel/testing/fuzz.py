@@ -31,11 +31,10 @@ from hypothesis import strategies as st
 from flywheel import proto
 from flywheel.proto.messages import BOOL, FLOAT, FLOAT_MAP, INT, MESSAGE_TYPES, SCALAR_MAP, STR, STR_MAP, ArraySpec
 from flywheel.testing.cluster import Cluster, ClusterError
-from flywheel.transport import MAX_PARTS, make_socket
+from flywheel.transport import LEASE_MAX_BYTES, MAX_PARTS, TELEMETRY_MAX_BYTES, make_socket
 
 NAMES = ("gateway-0", "replay-0", "learner-0")
 OBS_WIDTH = 4  # CartPole
-SMALL_MSG = 64 * 1024
 REPLAY_MAX_MB = 16
 
 
@@ -54,8 +53,8 @@ TARGETS: dict[str, Target] = {
     "transitions": Target(zmq.PUSH, (proto.TransitionBatch,), REPLAY_MAX_MB << 20,
                           proto.Limits(max_total_bytes=REPLAY_MAX_MB << 20, max_array_bytes=REPLAY_MAX_MB << 20)),
     "sample": Target(zmq.DEALER, (proto.SampleRequest, proto.PriorityUpdate), 64 << 20),
-    "telemetry": Target(zmq.PUSH, (proto.Telemetry, proto.ClipChunk), SMALL_MSG),
-    "lease": Target(zmq.DEALER, (proto.LeaseRequest,), SMALL_MSG, req_delimiter=True),
+    "telemetry": Target(zmq.PUSH, (proto.Telemetry, proto.ClipChunk), TELEMETRY_MAX_BYTES),
+    "lease": Target(zmq.DEALER, (proto.LeaseRequest,), LEASE_MAX_BYTES, req_delimiter=True),
     "weights": Target(zmq.XSUB, (), 4096),  # PUB sockets read subscriptions only
     "control": Target(zmq.XSUB, (), 4096),
 }

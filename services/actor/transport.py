@@ -20,9 +20,18 @@ log = logging.getLogger("flywheel.actor")
 
 
 class StaleWeights(ValueError):
-    """A weights version not newer than the one acting."""
+    """A weights version of the acting learner run older than the one acting."""
 
     fault = "stale_version"
+
+
+class VersionJump(ValueError):
+    """A weights version of the acting learner run further ahead of the newest one than ``max_version_jump``."""
+
+    fault = "version_jump"
+
+
+RUN_LOGS = 5  # learner run changes logged; more (two publishers on one endpoint?) are only counted in ``runs``
 
 
 def auto_batch_rows(num_envs: int, row_bytes: int, *, min_rows: int = 256, max_bytes: int = 256 << 10) -> int:
@@ -42,8 +51,8 @@ class TransitionSender:
     """Batches emitted rows into TransitionBatch messages and PUSHes them to replay.
 
     In block mode a send waits while replay pushes back (its samples-per-insert limit holds every actor while no
-    learner samples). A wait of ``stall_s`` during which the learner went on publishing (``learner_versions``, the
-    newest weight version seen, grew by 3 or more) is not that: the replay takes other actors' batches but not
+    learner samples). A wait of ``stall_s`` during which the learner went on publishing (``learner_versions``, a
+    count of new weight versions seen, grew by 3 or more) is not that: the replay takes other actors' batches but not
     this connection's (seen once in ~6 compose runs, an actor at send high-water mark 1 stuck for good). The
     sender then reconnects, which gives it a new connection and pipe: what was queued in the old one is lost and
     counted as ``reconnects``; the batch being sent is kept.
@@ -146,19 +155,25 @@ class WeightsReceiver:
 
     Every ``poll`` drains the socket (so the queue never holds stale versions) and remembers only
     the newest decodable message; loading it into the acting network happens when the interval has
-    passed, so a fast learner never stalls acting. Weights that do not fit the network, and versions
-    older than the one acting (e.g. a learner restarted without --resume), are refused, counted
-    and logged once per kind; the acting version again (the learner republishes its newest for late
-    subscribers) is ignored. Acting goes on with the weights it has.
+    passed, so a fast learner never stalls acting. Weights carry their learner's run id, new at every learner
+    start: the first weights of a run other than the newest one seen are taken whatever their version (a learner
+    restarted without --resume starts again at 1; a rogue version 2^63-1 from another run pins nobody, as the
+    real learner's next message is again another run). Within one run, versions older than the one acting and
+    versions more than ``max_version_jump`` ahead of the newest seen are refused, counted and logged once per
+    kind, as are weights that do not fit the network; the acting version again (the learner republishes its newest
+    for late subscribers) is ignored. Acting goes on with the weights it has.
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, policy: Policy, faults: FaultCounter, *,
-                 interval_s: float = 0.0) -> None:
+                 interval_s: float = 0.0, max_version_jump: int = 10**8) -> None:
         self.sock = subscriber(ctx, endpoint, rcvhwm=2, max_msg_bytes=512 << 20)
         self.policy, self.faults = policy, faults
-        self.interval_s = interval_s
+        self.interval_s, self.max_version_jump = interval_s, max_version_jump
         self.version = 0  # the version acting now
-        self.newest_seen = 0  # the newest version that arrived (loaded or waiting for the interval)
+        self.run_id: str | None = None  # the learner run of the acting version (None: none loaded yet)
+        self.newest_seen = 0  # the newest version of the acting run that arrived (loaded or waiting)
+        self.arrived = 0  # new versions taken from the socket (loaded, waiting, or superseded while waiting)
+        self.runs = 0  # learner runs switched to
         self.received = 0
         self.rejected = 0
         self.stale = 0
@@ -170,26 +185,42 @@ class WeightsReceiver:
 
     @property
     def lag(self) -> int:
-        """Policy lag in versions: the newest version known minus the version acting."""
+        """Policy lag in versions: the newest version of the acting run known minus the version acting."""
         return max(0, self.newest_seen - self.version)
 
     def _refuse(self, kind: str, exc: Exception) -> None:
         self.faults.record(kind, exc)
         self.rejected += 1
 
+    def _take(self, msg: proto.Weights) -> None:
+        """Keep ``msg`` as the version to load next when it is newer than what is acting or waiting."""
+        newest = self.pending if self.pending is not None else self.acting
+        if newest is None or msg.run_id != newest.run_id:  # a learner run not seen last: its first weights
+            self.pending = msg
+            self.arrived += 1
+            return
+        if msg.version <= newest.version:  # the acting version again (a republish) is ignored, not counted
+            if msg.version < self.version and msg.run_id == self.run_id:
+                self.stale += 1
+                self._refuse("weights", StaleWeights(
+                    f"weights version {msg.version} of learner run {msg.run_id or '(none)'} is older than the "
+                    f"acting version {self.version}"))
+            return  # older than one already waiting: the waiting one wins
+        if msg.version - newest.version > self.max_version_jump:
+            self._refuse("weights", VersionJump(
+                f"weights version {msg.version} of learner run {msg.run_id or '(none)'} is more than "
+                f"max_version_jump {self.max_version_jump} ahead of version {newest.version} "
+                "(FLYWHEEL_ACTOR_MAX_VERSION_JUMP): not from that learner"))
+            return
+        self.pending = msg
+        self.arrived += 1
+        if msg.run_id == self.run_id:
+            self.newest_seen = max(self.newest_seen, msg.version)
+
     def poll(self, now: float | None = None) -> bool:
         """Drain waiting messages; load the newest if the interval allows. Returns whether the network changed."""
         for msg in queued_messages(self.sock, proto.Weights, lambda exc: self._refuse("weights", exc)):
-            floor = max(self.version, self.pending.version if self.pending is not None else 0)
-            if msg.version <= floor:
-                if msg.version < self.version:  # the acting version again is the learner's republish: ignored
-                    self.stale += 1
-                    self._refuse("weights", StaleWeights(
-                        f"weights version {msg.version} is older than the acting version {self.version} "
-                        "(a learner restarted without --resume?)"))
-                continue  # older than one already waiting: the waiting one wins
-            self.pending = msg
-            self.newest_seen = max(self.newest_seen, msg.version)
+            self._take(msg)
         now = time.monotonic() if now is None else now
         if self.pending is None or now < self.loaded_at + self.interval_s:
             return False
@@ -199,12 +230,19 @@ class WeightsReceiver:
             self.policy.load(newest)
         except WeightsMismatch as exc:  # counted as weights:mismatch (its ``fault``)
             self._refuse("weights", exc)
+            self.newest_seen = self.version  # nothing newer that fits is known
             return False
         finally:
             self.load_s += time.perf_counter() - began
-        if self.version == 0:
-            log.info("first weights received: version %d", newest.version)
-        self.version = newest.version
+        if newest.run_id != self.run_id:
+            self.runs += 1
+            self.newest_seen = newest.version
+            if self.runs <= RUN_LOGS:
+                log.info("%s weights received: version %d of learner run %s%s", "first" if self.version == 0
+                         else "new learner run's", newest.version, newest.run_id or "(none)",
+                         "; further run changes are only counted" if self.runs == RUN_LOGS else "")
+        self.version, self.run_id = newest.version, newest.run_id
+        self.newest_seen = max(self.newest_seen, newest.version)
         self.acting = newest
         self.received += 1
         self.updated_at = self.loaded_at = now

@@ -21,6 +21,7 @@ from .auth import StartupError, startup_problem
 from .curves_writer import write_curves
 from .settings import GatewaySettings
 from .transport import GatewayService
+from .views import MetricsRenderer
 
 __all__ = ["GatewayService", "create_app"]
 
@@ -49,7 +50,7 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
                     "needs `Authorization: Bearer <token>` (FLYWHEEL_GATEWAY_CONTROL_TOKEN or _FILE); bodies are "
                     "JSON objects whatever the Content-Type.",
     )
-    app.state.gateway, app.state.settings = gw, settings
+    app.state.gateway, app.state.settings, app.state.metrics = gw, settings, MetricsRenderer(gw)
     install_error_handling(app, gw)
     app.include_router(api_router)
     return app

@@ -1,24 +1,29 @@
-"""What the gateway knows about every instance, and its rendering as Prometheus text."""
+"""What the gateway knows about every instance, within caps on instances and series that one peer cannot pass."""
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flywheel import metrics_spec, proto
+from flywheel import proto
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_KEY_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)(?:\{(.*)\})?$")
+KEY_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)(?:\{(.*)\})?$")
 _LABEL_RE = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*)=\"?([^\",{}=]*)\"?$")
-_RESERVED_LABELS = {"service", "instance", "le", "quantile"}
+RESERVED_LABELS = {"service", "instance", "le", "quantile"}
 _TYPE_WORDS = ("counter", "gauge", "histogram", "summary", "untyped")
 # The largest magnitude a reported value may have: beyond 2**53 a float no longer counts by one, no real counter or
 # gauge gets there, and sums of many such values stay finite (JSON, int() and the live page's numbers need that).
 MAX_ABS_VALUE = float(2**53)
+RATE_WINDOW_ENTRIES = 16  # reports a rate window keeps at most: at least rate_window_s / 16 apart, and the newest
+INSTANCE_SERIES = 3  # series /metrics shows of every instance whatever it reports: up, telemetry age and info
+
+Resolved = tuple[str, str, tuple[tuple[str, str], ...]] | None
 
 
 class TelemetryRejected(proto.DecodeError):
@@ -28,6 +33,9 @@ class TelemetryRejected(proto.DecodeError):
 
 
 class CapacityExceeded(TelemetryRejected):
+    """A cap refused a message (instances in all or per service, series) or some of its values (``fault`` says
+    which: capacity, instances_per_service, series_per_instance, series)."""
+
     fault = "capacity"
 
 
@@ -54,7 +62,7 @@ def bad_values_fault(msg: proto.Telemetry, bad: list[tuple[str, float]]) -> BadV
 
 def parse_key(key: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
     """Split ``name`` or ``name{label=value,...}`` into a metric suffix and labels; None when invalid."""
-    m = _KEY_RE.match(key)
+    m = KEY_RE.match(key)
     if m is None:
         return None
     name, body = m.group(1), m.group(2)
@@ -62,7 +70,7 @@ def parse_key(key: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
     if body:
         for part in body.split(","):
             lm = _LABEL_RE.match(part.strip())
-            if lm is None or lm.group(1) in _RESERVED_LABELS or lm.group(1).startswith("__"):
+            if lm is None or lm.group(1) in RESERVED_LABELS or lm.group(1).startswith("__"):
                 return None
             labels.append((lm.group(1), lm.group(2)))
     if len({k for k, _ in labels}) != len(labels):
@@ -85,23 +93,27 @@ def name_problem(name: str, kind: str) -> str | None:
     return None
 
 
-def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return repr(value)
-
-
-def escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+def resolve_key(service: str, kind: str, key: str) -> tuple[Resolved, str]:
+    """(name, suffix, extra labels) of a telemetry key, or None and why it cannot be exported."""
+    parsed = parse_key(key)
+    if parsed is None:
+        return None, "not a metric name (optionally with {label=value,...}), or it uses a reserved label"
+    suffix, extra = parsed
+    name = f"flywheel_{service}_{suffix}"
+    if kind == "counter" and not name.endswith("_total"):
+        name += "_total"
+    problem = name_problem(name, kind)
+    if problem:
+        return None, f"{kind} {name}: {problem}"
+    return (name, suffix, extra), ""
 
 
 @dataclass
 class InstanceState:
-    """The latest telemetry of one instance of one service, and a short window of its counters for rates."""
+    """The latest telemetry of one instance of one service, and a short window of its counters for rates.
+
+    ``counters``, ``gauges`` and ``info`` are replaced by each report, never changed in place (/metrics renders
+    them in a worker thread)."""
 
     service: str
     instance: str
@@ -115,9 +127,11 @@ class InstanceState:
     restarts: int = 0
     received_wall: float = 0.0
     down: bool = False
-    window: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
+    window: deque[tuple[float, dict[str, float]]] = field(
+        default_factory=lambda: deque(maxlen=RATE_WINDOW_ENTRIES + 2))
     # what counters lost when they went backwards (a restart): totals add it back, so they never drop
     carried: dict[str, float] = field(default_factory=dict)
+    series: int = 0  # what the instance counts against the registry's series cap (values + INSTANCE_SERIES)
 
     def lifetime(self) -> dict[str, float]:
         """Counters as if the instance had never restarted: each never below its highest value seen."""
@@ -128,16 +142,34 @@ class InstanceState:
             out[k] = out.get(k, 0.0) + v
         return out
 
-    def carry_drops(self, counters: dict[str, float]) -> None:
-        """Before ``counters`` replace the current ones: keep what any counter that went backwards lost.
+    def carry_drops(self, counters: dict[str, float], max_keys: int) -> int:
+        """Before ``counters`` replace the current ones: keep what any counter that went backwards lost (in at most
+        ``max_keys`` keys); returns how many drops could not be kept.
 
         A restarted service reports its counters from zero (or from a checkpoint); counting the drop keeps
         totals monotonic without counting twice what a resumed service restored.
         """
+        lost = 0
         for k, old in self.counters.items():
             new = counters.get(k, 0.0)
             if new < old:
-                self.carried[k] = self.carried.get(k, 0.0) + (old - new)
+                if k in self.carried or len(self.carried) < max_keys:
+                    self.carried[k] = self.carried.get(k, 0.0) + (old - new)
+                else:
+                    lost += 1
+        return lost
+
+    def add_to_window(self, now: float, window_s: float) -> None:
+        """Keep the counters of this report for rates: reports closer than window_s / RATE_WINDOW_ENTRIES to the
+        one before replace the newest, and reports older than ``window_s`` leave (the oldest stays the span's
+        start), so the window holds at most RATE_WINDOW_ENTRIES + 2 reports however fast they come."""
+        window = self.window
+        if len(window) >= 2 and now - window[-2][0] < window_s / RATE_WINDOW_ENTRIES:
+            window[-1] = (now, self.counters)
+        else:
+            window.append((now, self.counters))
+        while len(window) > 2 and now - window[1][0] >= window_s:
+            window.popleft()
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.received)
@@ -156,33 +188,46 @@ class InstanceState:
 class Registry:
     """Latest telemetry per (service, instance); down after ``stale_after_s``, forgotten after ``forget_after_s``.
 
-    ``events`` collects what is worth one log line each (joined, restarted, down, back, forgotten) until the
-    service drains it.
+    Bounded whatever peers send: at most ``max_instances`` instances, ``max_per_service`` of one service,
+    ``max_series_per_instance`` values (counters, gauges and info entries) each, and ``max_series`` series in all
+    (values plus INSTANCE_SERIES per instance); the forgotten instances' totals (``retired``) likewise. What a cap
+    refuses is listed in ``last_faults`` (a whole message: CapacityExceeded raised). ``events`` collects what is
+    worth one log line each (joined, restarted, down, back, forgotten) until the service drains it.
     """
 
     def __init__(self, stale_after_s: float = 5.0, forget_after_s: float = 300.0,
                  max_instances: int = 10_000, clock: Callable[[], float] = time.monotonic,
-                 rate_window_s: float = 10.0) -> None:
+                 rate_window_s: float = 10.0, max_per_service: int = 1024, max_series_per_instance: int = 512,
+                 max_series: int = 20_000) -> None:
         self.stale_after_s, self.forget_after_s, self.max_instances = stale_after_s, forget_after_s, max_instances
         self.clock, self.rate_window_s = clock, rate_window_s
+        self.max_per_service, self.max_series_per_instance = max_per_service, max_series_per_instance
+        self.max_series = max(max_series, max_series_per_instance + INSTANCE_SERIES)
         self.instances: dict[tuple[str, str], InstanceState] = {}
+        self.per_service: Counter[str] = Counter()
+        self.series = 0  # sum of every instance's ``series``
         self.received = 0
         self.bad_keys = 0
         self.invalid_keys: dict[tuple[str, str], str] = {}  # (service, key) -> why it is not exported (bounded)
-        self._names: dict[tuple[str, str, str], tuple[str, str, tuple[tuple[str, str], ...]] | None] = {}
+        self._names: dict[tuple[str, str, str], Resolved] = {}  # at most max_series entries
         self.forgotten = 0
         self.went_down = 0
         self.events: deque[tuple[str, InstanceState, str]] = deque(maxlen=10_000)
         self.retired: dict[str, dict[str, float]] = {}  # per service: lifetime counters of forgotten instances
+        self.retired_keys = 0  # keys in ``retired``: at most max_series_per_instance per service, max_series in all
+        self.totals_dropped = 0  # counter keys whose carried or retired total a cap left out
         self.last_bad_values: list[tuple[str, float]] = []  # (key, value) left out of the last message stored
+        self.last_faults: list[TelemetryRejected] = []  # what the last message stored lost (BadValues, caps)
+        self._forgot_at = -math.inf
 
     def update(self, msg: proto.Telemetry) -> InstanceState:
         """Store one telemetry message; raises TelemetryRejected when it cannot be kept.
 
         Values ``value_ok`` refuses are left out and listed in ``last_bad_values``; a counter left out keeps its
-        last value, so totals neither drop nor count twice.
+        last value, so totals neither drop nor count twice. Values past the series caps are left out too (the
+        first ones in the message, counters then gauges then info, are kept); ``last_faults`` says what was lost.
         """
-        self.last_bad_values = []
+        self.last_bad_values, self.last_faults = [], []
         if not _NAME_RE.match(msg.service):
             raise TelemetryRejected(f"telemetry: service name {msg.service[:40]!r} must match {_NAME_RE.pattern}")
         if msg.service == "gateway":
@@ -193,12 +238,11 @@ class Registry:
         key = (msg.service, msg.instance)
         state = self.instances.get(key)
         if state is None:
-            if len(self.instances) >= self.max_instances:
-                self.forget_old(now)
-                if len(self.instances) >= self.max_instances:
-                    raise CapacityExceeded(f"telemetry: already tracking {self.max_instances} instances")
-            state = InstanceState(msg.service, msg.instance, msg.seq, msg.time, now, now)
+            self._admit(msg.service, now)
+            state = InstanceState(msg.service, msg.instance, msg.seq, msg.time, now, now, series=INSTANCE_SERIES)
             self.instances[key] = state
+            self.per_service[msg.service] += 1
+            self.series += INSTANCE_SERIES
             self.events.append(("joined", state, f"version {msg.info.get('version', '?')}"))
         elif msg.seq <= state.seq:
             # Same name, lower sequence number: the instance restarted (its counters start again from zero,
@@ -212,29 +256,72 @@ class Registry:
         state.seq, state.sent_time, state.received, state.received_wall = msg.seq, msg.time, now, time.time()
         counters = self._checked(msg.counters, "counter", state.counters)
         gauges = self._checked(msg.gauges, "gauge", {})
-        state.carry_drops(counters)
-        state.counters, state.gauges, state.info = counters, gauges, dict(msg.info)
+        if self.last_bad_values:
+            self.last_faults.append(bad_values_fault(msg, self.last_bad_values))
+        counters, gauges, info = self._fit(msg, state, counters, gauges, dict(msg.info))
+        self.totals_dropped += state.carry_drops(counters, self.max_series_per_instance)
+        state.counters, state.gauges, state.info = counters, gauges, info
+        series = len(counters) + len(gauges) + len(info) + INSTANCE_SERIES
+        self.series += series - state.series
+        state.series = series
         for values, kind in ((state.counters, "counter"), (state.gauges, "gauge")):
             for k in values:
                 self.metric(msg.service, kind, k)  # refused keys are known (and logged) from the first report
-        state.window.append((now, state.counters))
-        while len(state.window) > 2 and now - state.window[1][0] >= self.rate_window_s:
-            state.window.popleft()
+        state.add_to_window(now, self.rate_window_s)
         self.received += 1
         return state
+
+    def _admit(self, service: str, now: float) -> None:
+        """Room for one more instance of ``service``, after forgetting long-silent ones; else CapacityExceeded."""
+        def full() -> CapacityExceeded | None:
+            if len(self.instances) >= self.max_instances:
+                return CapacityExceeded(f"telemetry: already tracking {self.max_instances} instances")
+            if self.per_service[service] >= self.max_per_service:
+                return CapacityExceeded(f"telemetry: already tracking {self.max_per_service} instances of "
+                                        f"{service}", fault="instances_per_service")
+            if self.series + INSTANCE_SERIES > self.max_series:
+                return CapacityExceeded(f"telemetry: already holding {self.series} series (at most "
+                                        f"{self.max_series})", fault="series")
+            return None
+
+        if full() is not None:
+            if now - self._forgot_at >= 1.0:  # a scan of every instance: at most once a second, however many come
+                self._forgot_at = now
+                self.forget_old(now)
+            refused = full()
+            if refused is not None:
+                raise refused
+
+    def _fit(self, msg: proto.Telemetry, state: InstanceState, counters: dict[str, float],
+             gauges: dict[str, float], info: dict[str, str]) -> tuple[dict[str, float], dict[str, float],
+                                                                       dict[str, str]]:
+        """The values within the caps: at most max_series_per_instance, and what the series cap leaves."""
+        room = min(self.max_series_per_instance, self.max_series - (self.series - state.series) - INSTANCE_SERIES)
+        count = len(counters) + len(gauges) + len(info)
+        if count <= room:
+            return counters, gauges, info
+        fault = "series_per_instance" if room == self.max_series_per_instance else "series"  # the cap that bit
+        self.last_faults.append(CapacityExceeded(
+            f"telemetry from {msg.service[:40]} {msg.instance[:64]!r}: kept {room} of its {count} values "
+            f"({'max_series_per_instance' if fault == 'series_per_instance' else 'max_series in all'})",
+            fault=fault))
+        kept_counters = dict(list(counters.items())[:room])
+        kept_gauges = dict(list(gauges.items())[:room - len(kept_counters)])
+        kept_info = dict(list(info.items())[:room - len(kept_counters) - len(kept_gauges)])
+        return kept_counters, kept_gauges, kept_info
 
     def _checked(self, values: dict[str, float], kind: str, previous: dict[str, float]) -> dict[str, float]:
         out: dict[str, float] = {}
         for key, value in values.items():
             if value_ok(value, kind):
-                out[key] = value
+                out[sys.intern(key)] = value  # one string per key, shared by every report in the rate windows
             else:
                 self.last_bad_values.append((key, value))
                 if key in previous:
                     out[key] = previous[key]
         return out
 
-    def metric(self, service: str, kind: str, key: str) -> tuple[str, str, tuple[tuple[str, str], ...]] | None:
+    def metric(self, service: str, kind: str, key: str) -> Resolved:
         """(name, suffix, extra labels) of a telemetry key, or None when it cannot be exported.
 
         Refused keys are recorded in ``invalid_keys`` with the reason; answers are cached (bounded).
@@ -242,25 +329,20 @@ class Registry:
         cache_key = (service, kind, key)
         if cache_key in self._names:
             return self._names[cache_key]
-        resolved: tuple[str, str, tuple[tuple[str, str], ...]] | None = None
-        parsed = parse_key(key)
-        if parsed is None:
-            why = "not a metric name (optionally with {label=value,...}), or it uses a reserved label"
-        else:
-            suffix, extra = parsed
-            name = f"flywheel_{service}_{suffix}"
-            if kind == "counter" and not name.endswith("_total"):
-                name += "_total"
-            problem = name_problem(name, kind)
-            why = f"{kind} {name}: {problem}" if problem else ""
-            if not problem:
-                resolved = (name, suffix, extra)
+        resolved, why = resolve_key(service, kind, key)
         if resolved is None and len(self.invalid_keys) < 1000:
             self.invalid_keys.setdefault((service, key[:100]), why)
-        if len(self._names) >= 100_000:  # a peer inventing keys: start the cache again
+        if len(self._names) >= self.max_series:  # a peer inventing keys: start the cache again
             self._names.clear()
         self._names[cache_key] = resolved
         return resolved
+
+    def lookup(self, service: str, kind: str, key: str) -> Resolved:
+        """``metric`` without recording anything: safe from a worker thread while the event loop updates."""
+        try:
+            return self._names[(service, kind, key)]
+        except KeyError:
+            return resolve_key(service, kind, key)[0]
 
     def sweep(self, now: float | None = None) -> None:
         """Mark silent instances down (one event each) and drop the ones silent for ``forget_after_s``."""
@@ -277,12 +359,28 @@ class Registry:
         old = [k for k, s in self.instances.items() if s.age(now) > self.forget_after_s]
         for k in old:
             state = self.instances.pop(k)
-            retired = self.retired.setdefault(state.service, {})
-            for name, value in state.lifetime().items():
-                retired[name] = retired.get(name, 0.0) + value
+            self.per_service[state.service] -= 1
+            if self.per_service[state.service] <= 0:
+                del self.per_service[state.service]
+            self.series -= state.series
+            self._retire(state)
             self.events.append(("forgotten", state, f"silent for {state.age(now):.0f} s"))
         self.forgotten += len(old)
         return len(old)
+
+    def _retire(self, state: InstanceState) -> None:
+        """Add a forgotten instance's lifetime counters to its service's ``retired`` totals, within the caps."""
+        retired = self.retired.get(state.service, {})
+        for name, value in state.lifetime().items():
+            if name in retired:
+                retired[name] += value
+            elif len(retired) < self.max_series_per_instance and self.retired_keys < self.max_series:
+                retired[name] = value
+                self.retired_keys += 1
+            else:
+                self.totals_dropped += 1
+        if retired:
+            self.retired[state.service] = retired
 
     def drain_events(self) -> list[tuple[str, InstanceState, str]]:
         events = list(self.events)
@@ -307,68 +405,3 @@ class Registry:
         for (service, _), state in sorted(self.instances.items()):
             out.setdefault(service, []).append(state)
         return out
-
-
-class MetricsWriter:
-    """Collects samples by family and writes Prometheus text exposition format 0.0.4."""
-
-    def __init__(self) -> None:
-        self.families: dict[str, tuple[str, str, list[str]]] = {}
-        self.conflicts = 0
-
-    def add(self, name: str, kind: str, help_text: str, labels: dict[str, str] | tuple[tuple[str, str], ...],
-            value: float) -> None:
-        family = self.families.get(name)
-        if family is None:
-            family = self.families[name] = (kind, help_text, [])
-        elif family[0] != kind:
-            self.conflicts += 1  # the same name reported as counter by one instance and gauge by another
-            return
-        items = labels.items() if isinstance(labels, dict) else labels
-        rendered = ",".join(f'{k}="{escape_label(str(v))}"' for k, v in items)
-        family[2].append(f"{name}{{{rendered}}} {format_value(float(value))}" if rendered
-                         else f"{name} {format_value(float(value))}")
-
-    def text(self) -> str:
-        lines: list[str] = []
-        for name, (kind, help_text, samples) in self.families.items():
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(samples)
-        return "\n".join(lines) + "\n"
-
-
-def render_instances(registry: Registry, writer: MetricsWriter, now: float) -> None:
-    """Every instance's counters and gauges as ``flywheel_<service>_<key>``, labelled service and instance; the HELP
-    line of a declared key is its help text in flywheel.metrics_spec.
-
-    Keys that are not valid metric names, or that Prometheus's lint would refuse (a gauge ending in _total, a
-    _count suffix, ...), are skipped (``registry.invalid_keys`` says why), so /metrics stays clean under
-    ``promtool check metrics``.
-    """
-    bad = 0
-    for service, states in registry.by_service().items():
-        for s in states:
-            base = {"service": service, "instance": s.instance}
-            writer.add("flywheel_up", "gauge", "1 when the instance reported within the staleness window",
-                       base, 1.0 if registry.live(s, now) else 0.0)
-            writer.add("flywheel_telemetry_age_seconds", "gauge", "seconds since the instance's last telemetry",
-                       base, s.age(now))
-            for values, kind in ((s.counters, "counter"), (s.gauges, "gauge")):
-                for key, value in sorted(values.items()):
-                    resolved = registry.metric(service, kind, key)
-                    if resolved is None:
-                        bad += 1
-                        continue
-                    name, suffix, extra = resolved
-                    declared = metrics_spec.help_text(service, kind, suffix)
-                    writer.add(name, kind, declared or f"{suffix} reported by {service} instances",
-                               (("service", service), ("instance", s.instance), *extra), value)
-            if s.info:
-                labels = [("service", service), ("instance", s.instance)]
-                for k, v in sorted(s.info.items()):
-                    if _KEY_RE.match(k) and "{" not in k and k not in _RESERVED_LABELS and not k.startswith("__"):
-                        labels.append((k, v))
-                writer.add(f"flywheel_{service}_info", "gauge", f"static facts about {service} instances",
-                           tuple(labels), 1.0)
-    registry.bad_keys = bad

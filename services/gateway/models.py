@@ -156,6 +156,15 @@ class Summary(BaseModel):
     loss: Number | None
     episode_return_mean: Number | None
     eval_return_mean: Number | None
+    eval_version: Number | None = Field(description="weight version of the learner's last evaluation")
+    eval_return: Number | None = Field(description="mean return of the learner's last evaluation (its preset's "
+                                       "protocol)")
+    eval_success_rate: Number | None = Field(description="share of that evaluation's episodes that reached the "
+                                             "env's goal (Mario: the flag); null for envs without one")
+    eval_progress_mean: Number | None = Field(description="mean progress of that evaluation (Mario: furthest x)")
+    eval_progress_median: Number | None = Field(description="median progress of that evaluation")
+    eval_success_label: str | None = Field(description="what success is called for this env (Mario: flag)")
+    eval_progress_label: str | None = Field(description="what progress is called for this env (Mario: furthest x)")
     mario_distance_mean: Number | None
     mario_distance_max: Number | None
     mario_flag_rate: Number | None

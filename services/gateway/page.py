@@ -62,6 +62,8 @@ LIVE_PAGE = """<!doctype html>
       <div class="value" id="episode_return_mean">-</div></div>
     <div class="card"><div class="label">greedy eval return</div>
       <div class="value" id="eval_return_mean">-</div></div>
+    <div class="card"><div class="label" id="eval_label">learner evaluation</div>
+      <div class="value" id="eval_summary">-</div></div>
     <div class="card mario" hidden><div class="label">Mario distance (mean / max)</div>
       <div class="value" id="mario_distance">-</div></div>
     <div class="card mario" hidden><div class="label">Mario flag rate</div>
@@ -121,6 +123,12 @@ function renderStatus(s) {
           fmt(m.replay_size) + (m.replay_capacity ? " / " + fmt(m.replay_capacity) : ""));
   setText("policy_lag", m.policy_lag_versions ? fmt(m.policy_lag_versions.max, 0) : "-");
   setText("data_wait_ratio", m.data_wait_ratio === null ? "-" : (100 * m.data_wait_ratio).toFixed(0) + " %");
+  // the learner's last evaluation under its preset's protocol (success rate and progress where the env has them)
+  setText("eval_label", "learner evaluation" + (has(m.eval_version) ? " (v" + fmt(m.eval_version, 0) + ")" : ""));
+  setText("eval_summary", has(m.eval_success_rate) ?
+          (100 * m.eval_success_rate).toFixed(0) + " % " + (m.eval_success_label || "success") + ", " +
+          (m.eval_progress_label || "progress") + " " + fmt(m.eval_progress_mean, 0) :
+          has(m.eval_return) ? "return " + fmt(m.eval_return, 1) : "-");
   const mario = has(m.mario_distance_mean) || has(m.mario_flag_rate);
   for (const card of document.querySelectorAll(".card.mario")) card.hidden = !mario;
   setText("mario_distance", fmt(m.mario_distance_mean, 0) + " / " + fmt(m.mario_distance_max, 0));

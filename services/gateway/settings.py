@@ -68,7 +68,20 @@ class GatewaySettings(CommonSettings):
     track: bool = Field(False, description="track the curves' points in Weights & Biases (needs curves_dir and "
                                            f"the wandb package: {INSTALL_HINT})")
     max_instances: int = Field(10_000, ge=1, description="most service instances (and leases) tracked at once")
-    telemetry_hwm: int = Field(10_000, ge=1, description="receive high-water mark of the telemetry socket")
+    max_instances_per_service: int = Field(
+        1024, ge=1, le=100_000, description="most instances of one service (role) tracked at once; a new one past "
+        "it is refused and counted (messages_rejected_total fault instances_per_service)")
+    max_series_per_instance: int = Field(
+        512, ge=16, le=4096, description="most values (counters, gauges, info entries) kept of one instance; the "
+        "rest of a report is left out and counted (fault series_per_instance); a real report has about 50")
+    max_series: int = Field(
+        20_000, ge=1024, le=1_000_000, description="most series held for all instances together: their values "
+        "plus 3 each (up, age, info); past it new values and instances are refused and counted (fault series). "
+        "It bounds /metrics's instance lines (rendered in a worker thread) and the registry's memory (about 0.5 "
+        "KiB a series with 100-character keys); the default fits about 300 instances of 60 series")
+    telemetry_hwm: int = Field(
+        1000, ge=1, le=10_000, description="receive high-water mark of the telemetry socket, in messages per "
+        "connection: at most this many whole reports of up to 16 KiB each wait (16 MiB at the default)")
     clip_buffer_bytes: int = Field(
         CLIP_BUFFER_BYTES, ge=CLIP_MAX_BYTES, le=1 << 32,
         description="most bytes all filmed clips in flight hold together (at least one whole 16 MiB clip); a "
@@ -78,6 +91,15 @@ class GatewaySettings(CommonSettings):
     @classmethod
     def _tags(cls, value: str) -> str:
         parse_tags(value)  # ValueError names the tag
+        return value
+
+    @field_validator("max_series")
+    @classmethod
+    def _series_hold_one_instance(cls, value: int, info: ValidationInfo) -> int:
+        per_instance = info.data.get("max_series_per_instance", 0)
+        if value < per_instance + 3:
+            raise ValueError(f"max_series ({value}) must hold one whole instance: at least max_series_per_instance "
+                             f"+ 3 ({per_instance + 3})")
         return value
 
     @field_validator("track")

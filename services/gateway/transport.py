@@ -14,19 +14,26 @@ from typing import Any, cast
 import zmq
 import zmq.asyncio
 
-from flywheel import proto
-from flywheel.transport import FaultCounter, MessageTooLarge, bind, make_socket, receive_async
+from flywheel import proto, security
+from flywheel.transport import (
+    LEASE_MAX_BYTES,
+    TELEMETRY_MAX_BYTES,
+    FaultCounter,
+    MessageTooLarge,
+    bind,
+    make_socket,
+    receive_async,
+)
 
 from .auth import ControlAuth
 from .clips import ClipAssembler
 from .control import ControlBook
 from .history import LearningCurve, curve_point
 from .lease import LeaseFull, LeaseTable
-from .metrics import CapacityExceeded, Registry, bad_values_fault
+from .metrics import CapacityExceeded, Registry
 from .settings import GatewaySettings
 
 log = logging.getLogger("flywheel.gateway")
-_SMALL_MSG = 64 * 1024
 
 
 class GatewayService:
@@ -39,7 +46,10 @@ class GatewayService:
         self.ctx = ctx or zmq.asyncio.Context()
         self._own_ctx = ctx is None
         self.registry = Registry(settings.stale_after_s, settings.forget_after_s, settings.max_instances,
-                                 rate_window_s=settings.rate_window_s)
+                                 rate_window_s=settings.rate_window_s,
+                                 max_per_service=settings.max_instances_per_service,
+                                 max_series_per_instance=settings.max_series_per_instance,
+                                 max_series=settings.max_series)
         self.control = ControlBook(settings.one_shot_repeat_s)
         self.leases = LeaseTable(settings.lease_ttl_s, settings.max_instances)
         self.curve = LearningCurve(settings.history_interval_s, settings.history_points)
@@ -66,15 +76,16 @@ class GatewayService:
         s = self.settings
         socks = []
         try:
-            tel = make_socket(self.ctx, zmq.PULL, rcvhwm=s.telemetry_hwm, max_msg_bytes=_SMALL_MSG)
+            tel = make_socket(self.ctx, zmq.PULL, rcvhwm=s.telemetry_hwm, max_msg_bytes=TELEMETRY_MAX_BYTES)
             socks.append(tel)
+            security.identify_peers(tel)  # each report names the CURVE key that sent it (accept_telemetry)
             self.endpoints["telemetry"] = bind(tel, s.telemetry_endpoint, "gateway telemetry",
                                                "FLYWHEEL_GATEWAY_TELEMETRY_ENDPOINT")
             ctl = make_socket(self.ctx, zmq.PUB, sndhwm=1000, max_msg_bytes=4096)  # inbound: subscriptions
             socks.append(ctl)
             self.endpoints["control"] = bind(ctl, s.control_endpoint, "gateway control",
                                              "FLYWHEEL_GATEWAY_CONTROL_ENDPOINT")
-            lease = make_socket(self.ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=_SMALL_MSG)
+            lease = make_socket(self.ctx, zmq.ROUTER, sndhwm=1000, rcvhwm=1000, max_msg_bytes=LEASE_MAX_BYTES)
             socks.append(lease)
             self.endpoints["lease"] = bind(lease, s.lease_endpoint, "gateway leases", "FLYWHEEL_GATEWAY_LEASE_ENDPOINT")
         except Exception:
@@ -122,10 +133,13 @@ class GatewayService:
 
     # -- telemetry -----------------------------------------------------------------------------------------------
 
-    def accept_telemetry(self, frames: list[Any]) -> bool:
-        """Decode and store one telemetry message or clip piece; a bad one is counted and logged once per fault."""
+    def accept_telemetry(self, frames: list[Any], key: str = "") -> bool:
+        """Decode and store one telemetry message or clip piece; a bad one is counted and logged once per fault.
+
+        ``key``: the name of the CURVE key that sent it ("" for a plain local peer); see ``check_identity``."""
         try:
             msg = proto.decode(frames, expect=(proto.Telemetry, proto.ClipChunk))
+            check_identity(msg, key)
             if isinstance(msg, proto.ClipChunk):
                 clip = self.clips.add(msg)
                 if clip is not None:
@@ -135,8 +149,8 @@ class GatewayService:
                              f", x {info['x_pos']}" if info["x_pos"] is not None else "", info["bytes"] >> 10)
                 return True
             self.registry.update(msg)
-            if self.registry.last_bad_values:  # kept, less the values that would break the views: counted
-                self.faults.record("telemetry", bad_values_fault(msg, self.registry.last_bad_values))
+            for fault in self.registry.last_faults:  # kept, less values that break the views or pass a cap
+                self.faults.record("telemetry", fault)
         except proto.DecodeError as exc:  # TelemetryRejected and ClipRejected are ones too
             self.faults.record("telemetry", exc)
             return False
@@ -152,7 +166,7 @@ class GatewayService:
             except MessageTooLarge as exc:
                 self.faults.record("telemetry", exc)
                 continue
-            self.accept_telemetry(frames)
+            self.accept_telemetry(frames, security.peer_key(frames[0]))
 
     def sweep(self, now: float | None = None, wall: float | None = None) -> None:
         """Mark silent instances down, forget long-silent ones, expire leases, add a learning-curve point."""
@@ -252,3 +266,17 @@ class GatewayService:
             log.warning("HTTP %d on %s from %s; further ones are only counted (flywheel_gateway_http_rejected_total)",
                         status, route, client)
         self.http_rejected[key] = self.http_rejected.get(key, 0) + 1
+
+
+def check_identity(msg: proto.Telemetry | proto.ClipChunk, key: str) -> None:
+    """A CURVE key speaks only for its role (``security.speaks_for``: an actor's key never for the learner or the
+    replay; clips come from actors); refused as ``identity``. Plain local peers speak for any. A report's info
+    says which key sent it (``curve_key``; the gateway's alone, whatever the peer wrote there)."""
+    service = msg.service if isinstance(msg, proto.Telemetry) else "actor"
+    if not security.speaks_for(key, service):
+        raise proto.DecodeError(f"the {key!r} key is the {security.key_role(key)}'s: it may not speak for the "
+                                f"{service} {msg.instance!r}", fault="identity")
+    if isinstance(msg, proto.Telemetry):
+        msg.info.pop("curve_key", None)
+        if key:
+            msg.info["curve_key"] = key

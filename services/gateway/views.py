@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flywheel import __version__, security
 from flywheel.transport import ProcessStats
 
-from .metrics import InstanceState, MetricsWriter, render_instances
+from .exposition import MetricsWriter, Snapshot, render_instances, snapshot
+from .metrics import InstanceState
 from .models import JoinDocument
 from .transport import GatewayService
 
@@ -34,13 +38,24 @@ def _clean(values: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in values.items() if math.isfinite(v)}
 
 
-def metrics_text(gw: GatewayService) -> str:
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What /metrics shows, taken on the event loop (cheap: references, and the gateway's own ~60 samples)."""
+
+    instances: Snapshot
+    own: MetricsWriter
+    labels: dict[str, str]
+    uptime: float
+    last_render_cpu_s: float  # CPU seconds the previous /metrics took to write (0 before the first)
+
+
+def metrics_snapshot(gw: GatewayService, last_render_cpu_s: float = 0.0) -> MetricsSnapshot:
+    """Sweep, then take what /metrics renders; the rendering itself (``render_metrics``) may run in a thread."""
     now = time.monotonic()
     gw.registry.sweep(now)
     gw.log_events()
-    w = MetricsWriter()
-    render_instances(gw.registry, w, now)
     gw.log_invalid_keys()
+    w = MetricsWriter()
     g = {"service": "gateway", "instance": gw.settings.instance}
     w.add("flywheel_gateway_info", "gauge", "static facts about the gateway", {**g, "version": __version__}, 1)
     w.add("flywheel_gateway_telemetry_received_total", "counter", "telemetry messages accepted", g,
@@ -58,6 +73,10 @@ def metrics_text(gw: GatewayService) -> str:
               {**g, "of_service": service, "state": "up"}, live)
         w.add("flywheel_gateway_instances", "gauge", "instances known, by service and state",
               {**g, "of_service": service, "state": "down"}, len(states) - live)
+    w.add("flywheel_gateway_series", "gauge", "series held for the instances: their values and 3 each (at most "
+          "max_series)", g, gw.registry.series)
+    w.add("flywheel_gateway_totals_dropped_total", "counter", "counter totals of restarted or forgotten instances "
+          "left out by the series caps", g, gw.registry.totals_dropped)
     w.add("flywheel_gateway_instances_down_total", "counter", "times an instance went silent past stale_after_s", g,
           gw.registry.went_down)
     w.add("flywheel_gateway_instances_forgotten_total", "counter", "instances dropped after forget_after_s", g,
@@ -90,17 +109,54 @@ def metrics_text(gw: GatewayService) -> str:
             w.add("flywheel_gateway_curve_handshakes_refused_total", "counter",
                   "connections refused by CURVE: unauthorized_key, protocol (no CURVE or the wrong server key), other",
                   {**g, "reason": reason}, count)
+    return MetricsSnapshot(snapshot(gw.registry, now), w, g, now - gw.started, last_render_cpu_s)
+
+
+def render_metrics(snap: MetricsSnapshot) -> str:
+    """The Prometheus text of a snapshot: every instance's series, then the gateway's own."""
+    w = MetricsWriter()
+    bad = render_instances(snap.instances, w)
+    w.families.update(snap.own.families)  # the gateway's own names (flywheel_gateway_*) are no instance's
+    g = snap.labels
     counters, gauges = _OWN_PROCESS.sample()
     for key, value in counters.items():
         w.add(f"flywheel_gateway_{key}", "counter", f"{key} of the gateway process", g, value)
     for key, value in gauges.items():
         w.add(f"flywheel_gateway_{key}", "gauge", f"{key} of the gateway process", g, value)
-    w.add("flywheel_gateway_invalid_metric_keys", "gauge", "telemetry keys skipped as invalid metric names", g,
-          gw.registry.bad_keys)
+    w.add("flywheel_gateway_invalid_metric_keys", "gauge", "telemetry keys skipped as invalid metric names", g, bad)
     w.add("flywheel_gateway_metric_type_conflicts", "gauge", "samples skipped: name reported as two types", g,
           w.conflicts)
-    w.add("flywheel_gateway_uptime_seconds", "gauge", "seconds since the gateway started", g, now - gw.started)
+    w.add("flywheel_gateway_uptime_seconds", "gauge", "seconds since the gateway started", g, snap.uptime)
+    w.add("flywheel_gateway_metrics_render_cpu_seconds", "gauge", "CPU seconds the previous /metrics took to write "
+          "(in a worker thread; at most max_series instance lines)", g, snap.last_render_cpu_s)
     return w.text()
+
+
+def metrics_text(gw: GatewayService) -> str:
+    """/metrics rendered here and now (tests; the route renders in a thread: ``MetricsRenderer``)."""
+    return render_metrics(metrics_snapshot(gw))
+
+
+class MetricsRenderer:
+    """/metrics without blocking the event loop: the snapshot is taken on the loop, the text is written in a
+    worker thread, and requests that come while one is being written share it (a scraper never queues renders)."""
+
+    def __init__(self, gw: GatewayService) -> None:
+        self.gw = gw
+        self.last_cpu_s = 0.0
+        self._running: asyncio.Future[str] | None = None
+
+    def _render(self, snap: MetricsSnapshot) -> str:
+        started = time.thread_time()
+        text = render_metrics(snap)
+        self.last_cpu_s = time.thread_time() - started
+        return text
+
+    async def text(self) -> str:
+        if self._running is None or self._running.done():
+            snap = metrics_snapshot(self.gw, self.last_cpu_s)
+            self._running = asyncio.ensure_future(asyncio.to_thread(self._render, snap))
+        return await asyncio.shield(self._running)
 
 
 def _instance(gw: GatewayService, s: InstanceState, now: float) -> dict[str, Any]:
@@ -152,12 +208,26 @@ def _summary(services: dict[str, Any]) -> dict[str, Any]:
         "loss": gauge("learner", "loss"),
         "episode_return_mean": gauge("actor", "episode_return_mean"),
         "eval_return_mean": gauge("actor", "eval_return_mean"),
+        **_learner_evaluation(gauge),
         "mario_distance_mean": gauge("actor", "mario_distance_mean"),  # null unless the actors play Mario
         "mario_distance_max": gauge("actor", "mario_distance_max", "max"),
         "mario_flag_rate": gauge("actor", "mario_flag_rate"),
         "epsilon": {i["instance"]: i["gauges"].get("epsilon") for i in live("actor")},
         "exploration": _exploration(live("actor")),
     }
+
+
+def _learner_evaluation(gauge: Callable[..., float | None]) -> dict[str, Any]:
+    """The learner's last evaluation under its preset's protocol, with the env's labels for its measures."""
+    from flywheel.evaluation import MEASURES
+
+    success = gauge("learner", "eval_success_rate")
+    return {"eval_version": gauge("learner", "eval_greedy_version", "max"),
+            "eval_return": gauge("learner", "eval_greedy_return"), "eval_success_rate": success,
+            "eval_progress_mean": gauge("learner", "eval_progress_mean"),
+            "eval_progress_median": gauge("learner", "eval_progress_median"),
+            "eval_success_label": MEASURES["success"][1] if success is not None else None,
+            "eval_progress_label": MEASURES["progress"][1] if success is not None else None}
 
 
 def _exploration(actors: list[dict[str, Any]]) -> dict[str, Any] | None:

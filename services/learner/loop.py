@@ -194,7 +194,7 @@ class LearnerLoop:
         self.weights.publish(msg)
         self.counters.weights_published_total += 1
         if self.counters.weights_published_total == 1:
-            log.info("learner: published weights version %d (%s)", msg.version, self.core.name)
+            log.info("learner: published weights version %d (%s, run id %s)", msg.version, self.core.name, msg.run_id)
 
     def _reserve_versions(self, upto: int) -> None:
         """Note in the checkpoint directory that versions up to ``upto`` may go out (read by --resume)."""

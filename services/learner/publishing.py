@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable
 
 import torch
@@ -19,12 +20,17 @@ class WeightsSnapshots:
     across restarts: ``start_version`` comes from the checkpoint, or from ``reserve``'s notes when a kill left
     versions published after it). ``reserve(upto)`` is called before a version above the last reservation goes
     out, ``reserve_ahead`` versions at a time. One snapshot is in flight at a time.
+
+    Every message carries ``run_id``, random and new for each learner start (a resumed one too): actors take the
+    first weights of a run they have not seen whatever their version, so a rogue version far ahead from another
+    run id pins nobody once this learner publishes again.
     """
 
     def __init__(self, net: torch.nn.Module, name: str, *, start_version: int, every_updates: int,
                  every_seconds: float, reserve: Callable[[int], None] | None = None,
-                 reserve_ahead: int = 1000) -> None:
+                 reserve_ahead: int = 1000, run_id: str | None = None) -> None:
         self.net, self.name = net, name
+        self.run_id = secrets.token_hex(8) if run_id is None else run_id
         self.version = start_version
         self.reserve, self.reserve_ahead, self.reserved = reserve, reserve_ahead, start_version
         self.every_updates, self.every_seconds = every_updates, every_seconds
@@ -73,4 +79,4 @@ class WeightsSnapshots:
             self.reserved = self.version + self.reserve_ahead
             self.reserve(self.reserved)
         self.steps_at_last, self.time_of_last = self._pending_steps, now
-        return proto.Weights(version=self.version, network=self.name, tensors=tensors)
+        return proto.Weights(version=self.version, network=self.name, tensors=tensors, run_id=self.run_id)

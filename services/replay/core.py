@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,8 @@ from .settings import ReplaySettings
 from .storage import FrameRefs, SchemaMismatch, TransitionStorage, frame_layout
 from .sumtree import SumTree
 from .table import ReplayTable
+
+log = logging.getLogger("flywheel.replay")
 
 
 class InsertRejected(ValueError):
@@ -45,6 +48,7 @@ class ReplayConfig:
     prioritized: bool = _default("prioritized")
     alpha: float = _default("alpha")
     priority_eps: float = 1e-6
+    max_priority: float = _default("max_priority")  # higher priorities are stored as this (and counted)
     min_size_to_sample: int = _default("min_size_to_sample")
     samples_per_insert: float = _default("samples_per_insert")
     error_buffer: float = _default("error_buffer")
@@ -66,7 +70,8 @@ class ReplayCore:
     def __init__(self, config: ReplayConfig) -> None:
         self.config = config
         self.main = ReplayTable(config.capacity, prioritized=config.prioritized, alpha=config.alpha,
-                                priority_eps=config.priority_eps, dedup_frames=config.dedup_frames,
+                                priority_eps=config.priority_eps, priority_cap=config.max_priority,
+                                dedup_frames=config.dedup_frames,
                                 frame_ratio=config.frame_ratio, frame_capacity=config.frame_capacity,
                                 pack_frames=config.pack_frames)
         self.demos: ReplayTable | None = None
@@ -79,6 +84,7 @@ class ReplayCore:
         self.priority_updates = 0
         self.demo_samples = 0
         self.expected_obs: tuple[tuple[int, ...], np.dtype] | None = None  # the env's, when known (expect_obs)
+        self._clamp_logged = False
 
     @property
     def size(self) -> int:
@@ -99,6 +105,18 @@ class ReplayCore:
     @property
     def stale_priority_updates(self) -> int:
         return self.main.stale_priority_updates + (self.demos.stale_priority_updates if self.demos else 0)
+
+    @property
+    def priorities_clamped(self) -> int:
+        """Rows whose priority (an actor's or the learner's) was above ``config.max_priority`` and stored as it."""
+        return self.main.clamped_priorities + (self.demos.clamped_priorities if self.demos else 0)
+
+    def _note_clamped(self, before: int, source: str) -> None:
+        if self.priorities_clamped > before and not self._clamp_logged:
+            self._clamp_logged = True
+            log.warning("priorities above max_priority %g (from %s) are stored as %g and counted in "
+                        "priorities_clamped_total (logged once)", self.config.max_priority, source,
+                        self.config.max_priority)
 
     @property
     def obs_schema(self) -> tuple[tuple[int, ...], np.dtype] | None:
@@ -133,7 +151,9 @@ class ReplayCore:
         if priority is not None and (not np.all(np.isfinite(priority)) or np.any(priority < 0)):
             priority = None  # an actor's garbage priorities must not poison the tree: use the max
         keys = np.broadcast_to(stream_keys(batch.actor, batch.stream), (len(batch),))
+        clamped = self.priorities_clamped
         inserted = self.main.insert(batch, keys, priority, streamed=batch.stream is not None)
+        self._note_clamped(clamped, f"actor {batch.actor[:64]!r}")
         self.limiter.record_insert(len(batch))
         return inserted
 
@@ -163,7 +183,8 @@ class ReplayCore:
         layout = frame_layout(tuple(obs_shape), dtype) if self.config.dedup_frames else None
         frames = 2 * layout[0] * count + 8 * layout[0] + 8 if layout else None  # room for every frame: no eviction
         table = ReplayTable(max(count, 1), prioritized=self.config.prioritized, alpha=self.config.alpha,
-                            priority_eps=self.config.priority_eps, dedup_frames=self.config.dedup_frames,
+                            priority_eps=self.config.priority_eps, priority_cap=self.config.max_priority,
+                            dedup_frames=self.config.dedup_frames,
                             frame_capacity=frames, pack_frames=self.config.pack_frames)
         table.storage.allocate(tuple(obs_shape), dtype)
         for episode, rows in enumerate(episodes):
@@ -267,12 +288,14 @@ class ReplayCore:
         index = np.asarray(index, np.int64)
         priorities = np.asarray(priorities, np.float64)
         demo = index < 0
+        clamped = self.priorities_clamped
         applied = self.main.update_priorities(index[~demo], priorities[~demo])
         if self.demos is not None and demo.any():
             applied += self.demos.update_priorities(-1 - index[demo], priorities[demo])
         elif demo.any():
             self.main.stale_priority_updates += int(demo.sum())
         self.priority_updates += applied
+        self._note_clamped(clamped, "a priority update")
         return applied
 
     def set_ratio(self, ratio: proto.ReplayRatioArgs) -> None:

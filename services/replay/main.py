@@ -38,7 +38,8 @@ def main(settings: ReplaySettings) -> int:
     telemetry = TelemetryReporter(ctx, settings.telemetry_endpoint, "replay", settings.instance,
                                   settings.telemetry_interval_s)
     control = ControlSubscriber(ctx, settings.control_endpoint, "replay", settings.instance, faults)
-    shm = ShmSlots(settings.shm_slots, settings.shm_max_slots) if settings.shm else None
+    shm = ShmSlots(settings.shm_slots, settings.shm_max_slots, max_clients=settings.shm_max_clients,
+                   max_bytes=settings.shm_max_mb << 20) if settings.shm else None
     server = ReplayServer(
         core, ctx, transitions_bind=settings.transitions_bind, sample_bind=settings.sample_bind,
         telemetry=telemetry, control=control, faults=faults, transitions_hwm=settings.transitions_hwm,

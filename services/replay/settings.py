@@ -21,6 +21,11 @@ class ReplaySettings(CommonSettings):
     capacity: int = Field(100_000, ge=1, le=50_000_000, description="transitions kept (FIFO eviction)")
     prioritized: bool = Field(True, description="proportional prioritized sampling (false: uniform)")
     alpha: float = Field(0.6, ge=0, le=1, description="priority exponent")
+    max_priority: float = Field(
+        1000.0, gt=0, le=1e12, allow_inf_nan=False, description="largest priority stored (an |n-step TD error|): "
+        "higher ones, an actor's or a learner's, are stored as this and counted (priorities_clamped_total), so one "
+        "row is drawn at most (max_priority)^alpha times as often as a row of priority 1 (63x at the defaults). "
+        "The presets' rewards are clipped or scaled so that no real TD error comes near 1000")
     min_size_to_sample: int = Field(1000, ge=1, description="transitions stored before the first sample")
     samples_per_insert: float = Field(0.0, ge=0, description="target sampled/inserted ratio (0: unlimited)")
     error_buffer: float = Field(100_000.0, ge=0, description="allowed deviation from the ratio, in transitions")
@@ -54,6 +59,12 @@ class ReplaySettings(CommonSettings):
     shm: bool = Field(True, description="answer same-host clients through shared-memory slots in /dev/shm")
     shm_slots: int = Field(4, ge=1, le=256, description="slots per client when it does not say how many")
     shm_max_slots: int = Field(16, ge=1, le=256, description="most slots one client may hold")
+    shm_max_clients: int = Field(4, ge=1, le=256, description="most sampling clients holding a shared-memory "
+                                 "segment at once (one learner normally); more are answered over the socket and "
+                                 "counted (rejected_total{where=\"sample\",reason=\"shm_full\"})")
+    shm_max_mb: int = Field(4096, ge=1, le=1 << 20, description="most MiB of shared-memory segments in all (RAM); a "
+                            "segment that would pass it is not made: that client is answered over the socket, counted "
+                            "as for shm_max_clients")
     demo_path: Path | None = Field(None, description="demonstrations directory (flywheel.demos format) to load")
     demo_ratio: float = Field(0.0, ge=0, lt=1, description="share of every batch drawn from the demonstrations")
     checkpoint_dir: Path | None = Field(None, description="where checkpoints go (unset: no checkpoints)")
@@ -63,7 +74,8 @@ class ReplaySettings(CommonSettings):
     start_empty_on_bad_checkpoint: bool = Field(
         False, description="when the checkpoint is corrupt or does not fit: set it aside and start empty "
         "(default: refuse to start)")
-    seed: int | None = Field(None, description="sampling seed")
+    seed: int | None = Field(None, ge=0, description="seed of the sampler's draws (unset: random; flywheel run "
+                                                     "derives it from --seed)")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ import zmq
 from flywheel.checkpoints import process_running
 from flywheel.security import is_loopback
 
+from .refusals import Refused
+
 log = logging.getLogger("flywheel.replay")
 SHM_DIR = Path("/dev/shm")
 HEADER_BYTES = 4096  # the segment starts with a random token the client checks before trusting the file
@@ -141,12 +143,24 @@ def sweep_stale(directory: Path = SHM_DIR) -> list[str]:
     return removed
 
 
+class ShmFull(Refused):
+    """No segment for this client: ``max_clients`` others hold one, or it would take the total past ``max_bytes``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("shm_full", message)
+
+
 class ShmSlots:
-    """Per-client segments, created on a client's first shared-memory request and dropped when it leaves."""
+    """Per-client segments, created on a client's first shared-memory request and dropped when it leaves.
+
+    At most ``max_clients`` segments of ``max_bytes`` in all exist at once (they are RAM, kept ``idle_s`` after a
+    client's last request): one more is refused with ShmFull and that client is answered over the socket.
+    """
 
     def __init__(self, default_slots: int = 4, max_slots: int = 16, idle_s: float = 300.0,
-                 directory: Path = SHM_DIR) -> None:
+                 directory: Path = SHM_DIR, *, max_clients: int = 4, max_bytes: int = 4096 << 20) -> None:
         self.default_slots, self.max_slots, self.idle_s, self.directory = default_slots, max_slots, idle_s, directory
+        self.max_clients, self.max_bytes = max_clients, max_bytes
         self.clients: dict[bytes, ShmClient] = {}
         self.available = directory.is_dir() and os.access(directory, os.W_OK)
         self.swept = sweep_stale(directory) if self.available else []
@@ -155,7 +169,8 @@ class ShmSlots:
 
     def segment_for(self, identity: bytes, batch_size: int, obs_shape: tuple[int, ...], dtype: np.dtype,
                     slots: int) -> SlotSegment | None:
-        """The client's segment, (re)created when missing or too small; None when shared memory fails."""
+        """The client's segment, (re)created when missing or too small; None when shared memory fails; ShmFull
+        (nothing made) when a new one would pass ``max_clients`` or ``max_bytes``."""
         if not self.available:
             return None
         need = slot_bytes_for(batch_size, obs_shape, dtype)
@@ -166,6 +181,13 @@ class ShmSlots:
                 return client.segment
             self.drop(identity)
         count = min(max(slots or self.default_slots, 1), self.max_slots)
+        size = HEADER_BYTES + count * need
+        if len(self.clients) >= self.max_clients:
+            raise ShmFull(f"{len(self.clients)} sampling clients hold shared-memory segments, the most allowed "
+                          "(FLYWHEEL_REPLAY_SHM_MAX_CLIENTS): this one is answered over the socket")
+        if self.nbytes + size > self.max_bytes:
+            raise ShmFull(f"a {size >> 20} MiB shared-memory segment would take the replay's segments past "
+                          f"{self.max_bytes >> 20} MiB (FLYWHEEL_REPLAY_SHM_MAX_MB): answered over the socket")
         self._seq += 1
         name = f"flywheel-replay-{os.getpid()}-{self._seq}-{secrets.token_hex(4)}"
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from flywheel import proto
@@ -11,17 +13,31 @@ from .sumtree import SumTree
 
 
 class ReplayTable:
-    """Storage plus sampling state; priorities are stored as (p + eps) ** alpha."""
+    """Storage plus sampling state; priorities are stored as (min(p, priority_cap) + eps) ** alpha.
+
+    ``priority_cap`` bounds what one row can take of a batch, whoever sent its priority (an actor's first one, or a
+    learner's update): a row at the cap is drawn (cap + eps) ** alpha times as often as a row of priority 1, however
+    large a number it came with. Rows above it are counted in ``clamped_priorities``. ``max_priority``, the
+    priority new rows without one get, is the largest stored value, so it stays at or below the cap too.
+    """
 
     def __init__(self, capacity: int, *, prioritized: bool = True, alpha: float = 0.6, priority_eps: float = 1e-6,
-                 dedup_frames: bool = True, frame_ratio: float = 1.1, frame_capacity: int | None = None,
-                 pack_frames: bool = False) -> None:
+                 priority_cap: float = math.inf, dedup_frames: bool = True, frame_ratio: float = 1.1,
+                 frame_capacity: int | None = None, pack_frames: bool = False) -> None:
+        if not priority_cap > 0:
+            raise ValueError(f"priority_cap must be > 0, got {priority_cap}")
         self.storage = TransitionStorage(capacity, dedup_frames=dedup_frames, frame_ratio=frame_ratio,
                                          frame_capacity=frame_capacity, pack_frames=pack_frames)
         self.tree = SumTree(capacity) if prioritized else None
-        self.alpha, self.priority_eps = alpha, priority_eps
-        self.max_priority = 1.0
+        self.alpha, self.priority_eps, self.priority_cap = alpha, priority_eps, priority_cap
+        self.max_priority = min(1.0, self.scaled_cap)
         self.stale_priority_updates = 0
+        self.clamped_priorities = 0
+
+    @property
+    def scaled_cap(self) -> float:
+        """The largest value a leaf of the tree holds: the cap, scaled as every priority is."""
+        return float(self._scaled(np.array(self.priority_cap)))
 
     @property
     def size(self) -> int:
@@ -42,7 +58,7 @@ class ReplayTable:
             if priority is None:
                 values = np.full(slots.size, self.max_priority)
             else:
-                values = self._scaled(priority[-slots.size:])
+                values = self._scaled(self._clamped(priority[-slots.size:]))
                 self.max_priority = max(self.max_priority, float(values.max()))
             if evicted.size:
                 dead = np.setdiff1d(evicted, slots[live])
@@ -52,6 +68,15 @@ class ReplayTable:
 
     def _scaled(self, priority: np.ndarray) -> np.ndarray:
         return (np.asarray(priority, np.float64) + self.priority_eps) ** self.alpha
+
+    def _clamped(self, priority: np.ndarray) -> np.ndarray:
+        """Priorities lowered to ``priority_cap``, the rows lowered counted."""
+        priority = np.asarray(priority, np.float64)
+        over = priority > self.priority_cap
+        if not np.any(over):
+            return priority
+        self.clamped_priorities += int(over.sum())
+        return np.minimum(priority, self.priority_cap)
 
     def sample(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(slots, probability of each within this table)."""
@@ -78,7 +103,7 @@ class ReplayTable:
         self.stale_priority_updates += int((~keep).sum())
         if not np.any(keep):
             return 0
-        values = self._scaled(priorities[keep])
+        values = self._scaled(self._clamped(priorities[keep]))
         self.tree.set(slots[keep], values)
         self.max_priority = max(self.max_priority, float(values.max()))
         return int(keep.sum())
@@ -107,11 +132,12 @@ class ReplayTable:
                 raise ValueError("checkpoint priorities are not finite, non-negative and one per slot")
         self.storage.load_state_dict({k.removeprefix("storage."): v for k, v in state.items()
                                       if k.startswith("storage.")})
-        self.max_priority = max_priority
+        cap = self.scaled_cap  # a checkpoint written with a higher (or no) cap is held to this run's
+        self.max_priority = min(max_priority, cap)
         if self.tree is None:
             return
         live = np.arange(self.storage.oldest, self.storage.next_position) % capacity
         values = np.zeros(capacity)
         # A checkpoint of a uniform replay has no priorities: every stored item starts at the max.
-        values[live] = leaves[live] if leaves is not None else self.max_priority
+        values[live] = np.minimum(leaves[live], cap) if leaves is not None else self.max_priority
         self.tree.load_state_dict({"leaves": values})

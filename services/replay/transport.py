@@ -24,7 +24,7 @@ from flywheel.transport import (
 
 from .core import InsertRejected, ReplayCore
 from .refusals import Refused
-from .shm import ShmSlots, SlotSegment, peer_address, peer_is_local
+from .shm import ShmFull, ShmSlots, SlotSegment, peer_address, peer_is_local
 from .snapshot import Snapshotter
 from .storage import SchemaMismatch
 
@@ -240,7 +240,10 @@ class ReplayServer:
         segment = None
         if self.shm is not None and request.shm and core.obs_schema is not None:
             shape, dtype = core.obs_schema
-            segment = self.shm.segment_for(identity, rows, shape, dtype, request.slots)
+            try:
+                segment = self.shm.segment_for(identity, rows, shape, dtype, request.slots)
+            except ShmFull as exc:  # other clients hold the segments allowed: this one is answered over the socket
+                self.faults.record("sample", exc)
             if segment is not None and segment.name == request.shm_segment:
                 slot = segment.acquire()
                 if slot is not None:
@@ -312,6 +315,7 @@ class ReplayServer:
         counters.messages_rejected_total = self.faults.total
         counters.telemetry_dropped_total = self.telemetry.dropped
         counters.stale_priority_updates_total = self.core.stale_priority_updates
+        counters.priorities_clamped_total = self.core.priorities_clamped
         storage, snap = self.core.storage, self.snapshotter
         gauges = ReplayGauges(
             size_transitions=self.core.size,

@@ -305,8 +305,10 @@ def check_curve_is_on(engine: Engine, compose_file: Path, port: int) -> None:
         assert instances, f"no live {service} in /status"
         curve = {i["instance"]: i.get("info", {}).get("curve") for i in instances}
         assert set(curve.values()) == {"on"}, f"{service}: telemetry info curve {curve}"
+        keys = {i["instance"]: i.get("info", {}).get("curve_key") for i in instances}  # the gateway's, per report
+        assert set(keys.values()) == {service}, f"{service}: each reports with its own role's key: {keys}"
     logs = engine.compose(compose_file, "logs", "--no-color", "curve-keys", "gateway", timeout=120).stdout
-    assert "wrote 5 key files to /run/secrets/flywheel-curve" in logs or "kept the keys" in logs, logs[-2000:]
+    assert "wrote 11 key files to /run/secrets/flywheel-curve" in logs or "kept the keys" in logs, logs[-2000:]
     assert "CURVE on: TCP connections encrypted" in logs, "the gateway binds with CURVE"
     assert "PLAINTEXT" not in logs
     before = refused_by_replay(status)

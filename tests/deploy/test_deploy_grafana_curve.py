@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 import zmq
+import zmq.auth
 from deploy_helpers import (
     COMPOSE,
     CURVE_DIR,
@@ -36,6 +37,11 @@ FIX = ("run: python deploy/grafana/build_k8s_configmap.py (after python deploy/g
 K8S_KEYS = "flywheel keys generate keys/ && kubectl -n flywheel create secret generic flywheel-curve --from-file=keys/"
 # a key for an actor on another host, under compose (docs/DEPLOY.md, docker-compose.yml)
 COMPOSE_CLIENT = "docker compose run --rm curve-keys --client NAME"
+ROLES_DIR = "/run/flywheel-roles"  # where compose's one-shot lays out each role's volume (docker/Dockerfile makes it)
+ROLE_KEYS = {f"{role}.{kind}" for role in security.ROLES for kind in ("key", "key_secret")}
+# the services whose client keys each server admits: who connects to whom (k8s/networkpolicy.yaml's edges)
+CLIENTS_OF = {"gateway": {"learner", "replay", "actor"}, "replay": {"learner", "actor"}, "learner": {"actor"},
+              "actor": set()}
 
 
 def builder() -> ModuleType:
@@ -141,7 +147,7 @@ def test_each_pod_gets_exactly_the_curve_files_its_service_needs(service: str, t
     keys = tmp_path / "keys"
     assert flywheel(["keys", "generate", str(keys), "--client", "remote-1"]) == 0
     secret = secret_from_folder(keys)
-    assert set(secret) == {"server.key", "server.key_secret", "client.key", "client.key_secret"}
+    assert set(secret) == {"server.key", "server.key_secret", *ROLE_KEYS}
     volume = {v["name"]: v for v in workload_pod(service)["volumes"]}["curve-keys"]
     mounted = tmp_path / "mounted"
     for item in volume["secret"]["items"]:  # as the kubelet lays the Secret's keys out
@@ -154,8 +160,12 @@ def test_each_pod_gets_exactly_the_curve_files_its_service_needs(service: str, t
     assert loaded is not None
     paths = {item["path"] for item in volume["secret"]["items"]}
     assert ("server.key_secret" in paths) == (service in security.BINDS), "server secrets only where they bind"
-    assert ("client.key_secret" in paths) == (service in security.CONNECTS)
-    assert ("authorized/client.key" in paths) == (service in security.BINDS)
+    own = {p for p in paths if p.endswith(".key_secret")} - {"server.key_secret"}
+    assert own == ({f"{service}.key_secret"} if service in security.CONNECTS else set()), "its own client key only"
+    assert {p for p in paths if p.startswith("authorized/")} == {f"authorized/{c}.key" for c in CLIENTS_OF[service]}
+    if service in security.CONNECTS:  # the gateway hears it as its own role, and only as that
+        names = dict(security.load_keys(keys).names)  # type: ignore[union-attr]
+        assert security.key_role(names[loaded.client_public]) == service  # type: ignore[index]
 
 
 def handshake(server: security.CurveKeys, client_public: bytes, client_secret: bytes, timeout_ms: int) -> bool:
@@ -189,13 +199,13 @@ def test_compose_curve_keys_one_shot_is_idempotent_and_adds_clients_that_get_in(
     admitted by servers that load the folder (what `docker compose restart gateway replay learner` does)."""
     entrypoint = compose()["services"]["curve-keys"]["entrypoint"]
     assert entrypoint[:3] == ["flywheel", "keys", "generate"] and "--if-missing" in entrypoint
-    assert CURVE_DIR in entrypoint, "it writes where the services read"
-    keys = tmp_path / "keys"
-    argv = [str(keys) if arg == CURVE_DIR else arg for arg in entrypoint[1:]]
+    assert CURVE_DIR in entrypoint and ROLES_DIR in entrypoint, "it writes where the services' volumes are"
+    keys, roles = tmp_path / "keys", tmp_path / "roles"
+    argv = [{CURVE_DIR: str(keys), ROLES_DIR: str(roles)}.get(arg, arg) for arg in entrypoint[1:]]
     assert flywheel(argv) == 0
     made = {p: p.read_bytes() for p in keys.rglob("*") if p.is_file()}
     assert {p.relative_to(keys).as_posix() for p in made} == {
-        "server.key", "server.key_secret", "client.key", "client.key_secret", "authorized/client.key"}
+        "server.key", "server.key_secret", *ROLE_KEYS, *(f"authorized/{role}.key" for role in security.ROLES)}
     assert flywheel(argv) == 0 and "kept the keys" in capsys.readouterr().out
     assert {p: p.read_bytes() for p in keys.rglob("*") if p.is_file()} == made, "a second `up` changes nothing"
     assert flywheel(["keys", "generate", str(keys)]) == 2 and "--if-missing" in capsys.readouterr().err
@@ -209,8 +219,8 @@ def test_compose_curve_keys_one_shot_is_idempotent_and_adds_clients_that_get_in(
     assert all(path.read_bytes() == data for path, data in made.items()), "the existing keys stay"
     assert (remote / "server.key").read_bytes() == made[keys / "server.key"]
 
-    server = security.keys_from_settings(SETTINGS["replay"](curve_keys_dir=str(keys)), "replay")
-    assert server is not None and client.client_public in server.authorized
+    server = security.keys_from_settings(SETTINGS["replay"](curve_keys_dir=str(roles / "replay")), "replay")
+    assert server is not None and client.client_public in server.authorized, "the role volumes are laid out again"
     assert handshake(server, client.client_public, client.client_secret, 5000), "the added client gets in"
     stranger_public, stranger_secret = zmq.curve_keypair()
     assert not handshake(server, stranger_public, stranger_secret, 1000), "an unknown key is refused"
@@ -269,9 +279,45 @@ def test_keys_if_missing_refuses_an_incomplete_set_and_changes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     keys = tmp_path / "keys"
     assert flywheel(["keys", "generate", str(keys)]) == 0
-    (keys / "client.key_secret").unlink()  # half a key set: a copy that went wrong
+    (keys / "actor.key_secret").unlink()  # half a key set: a copy that went wrong
     before = {p: p.read_bytes() for p in keys.rglob("*") if p.is_file()}
     assert flywheel(["keys", "generate", str(keys), "--if-missing"]) == 2
     err = capsys.readouterr().err
-    assert "incomplete" in err and "client.key_secret" in err and len(err.strip().splitlines()) == 1
+    assert "incomplete" in err and "actor.key_secret" in err and len(err.strip().splitlines()) == 1
     assert {p: p.read_bytes() for p in keys.rglob("*") if p.is_file()} == before
+
+
+def test_compose_mounts_for_each_service_only_its_roles_keys(tmp_path: Path) -> None:
+    """Each Flywheel container mounts its role's volume, which the one-shot fills with that role's files alone: no
+    actor holds a server's secret or another role's key. A folder made before per-role keys (one shared client
+    key) gets them added by the same one-shot, and keeps working meanwhile."""
+    doc = compose()
+    one_shot = {v.split(":")[1]: v.split(":")[0] for v in doc["services"]["curve-keys"]["volumes"]}
+    keys, roles = tmp_path / "keys", tmp_path / "roles"
+    assert flywheel(["keys", "generate", str(keys), "--client", "far", "--roles-dir", str(roles)]) == 0
+    for service in FLYWHEEL_SERVICES:
+        mounts = {v.split(":")[1]: v for v in doc["services"][service]["volumes"]}
+        source, _, mode = mounts[CURVE_DIR].split(":")
+        assert source == f"curve-keys-{service}" and mode.startswith("ro"), service
+        assert one_shot[f"{ROLES_DIR}/{service}"] == source, f"the one-shot fills {source}"
+        assert source in doc["volumes"]
+        files = {p.relative_to(roles / service).as_posix() for p in (roles / service).rglob("*") if p.is_file()}
+        secrets = {f for f in files if f.endswith("_secret")}
+        want = ({"server.key_secret"} if service in security.BINDS else set()) | (
+            {f"{service}.key_secret"} if service in security.CONNECTS else set())
+        assert secrets == want, service
+        assert security.keys_from_settings(SETTINGS[service](curve_keys_dir=str(roles / service)), service)
+    assert not any(CURVE_DIR in v and not v.startswith("curve-keys-") for name, svc in doc["services"].items()
+                   if name != "curve-keys" for v in svc.get("volumes", [])), "only the one-shot mounts every key"
+
+    old = tmp_path / "old"  # the layout before per-role keys: client.key_secret, authorized/client.key
+    assert flywheel(["keys", "generate", str(old)]) == 0
+    for role in security.ROLES:
+        for name in (f"{role}.key", f"{role}.key_secret", f"authorized/{role}.key"):
+            (old / name).unlink()
+    zmq.auth.create_certificates(old, "client")
+    (old / "authorized" / "client.key").write_bytes((old / "client.key").read_bytes())
+    legacy = security.keys_from_settings(ActorSettings(curve_keys_dir=str(old)), "actor")
+    assert legacy is not None and security.key_role(dict(security.load_keys(old).names)[legacy.client_public]) == "*"
+    assert flywheel(["keys", "generate", str(old), "--if-missing", "--roles-dir", str(tmp_path / "old-roles")]) == 0
+    assert {p.name for p in (tmp_path / "old-roles" / "actor").iterdir()} == {"server.key", "actor.key_secret"}

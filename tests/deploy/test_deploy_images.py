@@ -195,11 +195,11 @@ def test_healthcheck_reports_a_closed_port_as_unhealthy() -> None:
 
 def test_healthcheck_makes_no_connection_that_a_curve_server_would_count(tmp_path: Path) -> None:
     """The check reads the listen table: a CURVE replay sees no failed handshake from its own health check."""
-    from flywheel import security
+    from flywheel import keyfiles, security
     from flywheel.zap import ZapHandler
 
     hc = load_module(DOCKER / "healthcheck.py")
-    security.generate(tmp_path / "keys")
+    keyfiles.generate(tmp_path / "keys")
     keys = security.load_keys(tmp_path / "keys")
     assert keys is not None
     ctx = zmq.Context()

@@ -76,15 +76,18 @@ def test_docker_compose_config_accepts_the_files(name: str) -> None:
     learner = model["services"]["learner"]
     gpu = learner.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
     assert bool(gpu) == (name == "gpu"), "the GPU reservation comes only with docker-compose.gpu.yml"
-    # CURVE on in every combination: each Flywheel service reads the keys the one-shot curve-keys made, read-only
-    writer = {v["source"]: v for v in model["services"]["curve-keys"]["volumes"]}["curve-keys"]
-    assert writer["target"] == CURVE_DIR and not writer.get("read_only")
+    # CURVE on in every combination: each Flywheel service reads, read-only, its role's keys, which the one-shot
+    # curve-keys made and laid out in that role's volume
+    writers = {v["source"]: v for v in model["services"]["curve-keys"]["volumes"]}
+    assert writers["curve-keys"]["target"] == CURVE_DIR and not writers["curve-keys"].get("read_only")
     for service in FLYWHEEL_SERVICES:
         spec = model["services"][service]
         assert spec["environment"][f"FLYWHEEL_{service.upper()}_CURVE_KEYS_DIR"] == CURVE_DIR, f"{name}: {service}"
         assert not any("ALLOW_PLAINTEXT" in key for key in spec["environment"]), f"{name}: {service} plaintext"
         mounts = {v["target"]: v for v in spec.get("volumes", [])}
-        assert mounts[CURVE_DIR]["source"] == "curve-keys" and mounts[CURVE_DIR]["read_only"], f"{name}: {service}"
+        role = f"curve-keys-{service}"
+        assert mounts[CURVE_DIR]["source"] == role and mounts[CURVE_DIR]["read_only"], f"{name}: {service}"
+        assert writers[role]["target"] == f"/run/flywheel-roles/{service}" and not writers[role].get("read_only")
         assert spec["depends_on"]["curve-keys"]["condition"] == "service_completed_successfully", service
 
 

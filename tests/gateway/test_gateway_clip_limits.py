@@ -113,16 +113,16 @@ def test_a_flood_of_pieces_over_zeromq_stays_within_the_caps(zctx, caplog) -> No
         push = zctx.socket(zmq.PUSH)
         push.connect(service.endpoints["telemetry"])
         total = 16 * MIB
-        count = -(-total // SIZE)  # 342
+        count = -(-total // SIZE)  # 1,366
         sent: Counter[str] = Counter()
 
         def send(chunk: proto.ClipChunk, kind: str) -> None:
             push.send_multipart(proto.encode(chunk))
             sent[kind] += 1
 
-        for clip in range(4):  # 400 pieces each for a 16 MiB clip: 75 MiB if they were kept
+        for clip in range(4):  # 400 full pieces each of clips claiming more pieces than a 16 MiB clip needs
             for index in range(400):
-                send(piece(index, 400, total, clip=clip, nbytes=SIZE), "clip_count")
+                send(piece(index, count + 58, total, clip=clip, nbytes=SIZE), "clip_count")
         for clip in range(10, 13):  # three real-shaped 16 MiB clips, all but their last pieces: 48 MiB
             for index in range(count - 1):
                 send(piece(index, count, total, clip=clip), "ok")

@@ -29,7 +29,7 @@ def chunk(data: bytes, index: int, count: int, *, clip: int = 1, version: int = 
 
 
 def test_pieces_in_any_order_make_the_clip_and_bad_ones_are_refused() -> None:
-    data = bytes(range(256)) * 500  # 128000 bytes: three pieces
+    data = bytes(range(256)) * (proto.CLIP_CHUNK_BYTES * 5 // 512)  # two and a half pieces' worth: three pieces
     clips = ClipAssembler()
     assert clips.add(chunk(data, 2, 3)) is None and clips.add(chunk(data, 0, 3)) is None
     whole = clips.add(chunk(data, 1, 3))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from gateway_helpers import FakeClock, check_exposition, tel
 
 from flywheel import metrics_spec
-from flywheel.services.gateway.metrics import MetricsWriter, Registry, render_instances
+from flywheel.services.gateway.exposition import MetricsWriter, render_instances, snapshot
+from flywheel.services.gateway.metrics import Registry
 
 
 def _help_lines(text: str) -> dict[str, str]:
@@ -20,7 +21,7 @@ def test_declared_keys_get_their_help_and_others_the_generic_line() -> None:
     }, gauges={"size_transitions": 3, "process_threads": 4}))
     reg.update(tel("learner", "l-0", counters={"tcp_batches_total": 7}, gauges={"size_transitions": 1}))
     w = MetricsWriter()
-    render_instances(reg, w, reg.clock())
+    render_instances(snapshot(reg, reg.clock()), w)
     text = w.text()
     check_exposition(text)
     helps = _help_lines(text)

@@ -7,17 +7,9 @@ import math
 import pytest
 from gateway_helpers import FakeClock, check_exposition, tel
 
+from flywheel.services.gateway.exposition import MetricsWriter, format_value, render_instances, snapshot
 from flywheel.services.gateway.history import LearningCurve, curve_point
-from flywheel.services.gateway.metrics import (
-    CapacityExceeded,
-    MetricsWriter,
-    Registry,
-    TelemetryRejected,
-    format_value,
-    name_problem,
-    parse_key,
-    render_instances,
-)
+from flywheel.services.gateway.metrics import CapacityExceeded, Registry, TelemetryRejected, name_problem, parse_key
 
 
 def test_parse_key_plain_and_labelled() -> None:
@@ -46,7 +38,7 @@ def test_registry_render_is_valid_prometheus_text() -> None:
     reg.update(tel("actor", "a-1", counters={"env_steps": 5}, gauges={"epsilon": float("nan")}))
     reg.update(tel("learner", "l-0", counters={"updates": 7}, gauges={"loss": 0.5}))
     w = MetricsWriter()
-    render_instances(reg, w, clock())
+    bad = render_instances(snapshot(reg, clock()), w)
     text = w.text()
     types = check_exposition(text)
     assert types["flywheel_actor_env_steps_total"] == "counter"
@@ -57,7 +49,7 @@ def test_registry_render_is_valid_prometheus_text() -> None:
     assert 'flywheel_actor_info{service="actor",instance="a-0",env="Sna\\"ke\\n"} 1' in text
     assert 'flywheel_actor_epsilon{service="actor",instance="a-1"} NaN' in text
     assert 'flywheel_learner_updates_total{service="learner",instance="l-0"} 7' in text
-    assert "bad key" not in text and reg.bad_keys == 1
+    assert "bad key" not in text and bad == 1
 
 
 def test_silent_instances_are_down_within_the_window_then_forgotten() -> None:
@@ -75,7 +67,7 @@ def test_silent_instances_are_down_within_the_window_then_forgotten() -> None:
     events = reg.drain_events()
     assert [(e[0], e[1].instance) for e in events] == [("down", "a-0")] and reg.went_down == 1
     w = MetricsWriter()
-    render_instances(reg, w, clock())
+    render_instances(snapshot(reg, clock()), w)
     assert 'flywheel_up{service="actor",instance="a-0"} 0' in w.text()
     assert 'flywheel_up{service="actor",instance="a-1"} 1' in w.text()
     reg.sweep()
@@ -150,9 +142,9 @@ def test_one_name_never_has_two_types() -> None:
     reg.update(tel(instance="a-0", gauges={"x_total": 1}))  # a gauge may not end in _total: left out
     reg.update(tel(instance="a-1", counters={"x": 2}))
     w = MetricsWriter()
-    render_instances(reg, w, reg.clock())
+    bad = render_instances(snapshot(reg, reg.clock()), w)
     assert check_exposition(w.text())["flywheel_actor_x_total"] == "counter"
-    assert w.conflicts == 0 and reg.bad_keys == 1
+    assert w.conflicts == 0 and bad == 1
     with pytest.raises(TelemetryRejected):
         reg.update(tel(service="gateway"))  # the gateway's own families are not for others to fill
 
@@ -213,8 +205,8 @@ def test_keys_prometheus_lint_would_refuse_are_left_out_with_a_reason(key: str, 
     reg.update(tel("actor", "a-0", counters=values if kind == "counter" else {},
                    gauges=values if kind == "gauge" else {}))
     w = MetricsWriter()
-    render_instances(reg, w, reg.clock())
-    assert "fine_seconds" in w.text() and reg.bad_keys == 1
+    bad = render_instances(snapshot(reg, reg.clock()), w)
+    assert "fine_seconds" in w.text() and bad == 1
     assert list(reg.invalid_keys) == [("actor", key)] and reg.invalid_keys[("actor", key)]
 
 
@@ -237,3 +229,61 @@ def _gateway_families() -> dict[str, tuple[str, str, list[str]]]:
             families[name] = (kind, "", [])
     assert families
     return families
+
+
+def test_instances_per_service_and_series_are_capped_and_counted() -> None:
+    clock = FakeClock()
+    reg = Registry(forget_after_s=60, clock=clock, max_per_service=2, max_series_per_instance=16, max_series=40)
+    reg.update(tel(instance="a-0", counters={"x_total": 1}))
+    reg.update(tel(instance="a-1"))
+    with pytest.raises(CapacityExceeded) as refused:
+        reg.update(tel(instance="a-2"))
+    assert refused.value.fault == "instances_per_service"
+    many = {f"k{i}_total": float(i) for i in range(20)}
+    state = reg.update(tel(service="learner", instance="l-0", counters=many, info={"version": "1"}))
+    assert len(state.counters) == 16 and not state.gauges and not state.info  # the first 16 values, in order
+    assert [f.fault for f in reg.last_faults] == ["series_per_instance"]
+    assert reg.series == (1 + 3) + 3 + (16 + 3) == 26
+    state = reg.update(tel(service="replay", instance="r-0", counters=many))  # 40 - 26 - 3 = 11 left
+    assert len(state.counters) == 11 and [f.fault for f in reg.last_faults] == ["series"]
+    assert reg.series == 40
+    with pytest.raises(CapacityExceeded) as refused:
+        reg.update(tel(service="other", instance="o-0"))
+    assert refused.value.fault == "series"
+    clock.t += 61  # everyone silent: forgotten, their room free again
+    reg.update(tel(service="other", instance="o-0"))
+    assert reg.series == 3 and not reg.per_service["actor"] and reg.last_faults == []
+
+
+def test_retired_totals_and_carried_drops_are_bounded() -> None:
+    clock = FakeClock()
+    reg = Registry(forget_after_s=1, clock=clock, max_series_per_instance=16, max_series=1000)
+    for cycle in range(5):  # five forget cycles of instances with counters no one else has
+        for i in range(10):
+            reg.update(tel(instance=f"a-{cycle}-{i}", counters={f"c{cycle}_{i}_{j}_total": 1.0 for j in range(10)}))
+        clock.t += 2
+        reg.sweep()
+    assert len(reg.retired["actor"]) == 16 and reg.retired_keys == 16  # 500 keys retired, 16 kept
+    assert reg.totals_dropped == 500 - 16
+    state = reg.update(tel(instance="b-0", seq=5, counters={f"k{j}_total": 5.0 for j in range(16)}))
+    for seq in range(4, 0, -1):  # restarts that report other keys each time: what is carried stays bounded
+        reg.update(tel(instance="b-0", seq=seq, counters={f"n{seq}_{j}_total": 1.0 for j in range(16)}))
+    assert len(state.carried) == 16
+
+
+def test_the_rate_window_is_bounded_in_entries_however_fast_reports_come() -> None:
+    clock = FakeClock()
+    reg = Registry(clock=clock, rate_window_s=10)
+    for i in range(20_000):  # 2,000 reports a second for 10 s
+        state = reg.update(tel(seq=i + 1, counters={"env_steps_total": 10.0 * i}))
+        clock.t += 0.0005
+    assert len(state.window) <= 18
+    assert state.rates()["env_steps_total"] == pytest.approx(20_000.0)
+
+
+def test_series_settings_are_checked_at_start() -> None:
+    from flywheel.services.gateway.settings import GatewaySettings
+
+    with pytest.raises(ValueError, match="max_series_per_instance"):
+        GatewaySettings(max_series_per_instance=2048, max_series=2000)
+    assert GatewaySettings(max_series_per_instance=2048, max_series=2051).max_series == 2051

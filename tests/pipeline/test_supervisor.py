@@ -162,12 +162,12 @@ def test_no_restart_while_the_run_is_stopping(tmp_path: Path) -> None:
 
 def test_supervisor_reports_to_a_curve_gateway_with_the_actors_keys(tmp_path: Path) -> None:
     """With --curve-keys-dir the gateway's telemetry socket is a CURVE server: the run connects as a client."""
-    from flywheel import security
+    from flywheel import keyfiles, security
     from flywheel.cli import build_parser
     from flywheel.run import _http_socket, _start, make_plan
 
     keys = tmp_path / "keys"
-    security.generate(keys)
+    keyfiles.generate(keys)
     args = build_parser().parse_args(["run", "--env", "CartPole-v1", "--curve-keys-dir", str(keys), "--checkpoint-dir",
                                       str(tmp_path / "ckpt"), "--base-port", "0", "--http-port", "0"])
     plan = make_plan(args)

@@ -250,7 +250,8 @@ tensor = st.sampled_from([np.float32, np.float16, np.int64]).flatmap(
 def weights(draw: st.DrawFn) -> Weights:
     tensors = draw(st.dictionaries(text, tensor, max_size=6))
     tensors["scalar"] = draw(hnp.arrays(np.int64, ()))  # always at least one 0-d tensor
-    return Weights(draw(st.integers(0, INT64_MAX)), draw(text), tensors)
+    return Weights(draw(st.integers(0, INT64_MAX)), draw(text), tensors,
+                   draw(st.from_regex(r"[0-9a-f]{0,32}", fullmatch=True)))
 
 
 float_map = st.dictionaries(text, finite, max_size=6)

@@ -18,7 +18,7 @@ import zmq
 from pipeline_helpers import clean_env, get_text, metric_values
 from reliability_helpers import closed_by_peer, transitions
 
-from flywheel import proto, security
+from flywheel import keyfiles, proto, security
 from flywheel.security import CurveKeyError, CurveKeys, keys_from_settings, load_keys
 from flywheel.services.actor.settings import ActorSettings
 from flywheel.services.gateway.settings import GatewaySettings
@@ -53,13 +53,18 @@ def curve(keys: CurveKeys | None) -> Iterator[None]:
 
 
 def test_keys_generate_layout_and_refusals(keys_dir: Path) -> None:
-    assert {p.name for p in keys_dir.iterdir()} == {"server.key", "server.key_secret", "client.key",
-                                                    "client.key_secret", "authorized", "clients"}
+    roles = ("learner", "replay", "actor")  # one client key pair per role that connects (flywheel/security.py)
+    assert {p.name for p in keys_dir.iterdir()} == {"server.key", "server.key_secret", "authorized", "clients",
+                                                    *(f"{r}.{kind}" for r in roles for kind in ("key", "key_secret"))}
     assert (keys_dir / "server.key_secret").stat().st_mode & 0o077 == 0
-    keys = load_keys(keys_dir)
+    assert {p.name for p in (keys_dir / "authorized").iterdir()} == {"learner.key", "replay.key", "actor.key",
+                                                                    "remote.key"}
     remote = load_keys(keys_dir / "clients" / "remote")
-    assert keys is not None and remote is not None
-    assert keys.client_public in keys.authorized and remote.client_public in keys.authorized
+    assert remote is not None
+    for role in roles:
+        keys = load_keys(keys_dir, role=role)
+        assert keys is not None and keys.client_public in keys.authorized and keys.client_public != remote.client_public
+        assert dict(keys.names)[keys.client_public] == role and dict(keys.names)[remote.client_public] == "remote"
     assert remote.server_secret is None and remote.server_public == keys.server_public
     again = subprocess.run([sys.executable, "-m", "flywheel", "keys", "generate", str(keys_dir)], env=clean_env(),
                            capture_output=True, text=True, timeout=60)
@@ -114,7 +119,7 @@ def _relay(listen: socket.socket, target: int, seen: bytearray, stop: threading.
 @pytest.mark.parametrize("encrypted", [False, True])
 def test_curve_encrypts_what_crosses_the_network(keys_dir: Path, encrypted: bool) -> None:
     """A TCP relay between actor and replay sees the batch's text in the clear without CURVE, never with it."""
-    keys = load_keys(keys_dir) if encrypted else None
+    keys = load_keys(keys_dir, role="replay") if encrypted else None  # binds and connects
     ctx = zmq.Context()
     listen = socket.create_server(("127.0.0.1", 0))
     seen, stop = bytearray(), threading.Event()
@@ -144,8 +149,8 @@ def test_a_curve_pipeline_refuses_every_client_without_an_authorized_key(keys_di
     """Every service on CURVE: what authorized clients send arrives; plain, wrong-server-key and unauthorized
     clients get nothing through (and the replay counts nothing from them); the actor, learner and gateway work."""
     good = load_keys(keys_dir / "clients" / "remote")
-    security.generate(tmp_path / "other")
-    other = load_keys(tmp_path / "other")
+    keyfiles.generate(tmp_path / "other")
+    other = load_keys(tmp_path / "other", role="actor")
     assert good is not None and other is not None
     unauthorized = dataclasses.replace(other, server_public=good.server_public)
     curve_env = {"CURVE_KEYS_DIR": str(keys_dir)}
@@ -223,7 +228,7 @@ def test_a_curve_pipeline_refuses_every_client_without_an_authorized_key(keys_di
 
 def test_one_socket_serves_plain_unix_sockets_and_curve_tcp(keys_dir: Path, tmp_path: Path) -> None:
     """As ``flywheel run`` binds the replay: local actors on a Unix socket (plain), remote ones on TCP (CURVE)."""
-    keys = load_keys(keys_dir)
+    keys = load_keys(keys_dir, role="replay")
     ctx = zmq.Context()
     ipc = f"ipc://{tmp_path}/transitions"
     try:

@@ -15,10 +15,18 @@ import zmq
 from pipeline_helpers import clean_env, get_text, metric_values
 from reliability_helpers import transitions
 
-from flywheel import proto, security
+from flywheel import keyfiles, proto, security
 from flywheel.security import PlaintextBindRefused, load_keys, loopback_only
 from flywheel.testing.cluster import Cluster
-from flywheel.transport import MAX_PARTS, MessageTooLarge, bind, make_socket, queued_messages, receive
+from flywheel.transport import (
+    MAX_PARTS,
+    TELEMETRY_MAX_BYTES,
+    MessageTooLarge,
+    bind,
+    make_socket,
+    queued_messages,
+    receive,
+)
 
 pytestmark = pytest.mark.timeout(180)
 PART = 60 * 1024
@@ -66,7 +74,7 @@ def test_a_reachable_plaintext_bind_is_refused_unless_allowed(plain: None, tmp_p
         sock.close(0)
         # With CURVE keys, the same bind is a CURVE server and needs no permission.
         folder = tmp_path / "keys"
-        security.generate(folder)
+        keyfiles.generate(folder)
         security.configure(load_keys(folder), service="replay")
         curve_sock = make_socket(ctx, zmq.PULL)
         assert bind(curve_sock, "tcp://0.0.0.0:0", "replay transitions", "x").startswith("tcp://0.0.0.0:")
@@ -162,7 +170,7 @@ def test_the_replay_and_gateway_refuse_a_thousand_part_message_and_keep_serving(
         part = np.zeros(PART, np.uint8)
         actor.send_multipart([*proto.encode(transitions(8)), *([part] * 300)])  # 17.6 MiB past the 16 MiB budget
         actor.send_multipart([b"z"] * 1001)  # tiny, but 1,001 parts
-        telemetry.send_multipart([part] * 1001)
+        telemetry.send_multipart([np.zeros(TELEMETRY_MAX_BYTES, np.uint8)] * 1001)  # each part at the socket's cap
         actor.send_multipart(proto.encode(transitions(8, seq=1)))
         telemetry.send_multipart(proto.encode(proto.Telemetry("probe", "probe-0", 1, time.time(), {"probe_total": 1})))
         cluster.wait(lambda: cluster.value("replay-0", "transitions_received_total") >= 8, 30,

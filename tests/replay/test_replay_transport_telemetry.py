@@ -21,7 +21,7 @@ REPLAY_COUNTERS = {
     "rate_limiter_sample_wait_seconds_total", "rate_limiter_insert_wait_seconds_total", "checkpoints_total",
     "checkpoint_failures_total", "shm_batches_total", "socket_batches_total", "shm_slots_exhausted_total",
     "compact_batches_total", "packed_batches_total", "control_commands_total", "messages_rejected_total",
-    "telemetry_dropped_total", "stale_priority_updates_total",
+    "telemetry_dropped_total", "stale_priority_updates_total", "priorities_clamped_total",
 }
 REPLAY_GAUGES = {
     "size_transitions", "capacity_transitions", "demo_size_transitions", "memory_bytes", "resident_bytes",

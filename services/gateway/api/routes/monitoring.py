@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from ... import views
@@ -27,8 +27,9 @@ async def healthz(gw: GatewayDep, response: Response) -> Health:
 @router.get("/metrics", response_class=PlainTextResponse,
             summary="Every instance of every service, Prometheus text",
             responses={200: {"content": {PROM_CONTENT_TYPE: {}}}})
-async def metrics(gw: GatewayDep) -> PlainTextResponse:
-    return PlainTextResponse(views.metrics_text(gw), media_type=PROM_CONTENT_TYPE)
+async def metrics(request: Request) -> PlainTextResponse:
+    renderer: views.MetricsRenderer = request.app.state.metrics  # written in a thread: leases go on meanwhile
+    return PlainTextResponse(await renderer.text(), media_type=PROM_CONTENT_TYPE)
 
 
 # The views build plain dicts; each route's model checks one and writes it (a missing optional key stays missing).
