@@ -2,6 +2,7 @@
 #   make run    set up .venv and train on Super Mario Bros 1-1 (flywheel run; ARGS="--env CartPole-v1" etc.)
 #   make test   set up .venv (and missing Debian packages), run ruff, mypy and the whole test suite
 #   make bench SUITE=replay   install the peers and run one `flywheel bench` suite
+#   make wheel  build dist/flywheel_rl-*.whl, what `pip install` from a clone or a git URL installs
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
@@ -11,7 +12,7 @@ TORCH_INDEX ?=
 ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: setup dev-setup system-deps run test lint bench bench-setup clean
+.PHONY: setup dev-setup system-deps run test lint bench bench-setup wheel clean
 
 # what running needs: torch, then flywheel with every env family and feature (the `all` extra); the dev tools
 # (pytest, linters, deploy validators) are installed by `make test` only
@@ -49,6 +50,12 @@ lint: dev-setup
 
 test: system-deps lint
 	$(BIN)/python -m pytest -q
+
+# the venv's setuptools builds it (no build isolation: no package index needed); tests/test_wheel.py installs one
+# outside the checkout and runs flywheel from it
+wheel: setup
+	$(BIN)/pip wheel --no-deps --no-build-isolation --quiet -w dist .
+	@ls dist/flywheel_rl-*.whl
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_export_flags(sub.add_parser("export", help="a checkpoint's policy as ONNX or TorchScript, optionally with a "
                                     "model card folder"))
+    from flywheel.eval_cli import add_eval_flags
+
+    add_eval_flags(sub.add_parser("eval", help="judge a checkpoint by the evaluation protocol: a table of returns "
+                                  "(and the env's progress and success) with 95% intervals, and a JSON file"))
     from flywheel.presets import add_presets_flags
 
     add_presets_flags(sub.add_parser("presets", help="the tuned settings every service reads: list them, show one"))
@@ -58,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--if-missing", action="store_true",
                           help="keep the keys already in the folder (exit 0) and add only the --client folders it "
                           "lacks; write them all when it holds none (idempotent, e.g. a one-shot container)")
+    generate.add_argument("--roles-dir", type=Path, default=None, metavar="OUT",
+                          help="also write OUT/gateway, OUT/replay, OUT/learner and OUT/actor: exactly the key files "
+                          "each role's containers mount (rewritten every time: compose's per-role volumes)")
     for name in SERVICES:
         cls = settings_class(name)
         add_settings_flags(sub.add_parser(name, help=f"run one {name} (flags or FLYWHEEL_{name.upper()}_* vars)"),
@@ -72,9 +79,10 @@ def run_service(name: str, args: argparse.Namespace) -> int:
     from flywheel.remote import joined_settings
     from flywheel.transport import EndpointInUse
 
-    settings = joined_settings(settings_from_args(settings_class(name), args, name), args, name)  # actor --join
+    settings = settings_from_args(settings_class(name), args, name)
+    configure_logging(name, settings.log_level, settings.log_format, settings.instance)  # --join never sets these
+    settings = joined_settings(settings, args, name)  # actor --join: the run's values under the user's own
     main = SERVICES[name].entry_point()
-    configure_logging(name, settings.log_level, settings.log_format, settings.instance)
 
     def error(message: str) -> int:  # one line: plain text, or a JSON line where a log stack reads them
         if settings.log_format == "json":
@@ -89,8 +97,11 @@ def run_service(name: str, args: argparse.Namespace) -> int:
     except security.CurveKeyError as exc:
         return error(str(exc))
     if getattr(settings, "join", ""):
-        logging.getLogger(f"flywheel.{name}").info("%s: joined the run at %s: %s, transitions to %s", name,
-                                                   settings.join, settings.env_id, settings.transitions_endpoint)
+        keys = security.active()
+        logging.getLogger(f"flywheel.{name}").info(
+            "%s: joined the run at %s: %s, transitions to %s, server key sha256 %s (this host's)", name,
+            settings.join, settings.env_id, settings.transitions_endpoint,
+            security.key_fingerprint(keys.server_public) if keys is not None else "-")
     if (preset := describe_preset(settings)) is not None:
         logging.getLogger(f"flywheel.{name}").info("%s: %s", name, preset)
     try:
@@ -99,74 +110,10 @@ def run_service(name: str, args: argparse.Namespace) -> int:
         return error(str(exc))
 
 
-KEY_SET = ("server.key", "server.key_secret", "client.key", "client.key_secret", "authorized/client.key")
-
-
 def run_keys(args: argparse.Namespace) -> int:
-    from flywheel import security
+    from flywheel.keyfiles import run_keys as run
 
-    folder: Path = args.directory
-    try:
-        if args.if_missing and not args.force and (folder / "server.key_secret").exists():
-            missing = [name for name in KEY_SET if not (folder / name).is_file()]
-            if missing:
-                raise security.CurveKeyError(f"{folder} holds an incomplete key set (no {', '.join(missing)}); "
-                                             "--force replaces it (every service then needs the new keys)")
-            added = add_clients(folder, args.client)
-            print(f"kept the keys in {folder}" + (f"; added the clients {', '.join(added)}" if added else ""))
-        elif (folder / "server.key_secret").exists() and not args.force:
-            raise security.CurveKeyError(f"{folder} already holds keys: --if-missing keeps them (and adds the "
-                                         "--client folders), --force replaces them (every service then needs the "
-                                         "new ones)")
-        else:
-            written = security.generate(folder, args.client, force=args.force)
-            print(f"wrote {len(written)} key files to {folder}: mount the folder on every service as "
-                  "FLYWHEEL_<SERVICE>_CURVE_KEYS_DIR" + (f"; clients/<NAME>/ on the hosts {', '.join(args.client)}"
-                                                         if args.client else ""))
-        for name in dict.fromkeys(args.client):  # what servers elsewhere need to admit it (..._AUTHORIZED_KEYS)
-            print(f"client {name}: folder {folder / 'clients' / name}, public key {client_public_key(folder, name)}")
-    except (security.CurveKeyError, OSError) as exc:
-        print(f"error: flywheel keys: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def client_public_key(folder: Path, name: str) -> str:
-    import zmq.auth
-
-    public, _ = zmq.auth.load_certificate(folder / "authorized" / f"{name}.key")
-    return public.decode()
-
-
-def add_clients(folder: Path, names: list[str]) -> list[str]:
-    """One more authorized client per name that ``folder`` lacks, beside its keys (which stay): the names added.
-
-    Servers read authorized/ when they start, so they accept a new client after a restart."""
-    import re
-    import shutil
-
-    import zmq.auth
-
-    from flywheel import security
-
-    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_-]+", n) or n in ("server", "client")]
-    if bad:
-        raise security.CurveKeyError(f"client names must be letters, digits, '-' or '_' (and not server/client): "
-                                     f"{bad}")
-    added = []
-    for name in dict.fromkeys(names):
-        client, authorized = folder / "clients" / name, folder / "authorized" / f"{name}.key"
-        if (client / "client.key_secret").is_file() and authorized.is_file():
-            continue
-        shutil.rmtree(client, ignore_errors=True)
-        client.mkdir(parents=True, mode=0o700)
-        zmq.auth.create_certificates(client, "client")
-        shutil.copy(folder / "server.key", client / "server.key")
-        shutil.copy(client / "client.key", authorized)
-        for path in (*client.iterdir(), authorized):
-            path.chmod(0o600 if path.name.endswith("_secret") else 0o644)
-        added.append(name)
-    return added
+    return run(args)
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
@@ -189,6 +136,12 @@ def _export(args: argparse.Namespace, argv: list[str] | None) -> int:
     return run_export(args)
 
 
+def _eval(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from flywheel.eval_cli import run_eval
+
+    return run_eval(args)
+
+
 def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
     from flywheel.bench.cli import run_bench
 
@@ -203,7 +156,7 @@ def _demos(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 # the commands that are not a service; each takes the parsed arguments and the raw argv
 COMMANDS: dict[str, Callable[[argparse.Namespace, list[str] | None], int]] = {
-    "run": _run, "play": _play, "export": _export, "bench": _bench, "demos": _demos,
+    "run": _run, "play": _play, "export": _export, "eval": _eval, "bench": _bench, "demos": _demos,
     "keys": lambda args, _argv: run_keys(args), "presets": lambda args, _argv: _presets(args),
 }
 

@@ -22,6 +22,9 @@ TAGS = {
     "env_steps_per_second": "actors/env_steps_per_second",
     "policy_lag": "actors/policy_lag_versions",
     "replay_size": "replay/size",
+    "eval_return": "eval/return",  # the learner's evaluations under the preset's protocol (services/learner/best.py)
+    "eval_success_rate": "eval/success_rate",
+    "eval_progress_mean": "eval/progress_mean",
 }
 COLUMNS = ("env_steps", "elapsed_s", *TAGS)
 Point = tuple[int, dict[str, float]]  # what Curves.record wrote: the step (env steps) and the values by tag
@@ -58,6 +61,11 @@ def summarize(status: dict[str, Any]) -> dict[str, float | None]:
         "weight_version": learner.get("weight_version", 0.0),
         "best_return": learner.get("best_greedy_return"),  # the learner's kept best (services/learner/best.py)
         "best_version": learner.get("best_weight_version"),
+        "eval_return": learner.get("eval_greedy_return"),  # the learner's last evaluation, under its protocol
+        "eval_version": learner.get("eval_greedy_version"),
+        "eval_success_rate": learner.get("eval_success_rate"),
+        "eval_progress_mean": learner.get("eval_progress_mean"),
+        "eval_progress_median": learner.get("eval_progress_median"),
         "actors_up": float(len(actors)),
     }
 
@@ -87,6 +95,9 @@ def scalars(summary: dict[str, float | None], status: dict[str, Any]) -> dict[st
         "env_steps_per_second": summary.get("env_steps_per_second"),
         "policy_lag": _mean([float(g["policy_lag_versions"]) for g in actors if "policy_lag_versions" in g]),
         "replay_size": summary.get("replay_size"),
+        "eval_return": summary.get("eval_return"),
+        "eval_success_rate": summary.get("eval_success_rate"),
+        "eval_progress_mean": summary.get("eval_progress_mean"),
     }
 
 

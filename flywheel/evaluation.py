@@ -1,22 +1,24 @@
-"""Evaluation of a checkpoint (or a uniformly random policy): seeded episodes in worker processes, bootstrap CIs.
+"""Evaluation of a checkpoint (or a uniformly random policy): the project's protocol, seeded episodes in workers.
 
-Every episode has its own seed: the env is reset with it and a ``numpy.random.default_rng(seed)`` draws the
-exploration (epsilon-greedy, default epsilon 0.05) or, for the random policy, every action; so an episode's result
-depends only on (policy, env id, seed, epsilon, stall rule), whichever worker plays it.
+The protocol (``flywheel eval``, the model card, the bench suites): one episode per seed, the env reset with it and a
+``numpy.random.default_rng(seed)`` drawing the exploration (epsilon-greedy, default epsilon 0.05) or, for the random
+policy, every action; so an episode's result depends only on (policy, env id, seed, epsilon, no-ops, stall rule),
+whichever worker plays it. An episode ends as the env ends it: no stall rule unless asked (``stall_steps``).
 
-Mario (any env whose info has ``x_pos``) is evaluated as a paper would: each episode starts at the level start
-with 0..``noop_max`` NOOP actions (action 0 of every Mario action set; the count drawn from the episode's rng, kept
-as ``noops``), then epsilon-greedy. Stall rule: with ``stall_steps`` > 0 an episode also ends after that many agent
-steps without a new maximum ``x_pos`` (a Mario stuck at a pipe otherwise walks in place for ~2,400 agent steps until
-the level's clock kills it). A rule that can only lower scores is best reported beside the plain figure, so every
-record also carries what the rule with ``STALL_STEPS`` would have kept (``x_pos_max_stall_rule``,
-``flag_stall_rule``) from the same episode. ``end`` records why each episode ended: "flag", "death", "clock" (the
-level's timer ran out), "stall", "time_limit" (the env's max_episode_steps), "max_steps" (this module's cap) or,
-for envs without Mario's info, "terminated" / "truncated".
+No-op starts where the env supports them (today Mario, whose info has ``x_pos``): each episode starts at the level
+start with 0..``noop_max`` NOOP actions (action 0 of every Mario action set; the count drawn from the episode's rng,
+kept as ``noops``), then epsilon-greedy; ``noop_max`` defaults to the env's preset's (``best_eval_noop_max``, what
+the learner's own evaluations play: Mario's 30, others 0). Stall rule: with ``stall_steps`` > 0 an episode also ends
+after that many agent steps without a new maximum ``x_pos``. A rule that can only lower scores is best reported
+beside the plain figure, so every record also carries what the rule with ``STALL_STEPS`` would have kept
+(``x_pos_max_stall_rule``, ``flag_stall_rule``) from the same episode. ``end`` records why each episode ended:
+"flag", "death", "clock" (the level's timer ran out), "stall", "time_limit" (the env's max_episode_steps),
+"max_steps" (this module's cap) or, for envs without Mario's info, "terminated" / "truncated".
 
 Atari is evaluated as the standard says, whatever the training id's options: whole games (no episodic life) with
 the game's own score (no reward clipping), after the env's seeded no-op start and FIRE
 (``flywheel.envs.evaluation_env_id``); an episode's return is the game's score, ``info["episode"]["return"]``.
+The statistics (bootstrap and Wilson intervals) are flywheel.stats.
 """
 
 from __future__ import annotations
@@ -24,17 +26,21 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flywheel.stats import summarize
+
 if TYPE_CHECKING:
     from flywheel.policy import Policy
 
-STALL_STEPS = 250
-BOOTSTRAP_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 20240601  # fixed, so the same values always give the same interval
+STALL_STEPS = 250  # the stall rule whose figure every record carries beside the plain one
+EPSILON = 0.05  # the protocol's exploration rate (the Nature DQN's)
+FIRST_SEED = 100_000  # the protocol's first seed (flywheel bench mario's seed_base)
+EPISODES = 100
 
 _worker: dict[str, Any] = {}  # per process: the env, the policy (None: random) and the settings
 
@@ -66,16 +72,27 @@ def _setup_worker(*args: Any) -> None:
 
 
 def _episode(seed: int) -> dict[str, Any]:
-    """Play one episode with the process's env and policy; a plain dict of what happened."""
+    """Play one episode with the process's env and policy (a Pool task)."""
     if "error" in _worker:
         raise RuntimeError(_worker["error"])
-    env, policy, n_actions = _worker["env"], _worker["policy"], _worker["n_actions"]
-    epsilon, stall_steps, max_steps = _worker["epsilon"], _worker["stall_steps"], _worker["max_steps"]
+    return run_episode(_worker["env"], _worker["policy"], _worker["n_actions"], seed, epsilon=_worker["epsilon"],
+                       noop_max=_worker["noop_max"], stall_steps=_worker["stall_steps"], max_steps=_worker["max_steps"])
+
+
+def run_episode(env: Any, policy: Policy | None, n_actions: int, seed: int, *, epsilon: float = EPSILON,
+                noop_max: int = 0, stall_steps: int = 0, max_steps: int | None = None,
+                after_reset: Callable[[], None] | None = None,
+                after_step: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Play one episode of the protocol in ``env`` (built with ``evaluation_env_id``) with ``policy`` (None:
+    random); a plain dict of what happened (see ``evaluate``). ``after_reset`` and ``after_step`` are called after
+    the reset and each step (e.g. to film it); the episode is the same with or without them."""
     rng = np.random.default_rng(seed)
     started = time.monotonic()
     obs, info = env.reset(seed=int(seed))
+    if after_reset is not None:
+        after_reset()
     mario = "x_pos" in info
-    noops = int(rng.integers(_worker["noop_max"] + 1)) if mario and _worker["noop_max"] else 0
+    noops = int(rng.integers(noop_max + 1)) if mario and noop_max else 0
     x_max = int(info.get("x_pos", 0)) if mario else None
     since_best, ret, length, flag, end = 0, 0.0, 0, False, ""
     stall_rule: tuple[int | None, bool] | None = None  # (x_max, flag) when STALL_STEPS would have ended it
@@ -87,6 +104,8 @@ def _episode(seed: int) -> dict[str, Any]:
         else:
             action = int(policy.predict(np.asarray(obs)[None])[0])
         obs, reward, terminated, truncated, info = env.step(action)
+        if after_step is not None:
+            after_step()
         ret += float(reward)
         length += 1
         if mario:
@@ -114,9 +133,10 @@ def _episode(seed: int) -> dict[str, Any]:
             "seconds": time.monotonic() - started}
 
 
-def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | Path | Policy | None = None, epsilon: float = 0.05,
-             workers: int = 1, stall_steps: int = STALL_STEPS, max_steps: int | None = None, noop_max: int = 0,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | Path | Policy | None = None,
+             epsilon: float = EPSILON, workers: int = 1, stall_steps: int = 0, max_steps: int | None = None,
+             noop_max: int | None = None, progress: Callable[[dict[str, Any]], None] | None = None
+             ) -> list[dict[str, Any]]:
     """One episode per seed with the checkpoint in folder ``checkpoint``, or a Policy already built (None:
     uniformly random actions).
 
@@ -124,8 +144,11 @@ def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | Path | Poli
     once); 1 plays them in this process. ``progress`` gets each finished episode's record. Returns the records
     in the order of ``seeds``: seed, x_pos_max and flag (None / False off Mario), return, length, end, noops,
     x_pos_max_stall_rule and flag_stall_rule (see the module's docstring), seconds. ``noop_max`` > 0 starts each
-    Mario episode with 0..noop_max NOOPs.
+    episode of an env that supports it with 0..noop_max NOOPs (None: the env's preset's, ``default_noop_max``);
+    ``stall_steps`` > 0 turns the stall rule on.
     """
+    if noop_max is None:
+        noop_max = default_noop_max(env_id)
     seeds = [int(s) for s in seeds]
     if len(set(seeds)) != len(seeds):
         raise ValueError("evaluation seeds must be distinct")
@@ -162,85 +185,92 @@ def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | Path | Poli
     return [records[s] for s in seeds]
 
 
-def summarize(values: Sequence[float], flags: Sequence[bool] | None = None, *,
-              resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
-    """n, mean, median, 95% percentile-bootstrap CIs of the mean and the median (``resamples`` resamples, fixed
-    seed), flag rate.
+def default_noop_max(env_id: str) -> int:
+    """The no-op starts the env's shipped preset evaluates with (its learner's ``best_eval_noop_max``, what the
+    learner's own evaluations play; 0 for an env whose preset sets none)."""
+    from flywheel import presets
 
-    ``flags`` (one bool per value) gives ``flag_rate`` and its 95% Wilson interval (``flag_ci_low``,
-    ``flag_ci_high``); without them all three are None. No values: a ValueError.
-    """
-    data = np.asarray(values, dtype=np.float64)
-    if data.ndim != 1 or len(data) == 0:
-        raise ValueError("summarize needs a non-empty sequence of numbers")
-    rng = np.random.default_rng(seed)
-    resampled = data[rng.integers(len(data), size=(resamples, len(data)))]
-    low, high = np.percentile(resampled.mean(axis=1), [2.5, 97.5])
-    median_low, median_high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
-    flag_rate = flag_low = flag_high = None
-    if flags is not None:
-        if len(flags) != len(data):
-            raise ValueError(f"{len(flags)} flags for {len(data)} values")
-        flag_rate = float(np.mean([bool(f) for f in flags]))
-        flag_low, flag_high = wilson_interval(sum(bool(f) for f in flags), len(data))
-    return {"n": int(len(data)), "mean": float(data.mean()), "median": float(np.median(data)),
-            "ci_low": float(low), "ci_high": float(high), "median_ci_low": float(median_low),
-            "median_ci_high": float(median_high), "flag_rate": flag_rate, "flag_ci_low": flag_low,
-            "flag_ci_high": flag_high}
+    preset = presets.resolve("", env_id)
+    return int(preset.section("learner").get("best_eval_noop_max", 0)) if preset is not None else 0
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The 95% Wilson score interval of a proportion (sound at 0 and n successes, unlike the normal one)."""
-    if n < 1 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n and n >= 1, got {successes} of {n}")
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+MEASURES = {"progress": ("x_pos_max", "furthest x"), "success": ("flag", "flag")}  # what Mario's records carry
 
 
-def interquartile_mean(values: Sequence[float] | np.ndarray) -> float:
-    """The mean of the middle half: ``int(n / 4)`` values cut from each end, as scipy's trim_mean(x, 0.25) and
-    rliable's IQM do (so under 4 values it is the plain mean)."""
-    data = np.sort(np.asarray(values, dtype=np.float64))
-    cut = len(data) // 4
-    return float(data[cut:len(data) - cut].mean())
+def measures(records: Sequence[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """The progress and success measures the env reported in these records, as {"progress": (record key, label),
+    "success": (record key, label)}; empty for an env that reports none (its return is all there is)."""
+    return dict(MEASURES) if any(r.get(MEASURES["progress"][0]) is not None for r in records) else {}
 
 
-def across_runs(runs: Sequence[Sequence[float]], flags: Sequence[Sequence[bool]], *,
-                resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
-    """Several training runs' evaluations of one task, aggregated as rliable does: each run's score is its mean over
-    its episodes; the median and interquartile mean of the run scores (and of the runs' flag rates) with 95%
-    percentile intervals from a bootstrap over runs (rliable's stratified bootstrap, one task: runs resampled with
-    replacement). Also the pooled episodes' mean and flag rate with a two-level bootstrap (runs, then episodes
-    within each), which carries both the run-to-run and the episode-to-episode noise. A single run has no interval
-    over runs (None)."""
-    if len(runs) < 1 or len(flags) != len(runs) or any(
-            len(r) < 1 or len(r) != len(f) for r, f in zip(runs, flags, strict=True)):
-        raise ValueError("across_runs needs one non-empty list of values and one of flags per run, of equal length")
-    values = [np.asarray(r, dtype=np.float64) for r in runs]
-    rates = [np.mean(np.asarray(f, dtype=bool)) for f in flags]
-    scores = np.array([v.mean() for v in values])
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(len(runs), size=(resamples, len(runs)))
-    out: dict[str, Any] = {"runs": len(runs), "episodes": [len(v) for v in values], "run_means": scores.tolist(),
-                           "run_flag_rates": [float(r) for r in rates]}
-    for name, per_run in (("mean", scores), ("flag_rate", np.array(rates))):
-        boot = per_run[picks]
-        for stat, resampled, point in (
-                ("median", np.median(boot, axis=1), np.median(per_run)),
-                ("iqm", np.array([interquartile_mean(row) for row in boot]), interquartile_mean(per_run))):
-            low, high = np.percentile(resampled, [2.5, 97.5])
-            out[f"{stat}_{name}"] = float(point)  # one run says nothing of the spread between runs: no CI
-            out[f"{stat}_{name}_ci"] = [float(low), float(high)] if len(runs) > 1 else None
-    pooled_x, pooled_flag = [], []
-    for row in picks[: max(1, resamples // 10)]:  # two levels cost more: a tenth of the resamples
-        xs = [values[i][rng.integers(len(values[i]), size=len(values[i]))] for i in row]
-        fs = [np.asarray(flags[i], dtype=bool)[rng.integers(len(values[i]), size=len(values[i]))] for i in row]
-        pooled_x.append(np.concatenate(xs).mean())
-        pooled_flag.append(np.concatenate(fs).mean())
-    out["pooled_mean"] = float(np.concatenate(values).mean())
-    out["pooled_mean_ci"] = [float(v) for v in np.percentile(pooled_x, [2.5, 97.5])]
-    out["pooled_flag_rate"] = float(np.mean(np.concatenate([np.asarray(f, dtype=bool) for f in flags])))
-    out["pooled_flag_rate_ci"] = [float(v) for v in np.percentile(pooled_flag, [2.5, 97.5])]
-    return out
+@dataclass(frozen=True)
+class Protocol:
+    """How a checkpoint is judged: ``episodes`` seeds from ``seed`` on, each played at every epsilon of
+    ``epsilons``, after 0..``noop_max`` no-ops (None: the env's preset's), no stall rule unless ``stall_steps``."""
+
+    episodes: int = EPISODES
+    seed: int = FIRST_SEED
+    epsilons: tuple[float, ...] = (EPSILON,)
+    noop_max: int | None = None
+    stall_steps: int = 0
+    max_steps: int | None = None
+    seeds: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.seed < 0:
+            raise ValueError(f"episodes must be >= 1 and the first seed >= 0, got {self.episodes} and {self.seed}")
+        if not self.epsilons or any(not 0.0 <= e <= 1.0 for e in self.epsilons):
+            raise ValueError(f"each epsilon must be in [0, 1], got {list(self.epsilons)}")
+        if len(set(self.epsilons)) != len(self.epsilons):
+            raise ValueError(f"the epsilons must be distinct, got {list(self.epsilons)}")
+        if (self.noop_max is not None and self.noop_max < 0) or self.stall_steps < 0 or (
+                self.max_steps is not None and self.max_steps < 1):
+            raise ValueError(f"noop_max and stall_steps must be >= 0 and max_steps >= 1, got {self.noop_max}, "
+                             f"{self.stall_steps} and {self.max_steps}")
+        object.__setattr__(self, "seeds", list(range(self.seed, self.seed + self.episodes)))
+
+    def describe(self, noop_max: int) -> str:
+        """One line: what every episode played (``noop_max`` resolved)."""
+        return (f"{self.episodes} episodes (seeds {self.seed}..{self.seed + self.episodes - 1}), epsilon "
+                f"{' and '.join(f'{e:g}' for e in self.epsilons)}, "
+                + (f"0..{noop_max} no-op starts" if noop_max else "no no-op starts") + ", "
+                + (f"an episode cut after {self.stall_steps} agent steps without progress (stall rule)"
+                   if self.stall_steps else "no stall rule (an episode ends as the env ends it)")
+                + (f", at most {self.max_steps} agent steps" if self.max_steps else ""))
+
+
+def score(records: list[dict[str, Any]], epsilon: float) -> dict[str, Any]:
+    """One epsilon's figures: mean and median return with 95% bootstrap intervals, and the env's progress (same)
+    and success rate (95% Wilson interval) when it reports them; the records too."""
+    found = measures(records)
+    row: dict[str, Any] = {"epsilon": epsilon, "episodes": len(records),
+                           "return": summarize([float(r["return"]) for r in records]), "progress": None,
+                           "success": None, "measures": {k: label for k, (_, label) in found.items()}}
+    if found:
+        (x_key, _), (ok_key, _) = found["progress"], found["success"]
+        both = summarize([float(r[x_key] or 0) for r in records], [bool(r[ok_key]) for r in records])
+        row["progress"] = {k: v for k, v in both.items() if not k.startswith("flag_")}
+        row["success"] = {"rate": both["flag_rate"], "ci_low": both["flag_ci_low"], "ci_high": both["flag_ci_high"],
+                          "successes": sum(bool(r[ok_key]) for r in records)}
+    row["records"] = records
+    return row
+
+
+def run_protocol(env_id: str, checkpoint: str | Path | Policy | None, protocol: Protocol, *, workers: int = 1,
+                 progress: Callable[[float, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Play ``protocol`` with the checkpoint (a folder or file, a Policy, or None: random): the protocol (no-ops
+    resolved) and one ``score`` row per epsilon. ``progress(epsilon, record)`` follows each finished episode."""
+    noop_max = default_noop_max(env_id) if protocol.noop_max is None else protocol.noop_max
+    rows = []
+    for epsilon in protocol.epsilons:
+        def report(record: dict[str, Any], epsilon: float = epsilon) -> None:
+            if progress is not None:
+                progress(epsilon, record)
+
+        records = evaluate(env_id, protocol.seeds, checkpoint=checkpoint, epsilon=epsilon, workers=workers,
+                           stall_steps=protocol.stall_steps, max_steps=protocol.max_steps, noop_max=noop_max,
+                           progress=report)
+        rows.append(score(records, epsilon))
+    described = {**asdict(protocol), "epsilons": list(protocol.epsilons), "noop_max": noop_max}
+    described.pop("seeds", None)
+    return {"env_id": env_id, "protocol": described, "described": protocol.describe(noop_max), "rows": rows}

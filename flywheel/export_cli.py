@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.evaluation import EPSILON, FIRST_SEED, measures
 from flywheel.export import (
     EXPORTERS,
     FORMATS,
@@ -40,22 +41,26 @@ def find_beside(checkpoint: Path, names: Sequence[str]) -> Path | None:
     return None
 
 
-def card_evaluation(policy: Any, episodes: int, *, seed: int = 0, workers: int = 1,
-                    max_steps: int | None = None) -> dict[str, Any]:
-    """Greedy (epsilon 0) episodes of the checkpoint file with flywheel.evaluation, seeds seed..seed+episodes-1."""
-    from flywheel.evaluation import STALL_STEPS, evaluate, summarize
+def card_evaluation(policy: Any, episodes: int, *, seed: int = FIRST_SEED, workers: int = 1,
+                    max_steps: int | None = None, epsilon: float = EPSILON) -> dict[str, Any]:
+    """The checkpoint file played under the protocol of ``flywheel eval`` (flywheel.evaluation.run_protocol: seeds
+    seed..seed+episodes-1 at ``epsilon``, the env preset's no-op starts, no stall rule), as results.json holds it."""
+    from flywheel.evaluation import Protocol, run_protocol
 
-    seeds = list(range(seed, seed + episodes))
-    records = evaluate(policy.env_id, seeds, checkpoint=str(policy.path), epsilon=0.0, workers=workers,
-                       max_steps=max_steps)
-    returns = [float(r["return"]) for r in records]
-    mario = any(r["x_pos_max"] is not None for r in records)
-    summary = summarize(returns, [bool(r["flag"]) for r in records] if mario else None)
-    return {"env_id": policy.env_id, "mean_reward": summary["mean"], "std_reward": float(np.std(returns)),
-            "median_reward": summary["median"], "ci95_mean": [summary["ci_low"], summary["ci_high"]],
-            "flag_rate": summary["flag_rate"], "n_eval_episodes": len(seeds), "seeds": seeds, "epsilon": 0.0,
-            "is_deterministic": True, "max_steps": max_steps, "stall_steps": STALL_STEPS if mario else None,
-            "eval_datetime": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "episodes": records}
+    protocol = Protocol(episodes=episodes, seed=seed, epsilons=(epsilon,), max_steps=max_steps)
+    result = run_protocol(policy.env_id, str(policy.path), protocol, workers=workers)
+    [row] = result["rows"]
+    returns = [float(r["return"]) for r in row["records"]]
+    ret, success = row["return"], row["success"]
+    return {"env_id": policy.env_id, "mean_reward": ret["mean"], "std_reward": float(np.std(returns)),
+            "median_reward": ret["median"], "ci95_mean": [ret["ci_low"], ret["ci_high"]],
+            "ci95_median": [ret["median_ci_low"], ret["median_ci_high"]], "measures": row["measures"],
+            "progress": row["progress"], "success_rate": success["rate"] if success else None,
+            "ci95_success": [success["ci_low"], success["ci_high"]] if success else None,
+            "n_eval_episodes": episodes, "seeds": protocol.seeds, "epsilon": epsilon,
+            "is_deterministic": epsilon == 0.0, "max_steps": max_steps, "stall_steps": protocol.stall_steps,
+            "noop_max": result["protocol"]["noop_max"], "protocol": result["described"],
+            "eval_datetime": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "episodes": row["records"]}
 
 
 def front_matter(policy: Any, results: dict[str, Any], fmt: str) -> str:
@@ -78,30 +83,36 @@ def _card_body(policy: Any, results: dict[str, Any], model_file: str, dtype: np.
     name = policy.path.name if policy.path else "?"
     picked = ("the weights that did best in the learner's evaluations" if name == "best.safetensors"
               else "the newest weights")
-    seeds = results["seeds"]
-    mario = results["flag_rate"] is not None
+    seeds, named = results["seeds"], results["measures"]
     low, high = results["ci95_mean"]
+    again = (f"flywheel eval CHECKPOINT_DIR --which {'best' if name == 'best.safetensors' else 'latest'} --episodes "
+             f"{results['n_eval_episodes']} --seed {seeds[0]} --epsilon {results['epsilon']:g}"
+             + (f" --max-steps {results['max_steps']}" if results["max_steps"] else ""))
     lines = [
         f"# DQN agent for {env} (Flywheel)", "",
         f"A `{policy.network}` Q-network trained with Flywheel (distributed Ape-X DQN), exported as `{model_file}` "
         f"from `{name}` ({picked}, chosen by `--which {which}`; weight version {policy.weight_version}, "
         f"{policy.updates} learner updates).", "",
         "## Evaluation", "",
-        f"{results['n_eval_episodes']} episodes with `flywheel.evaluation`, one per seed "
-        f"({seeds[0]}..{seeds[-1]}: each episode's env reset seed), epsilon {results['epsilon']:g} (greedy)"
-        + (f", an episode cut after {results['stall_steps']} agent steps without progress (the stall rule)"
-           if mario else "")
-        + (f", at most {results['max_steps']} agent steps" if results["max_steps"] else "") + ".", "",
-        "| mean return | std | median | 95% CI of the mean (bootstrap) |" + (" flag rate |" if mario else ""),
-        "| --- | --- | --- | --- |" + (" --- |" if mario else ""),
-        f"| {results['mean_reward']:.2f} | {results['std_reward']:.2f} | {results['median_reward']:.2f} | "
-        f"{low:.2f} .. {high:.2f} |" + (f" {results['flag_rate']:.0%} |" if mario else ""), "",
-        "| seed | return | length | end |" + (" max x | flag |" if mario else ""),
-        "| --- | --- | --- | --- |" + (" --- | --- |" if mario else ""),
+        f"Played with `flywheel.evaluation` under the protocol of `flywheel eval`: {results['protocol']}. Each "
+        "episode's seed resets the env and draws its no-ops and random actions, so another machine plays the same "
+        f"episodes: `{again}`.", "",
+        "| mean return (95% CI) | std | median return (95% CI) |"
+        + (f" mean {named['progress']} (95% CI) | {named['success']} rate (95% CI) |" if named else ""),
+        "| --- | --- | --- |" + (" --- | --- |" if named else ""),
+        f"| {results['mean_reward']:.2f} ({low:.2f} .. {high:.2f}) | {results['std_reward']:.2f} | "
+        f"{results['median_reward']:.2f} ({results['ci95_median'][0]:.2f} .. {results['ci95_median'][1]:.2f}) |"
+        + (f" {results['progress']['mean']:,.0f} ({results['progress']['ci_low']:,.0f} .. "
+           f"{results['progress']['ci_high']:,.0f}) | {results['success_rate']:.0%} ({results['ci95_success'][0]:.0%}"
+           f" .. {results['ci95_success'][1]:.0%}) |" if named else ""),
+        "", "Intervals: percentile bootstrap of the mean and the median; Wilson for a rate.", "",
+        "| seed | no-ops | return | length | end |" + (f" {named['progress']} | {named['success']} |" if named else ""),
+        "| --- | --- | --- | --- | --- |" + (" --- | --- |" if named else ""),
     ]
+    keys = {k: key for k, (key, _) in measures(results["episodes"]).items()}
     for r in results["episodes"]:
-        row = f"| {r['seed']} | {r['return']:.2f} | {r['length']} | {r['end']} |"
-        lines.append(row + (f" {r['x_pos_max']} | {'yes' if r['flag'] else 'no'} |" if mario else ""))
+        row = f"| {r['seed']} | {r['noops']} | {r['return']:.2f} | {r['length']} | {r['end']} |"
+        lines.append(row + (f" {r[keys['progress']]} | {'yes' if r[keys['success']] else 'no'} |" if keys else ""))
     lines += [
         "", "Every episode, with its seed, is in `results.json`. The episodes ran the checkpoint's network in "
         "PyTorch" + (f"; the exported graph gave the same actions and Q-values within {parity['max_abs_dq']:.1e} "
@@ -177,8 +188,12 @@ def add_export_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default=None, help="environment id (default: the checkpoint's or run.json's)")
     parser.add_argument("--card", action="store_true",
                         help="write a model folder: README.md (Hugging Face card), model, config, results, video")
-    parser.add_argument("--card-episodes", type=int, default=10, help="greedy evaluation episodes (default 10)")
-    parser.add_argument("--card-seed", type=int, default=0, help="seed of the first evaluation episode (default 0)")
+    parser.add_argument("--card-episodes", type=int, default=10,
+                        help="evaluation episodes, played as flywheel eval plays them (default 10)")
+    parser.add_argument("--card-seed", type=int, default=FIRST_SEED,
+                        help=f"seed of the first evaluation episode (default {FIRST_SEED}, as flywheel eval)")
+    parser.add_argument("--card-epsilon", type=float, default=EPSILON,
+                        help=f"the evaluation's exploration rate (default {EPSILON:g}, as flywheel eval)")
     parser.add_argument("--card-workers", type=int, default=1, help="evaluation processes (default 1)")
     parser.add_argument("--card-max-steps", type=int, default=None, help="cut evaluation episodes at this length")
 
@@ -203,10 +218,13 @@ def _load(args: argparse.Namespace) -> Any:
 
 def run_export(args: argparse.Namespace) -> int:
     for flag, value, least in (("--card-episodes", args.card_episodes, 1), ("--card-workers", args.card_workers, 1),
-                               ("--card-max-steps", args.card_max_steps, 1)):
+                               ("--card-max-steps", args.card_max_steps, 1), ("--card-seed", args.card_seed, 0)):
         if value is not None and value < least:
             print(f"error: flywheel export: {flag} must be at least {least}, got {value}", file=sys.stderr)
             return 2
+    if not 0.0 <= args.card_epsilon <= 1.0:
+        print(f"error: flywheel export: --card-epsilon must be in [0, 1], got {args.card_epsilon}", file=sys.stderr)
+        return 2
     try:
         if args.format == "onnx":
             require_packages("onnx", "onnxscript", "onnxruntime")
@@ -227,13 +245,12 @@ def run_export(args: argparse.Namespace) -> int:
               f"(max |dQ| {worst:.1e})", flush=True)
         if args.card:
             results = card_evaluation(policy, args.card_episodes, seed=args.card_seed, workers=args.card_workers,
-                                      max_steps=args.card_max_steps)
+                                      max_steps=args.card_max_steps, epsilon=args.card_epsilon)
             parity = {"observations": len(obs), "source": source, "max_abs_dq": worst,
                       "runtime": "onnxruntime" if args.format == "onnx" else "torch.jit"}
             readme = write_card(base, policy, model, results, which=args.which, obs_dtype=dtype, parity=parity)
             print(f"wrote the model card {readme}: mean return {results['mean_reward']:.2f} +/- "
-                  f"{results['std_reward']:.2f} over {results['n_eval_episodes']} greedy episodes (seeds "
-                  f"{args.card_seed}..{args.card_seed + args.card_episodes - 1})", flush=True)
+                  f"{results['std_reward']:.2f} ({results['protocol']})", flush=True)
     except (ExportError, OSError, ValueError, RuntimeError) as exc:
         text = str(exc).strip()
         print(f"error: flywheel export: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)

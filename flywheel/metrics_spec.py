@@ -153,6 +153,8 @@ class ReplayCounters(Counters):
     messages_rejected_total: Annotated[float, MESSAGES_REJECTED] = 0.0
     telemetry_dropped_total: Annotated[float, TELEMETRY_DROPPED] = 0.0
     stale_priority_updates_total: Annotated[float, "priority updates for rows overwritten since sampled"] = 0.0
+    priorities_clamped_total: Annotated[
+        float, "priorities (rows, an actor's or the learner's) above max_priority, stored as max_priority"] = 0.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -322,6 +324,12 @@ class GreedyEvalCounters(Counters):
 class GreedyEvalGauges(Gauges):
     eval_greedy_return: Annotated[float | None, "mean return of the last greedy evaluation"] = None
     eval_greedy_version: Annotated[float | None, "weight version of the last greedy evaluation"] = None
+    eval_episodes: Annotated[float | None, "episodes the last evaluation played"] = None
+    eval_success_rate: Annotated[float | None, "share of the last evaluation's episodes that reached the env's "
+                                 "goal (Mario: the flag)"] = None
+    eval_progress_mean: Annotated[float | None, "mean progress of the last evaluation's episodes (the env's "
+                                  "progress measure; Mario: furthest x)"] = None
+    eval_progress_median: Annotated[float | None, "median progress of the last evaluation's episodes"] = None
     best_greedy_return: Annotated[float | None, "mean return of the best weights kept"] = None
     best_weight_version: Annotated[float | None, "weight version of the best weights kept"] = None
 

@@ -253,6 +253,22 @@ def load_policy(directory: str | Path, env_id: str | None, which: str = "auto") 
     return policy
 
 
+def why(directory: str | Path, which: str, path: Path | None) -> str:
+    """Why ``--which auto`` took the file it took, as a clause for the announcement ("" for an explicit choice)."""
+    from flywheel.policy import BEST_FILE, preferred
+
+    if which != "auto" or path is None:
+        return ""
+    choice = preferred(directory)
+    if choice is not None:
+        kind = "newest" if choice[0] == "latest" else "kept best"
+        return f": the {kind} weights, which evaluated better ({choice[1]})"
+    if path.name == BEST_FILE:
+        return ": the learner's kept best (not compared with the newest weights at the end of the run; --which " \
+               "latest takes those)"
+    return ": the newest weights (the run kept no best)"
+
+
 def play(directory: str | Path, *, env_id: str | None = None, episodes: int = 3, epsilon: float = 0.0,
          seed: int | None = None, video_path: str | Path | None = None, max_steps: int | None = None,
          report: Any = None, which: str = "auto", announce: Any = None) -> list[Episode]:
@@ -260,8 +276,9 @@ def play(directory: str | Path, *, env_id: str | None = None, episodes: int = 3,
     if video_path is not None:
         VideoWriter(video_path, 1.0)  # a bad suffix or folder fails before any loading
     policy = load_policy(directory, env_id, which)
-    if announce is not None:  # which file: best or latest
-        announce(f"playing {policy.path} (weight version {policy.weight_version}, update {policy.updates})")
+    if announce is not None:  # which file (best or latest), and why
+        announce(f"playing {policy.path} (weight version {policy.weight_version}, update {policy.updates})"
+                 f"{why(directory, which, policy.path)}")
     env, fps = make_play_env(policy.env_id, video_path is not None)
     try:
         if video_path is None:
@@ -272,28 +289,6 @@ def play(directory: str | Path, *, env_id: str | None = None, episodes: int = 3,
                                  max_steps=max_steps, report=report)
     finally:
         env.close()
-
-
-def end_of_run_video(checkpoint_dir: Path, env_id: str, *, name: str = "video.mp4",
-                     max_steps: int = 500) -> tuple[Path, Episode]:
-    """One greedy episode (at most ``max_steps`` agent steps) filmed into CHECKPOINT_DIR/``name``."""
-    path = checkpoint_dir / name
-    [episode] = play(checkpoint_dir, env_id=env_id, episodes=1, seed=0, video_path=path, max_steps=max_steps)
-    return path, episode
-
-
-def film_run(checkpoint_dir: Path, env_id: str) -> None:
-    """End of ``flywheel run``: film one bounded greedy episode; a failure is a warning, never the run's."""
-    if not (checkpoint_dir / "learner" / CHECKPOINT_FILE).is_file():
-        return
-    print(f"flywheel: filming one greedy episode into {checkpoint_dir / 'video.mp4'} (--no-video skips)", flush=True)
-    try:
-        path, episode = end_of_run_video(checkpoint_dir, env_id)
-    except Exception as exc:  # a clip is a bonus: the run's checkpoints are what matters
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"warning: no end-of-run video: {first}", file=sys.stderr, flush=True)
-        return
-    print(f"flywheel: {episode.line()}; video {path} ({episode.frames} frames)", flush=True)
 
 
 def add_play_flags(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,35 @@ class PolicyError(CheckpointError):
 
 WHICH = ("auto", "best", "latest")
 BEST_FILE = "best.safetensors"  # written by the learner's evaluations (services/learner/best.py)
+PREFERRED_FILE = "preferred.json"  # which of the two evaluated better at the end of the run (flywheel/film.py)
+
+
+def file_version(path: Path) -> int | None:
+    """The weight version a policy file's metadata names; None when it names none or cannot be read."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            meta = json.loads((fh.metadata() or {}).get("flywheel", "null"))
+        return int(meta["weight_version"])
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def preferred(directory: str | Path) -> tuple[str, str] | None:
+    """("latest" or "best", why) from the end-of-run comparison (``PREFERRED_FILE``, written by flywheel/film.py),
+    while both files still hold the versions it compared; None otherwise."""
+    path = Path(directory)
+    folder = path / "learner" if (path / "learner" / PREFERRED_FILE).is_file() else path
+    try:
+        choice = json.loads((folder / PREFERRED_FILE).read_text())
+        which, versions, why = choice["which"], choice["versions"], str(choice["why"])
+        if which not in ("latest", "best") or not isinstance(versions, dict):
+            return None
+        for name, file in (("latest", CHECKPOINT_FILE), ("best", BEST_FILE)):
+            if versions.get(name) is not None and file_version(folder / file) != int(versions[name]):
+                return None  # the run went on (or its best changed) since the comparison
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return which, why
 
 
 def find_checkpoint(directory: str | Path, which: str = "auto") -> Path:
@@ -30,7 +59,8 @@ def find_checkpoint(directory: str | Path, which: str = "auto") -> Path:
 
     In DIR, or DIR/learner for a ``flywheel run --checkpoint-dir``: ``latest`` is learner.safetensors (the newest
     weights), ``best`` is best.safetensors (the weights that did best in the learner's evaluations),
-    ``auto`` is best when there is one, else latest.
+    ``auto`` is whichever the end-of-run comparison ranked higher (``preferred``) while its files are unchanged,
+    else best when there is one, else latest.
     """
     if which not in WHICH:
         raise PolicyError(f"which must be one of {', '.join(WHICH)}, got {which!r}")
@@ -39,6 +69,8 @@ def find_checkpoint(directory: str | Path, which: str = "auto") -> Path:
         return path
     if not path.is_dir():
         raise PolicyError(f"checkpoint folder {str(path)!r} does not exist")
+    if which == "auto" and (choice := preferred(path)) is not None:
+        which = choice[0]
     names = {"auto": (BEST_FILE, CHECKPOINT_FILE), "best": (BEST_FILE,), "latest": (CHECKPOINT_FILE,)}[which]
     for name in names:
         for candidate in (path / name, path / "learner" / name):

@@ -23,6 +23,7 @@ from flywheel.runplan import DEFAULT_ENV as DEFAULT_ENV  # the names other modul
 from flywheel.runplan import Child as Child
 from flywheel.runplan import Plan as Plan
 from flywheel.runplan import add_run_flags as add_run_flags
+from flywheel.runplan import draw_seed, seed_plan
 from flywheel.settings import SettingsError
 from flywheel.supervisor import Supervisor
 from flywheel.tracking import track_env, track_line
@@ -240,6 +241,8 @@ def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
 
 
 def progress_line(elapsed: float, s: dict[str, float | None]) -> str:
+    from flywheel.evaluation import MEASURES  # the labels of the env's progress and success measures
+
     def num(value: float | None, fmt: str = ",.0f") -> str:
         return "-" if value is None else format(value, fmt)
 
@@ -251,6 +254,14 @@ def progress_line(elapsed: float, s: dict[str, float | None]) -> str:
             f"replay {num(s['replay_size'])} | weights v{num(s['weight_version'])} | actors {num(s['actors_up'])}")
     if s.get("distance") is not None:
         line += f" | distance {s['distance']:.0f}"
+    if s.get("eval_return") is not None:  # the learner's last evaluation under its preset's protocol
+        line += f" | eval v{num(s.get('eval_version'))}: "
+        if s.get("eval_success_rate") is not None:
+            (_, progress), (_, success) = MEASURES["progress"], MEASURES["success"]
+            line += (f"{success} {s['eval_success_rate']:.0%}, {progress} {num(s.get('eval_progress_mean'))} "
+                     f"(median {num(s.get('eval_progress_median'))})")
+        else:
+            line += f"return {s['eval_return']:.1f}"
     return line
 
 
@@ -266,6 +277,21 @@ def target_reached(summary: dict[str, Any], target: float | None) -> str | None:
         return (f"the learner's kept best policy (v{summary.get('best_version') or 0:.0f}) scored "
                 f"{summary['best_return']:.1f} in its greedy evaluation: reached the target {target:g} {steps}")
     return None
+
+
+OWN_KEYS = ("actor", "client")  # the run's own actors' CURVE keys (flywheel/security.py): local, not joined
+
+
+def own_reports(status: dict[str, Any]) -> dict[str, Any]:
+    """/status with only the instances whose reports may stop the run: the learner (the gateway admits only the
+    learner's own key for it) and the run's own actors (plain local peers, or the keys folder's own actor key),
+    never an actor that joined from another host with a key of its own (its ``curve_key`` names that key)."""
+    services = dict(status.get("services", {}))
+    if "actor" in services:
+        actors = services["actor"]
+        services["actor"] = {**actors, "instances": [
+            i for i in actors.get("instances", []) if i.get("info", {}).get("curve_key", "client") in OWN_KEYS]}
+    return {**status, "services": services}
 
 
 def stop_children(children: list[Child]) -> list[str]:
@@ -305,6 +331,9 @@ def _run(args: argparse.Namespace) -> int:
 
     saved = runconfig.apply_saved(args)  # --resume: the env and settings of CHECKPOINT_DIR/run.json
     plan = make_plan(args)
+    if getattr(args, "seed", None) is None:  # none given or saved: one is drawn, and run.json records it
+        args.seed = draw_seed()
+    seed_plan(plan, args.seed, runconfig.start_index(saved))
     runconfig.write_run_config(args, plan, saved)
     if plan.join is not None:  # what `flywheel actor --join` on another host reads from the gateway's /join
         preset_id = None if plan.preset is None else {"name": plan.preset.name, "sha256": plan.preset.sha256}
@@ -332,7 +361,8 @@ def _run(args: argparse.Namespace) -> int:
         children.append(_start("learner", "learner-0", plan.env["learner"], plan.log_dir))
         for i, extra in enumerate(plan.actor_extra):
             children.append(_start("actor", f"actor-{i}", {**plan.env["actor"], **extra}, plan.log_dir))
-        preset = f" (preset {plan.preset.name})" if plan.preset is not None else ""
+        preset = f" (preset {plan.preset.name}, seed {args.seed})" if plan.preset is not None else \
+            f" (seed {args.seed})"
         print(f"flywheel: training {args.env} with {args.actors} actors{preset}; gateway {plan.gateway_url} "
               f"(/status, /metrics); weights {plan.env['learner']['WEIGHTS_BIND']}; logs in {plan.log_dir}; "
               "Ctrl-C stops and checkpoints", flush=True)
@@ -362,7 +392,7 @@ def _run(args: argparse.Namespace) -> int:
             summary = curves.summarize(status)
             if args.steps and (summary["env_steps"] or 0) >= args.steps:
                 stop_reason.append(f"reached {args.steps} env steps")
-            if (reached := target_reached(summary, args.target_return)) is not None:
+            if (reached := target_reached(curves.summarize(own_reports(status)), args.target_return)) is not None:
                 stop_reason.append(reached)
             if args.time_limit and now - started >= args.time_limit:
                 stop_reason.append(f"time limit of {args.time_limit:.0f} s")
@@ -390,7 +420,7 @@ def _run(args: argparse.Namespace) -> int:
         http.close()
     plan.remove_socket_dir()
     if code == 0 and not getattr(args, "no_video", False):
-        from flywheel.play import film_run
+        from flywheel.film import film_run
 
         film_run(args.checkpoint_dir.resolve(), args.env)
     print(f"flywheel: stopped; checkpoints in {args.checkpoint_dir.resolve()} (flywheel play {args.checkpoint_dir}; "

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from flywheel.runplan import Plan
 
 RESTORED_FLAGS = ("env", "actors", "envs_per_actor", "local_transport", "curve_keys_dir", "track", "wandb_project",
-                  "wandb_entity", "wandb_group", "wandb_tags", "preset")
+                  "wandb_entity", "wandb_group", "wandb_tags", "preset", "seed")
 _WIRED = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}  # make_plan's, never the user's
 
 
@@ -84,6 +84,12 @@ def apply_saved(args: argparse.Namespace) -> dict[str, Any] | None:
         args.env = saved["env_id"]
     args.set = [str(item) for item in saved.get("overrides", [])] + list(args.set)
     return saved
+
+
+def start_index(saved: dict[str, Any] | None) -> int:
+    """Which start of its run this invocation is: 0 for a new run, 1 for the first --resume, ... (run.json's
+    ``resumes``; the children's seeds are derived from it, so a resumed run does not replay its first draws)."""
+    return int(saved.get("resumes", 0)) + 1 if saved else 0
 
 
 def check_plan(saved: dict[str, Any] | None, plan: Plan, directory: Path) -> None:
@@ -164,7 +170,7 @@ def build_run_config(args: argparse.Namespace, plan: Plan, saved: dict[str, Any]
                   "local_transport": getattr(args, "local_transport", "tcp"),
                   "curve_keys_dir": None if args.curve_keys_dir is None else str(args.curve_keys_dir),
                   "steps": args.steps, "time_limit": args.time_limit, "target_return": args.target_return,
-                  **{d: getattr(args, d, None) for d in RESTORED_FLAGS[5:]}},  # --track and its W&B names
+                  **{d: getattr(args, d, None) for d in RESTORED_FLAGS[5:]}},  # --track, W&B names, preset, seed
         "preset": None if plan.preset is None else {"name": plan.preset.name, "sha256": plan.preset.sha256},
         "overrides": user_overrides(args, list(plan.env)),
         "services": services,
@@ -173,7 +179,7 @@ def build_run_config(args: argparse.Namespace, plan: Plan, saved: dict[str, Any]
         "git": _git_commit(),
         "created_at": saved.get("created_at", now) if saved else now,
         "started_at": now,
-        "resumes": int(saved.get("resumes", 0)) + 1 if saved else 0,
+        "resumes": start_index(saved),
     }
 
 

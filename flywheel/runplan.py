@@ -5,12 +5,15 @@ the children alive; flywheel/runconfig.py saves and restores the flags)."""
 from __future__ import annotations
 
 import argparse
+import secrets
 import shutil
 import subprocess
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from flywheel.presets import Preset
 from flywheel.remote import add_listen_flags
@@ -26,6 +29,11 @@ MAX_RESTARTS = 5  # restarts of one child allowed within RESTART_WINDOW_S; its n
 RESTART_WINDOW_S = 120.0
 BACKOFF_S = 1.0  # wait before the first restart, doubled for each further one within the window
 BACKOFF_MAX_S = 30.0
+
+SEED_MAX = 2**31 - 1  # --seed: 0..SEED_MAX (what every env library takes)
+CHILD_SEED_BOUND = 2**30  # a child's seed, below this: env slot i takes seed + i, the greedy env seed + 10,000
+FIRST_WEIGHTS_WAIT_S = 60  # actors wait this long for the learner's first weights (a learner starts in seconds)
+SEEDED = ("replay", "learner", "actor")  # the services flywheel run hands a seed (the gateway draws nothing)
 
 
 def _count(text: str) -> int:
@@ -46,6 +54,29 @@ def _seconds(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
     return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be within 0..{SEED_MAX}, got {value}")
+    return value
+
+
+def draw_seed() -> int:
+    """A run seed for a run started without --seed (recorded in run.json, so the run can be repeated)."""
+    return secrets.randbelow(SEED_MAX + 1)
+
+
+def child_seed(seed: int, service: str, index: int = 0, start: int = 0) -> int:
+    """The seed of one child of a run with ``seed``: ``service``'s ``index``-th instance (actor i) at the run's
+    ``start``-th start (0, then 1 for the first --resume, ...), so no two children and no two starts of a run share
+    env seeds or random draws. A NumPy SeedSequence: the same inputs give the same seed on every machine."""
+    key = (SEEDED.index(service), index, start)
+    return int(np.random.SeedSequence(seed, spawn_key=key).generate_state(1, np.uint64)[0] % CHILD_SEED_BOUND)
 
 
 def add_supervisor_flags(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +126,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                              "connections encrypted and authenticated (Unix sockets stay plain)")
     parser.add_argument("--set", action="append", default=[], metavar="SERVICE.FIELD=VALUE",
                         help="override one service setting, e.g. --set learner.lr=0.0005 (repeatable)")
+    parser.add_argument("--seed", type=_seed, default=None,
+                        help="seed of every env, exploration draw, network initialisation and replay sampler "
+                             "(each service and actor gets its own, derived from it; default: one is drawn); "
+                             "recorded in CHECKPOINT_DIR/run.json, kept by --resume (docs/REPRODUCIBILITY.md)")
     parser.add_argument("--no-video", action="store_true",
                         help="skip the end-of-run clip of one greedy episode (CHECKPOINT_DIR/video.mp4)")
     add_listen_flags(parser)  # --listen, --advertise: actors on other hosts (flywheel/remote.py)
@@ -136,3 +171,14 @@ class Plan:
             self._remove()
 
 
+def seed_plan(plan: Plan, seed: int, start: int = 0) -> None:
+    """Give the replay (its sampler), the learner (its network) and each actor (its envs, exploration draws and
+    acting network) a seed of their own derived from the run's ``seed`` at its ``start``-th start, and have the
+    actors wait for the learner's first (seeded) weights before acting. A value set for a service (--set
+    SERVICE.seed=N, FLYWHEEL_<SERVICE>_SEED) is kept as given, for every actor alike."""
+    for service in ("replay", "learner"):
+        plan.env[service].setdefault("SEED", str(child_seed(seed, service, 0, start)))
+    plan.env["actor"].setdefault("FIRST_WEIGHTS_WAIT_S", str(FIRST_WEIGHTS_WAIT_S))  # the learner's network first
+    if "SEED" not in plan.env["actor"]:
+        for index, extra in enumerate(plan.actor_extra):
+            extra["SEED"] = str(child_seed(seed, "actor", index, start))

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from flywheel.bench.runner import _cpu_model
-from flywheel.evaluation import evaluate, summarize
+from flywheel.evaluation import evaluate
+from flywheel.stats import summarize
 from flywheel.testing.run import FlywheelRun
 
 ENV = "Snake-v0"

@@ -6,7 +6,7 @@ CPU model, load, the whole machine's busy cores while it trained (busy CPU secon
 first and last poll of its last part), the mean and median furthest x and the flag rate with their intervals. Per
 side (``--side NAME FILE...``, repeatable: with and without a setting): the median and interquartile mean of the
 run scores with a bootstrap over runs (rliable's stratified bootstrap for one task), and the pooled episodes with
-a two-level bootstrap (flywheel.evaluation.across_runs). ``FILE#DEPLOY`` takes one deploy of a
+a two-level bootstrap (flywheel.stats.across_runs). ``FILE#DEPLOY`` takes one deploy of a
 ``--opt deploy=run,compose`` result (its checkpoints and polls; its rates first to last poll of that deploy).
 Prints markdown and writes one JSON document with every figure and where it came from.
 
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flywheel.evaluation import across_runs, summarize
+from flywheel.stats import across_runs, summarize
 
 
 class RunsError(Exception):

@@ -46,7 +46,8 @@ def test_scalars_from_a_gateway_status() -> None:
     values = scalars(summarize(status), status)
     assert values == {"return": 20.0, "greedy_return": 30.0, "mario_distance": 500.0, "mario_flag_rate": 0.25,
                       "loss": 0.5, "updates": 40.0, "updates_per_second": 4.0, "env_steps_per_second": 200.0,
-                      "policy_lag": 2.0, "replay_size": 1000.0}  # the actor that is down counts for nothing
+                      "policy_lag": 2.0, "replay_size": 1000.0, "eval_return": None, "eval_success_rate": None,
+                      "eval_progress_mean": None}  # the actor that is down counts for nothing
     assert scalars(summarize(_status(0, 0.1, [0.0])), _status(0, 0.1, [0.0]))["mario_flag_rate"] is None
 
 
@@ -90,3 +91,19 @@ def test_a_resumed_run_continues_the_curves(tmp_path: Path) -> None:
         curves.record(1.0, 10, {"loss": 2.0})
     assert [r["env_steps"] for r in _rows(tmp_path)] == ["10"]
     assert [(e.step, e.value) for e in _events(tmp_path).Scalars("learner/loss")] == [(10, 2.0)]
+
+
+def test_the_learners_evaluation_reaches_the_curves_and_the_progress_line() -> None:
+    from flywheel.run import progress_line
+
+    status = _status(1000, 0.5, [1.0])
+    status["services"]["learner"]["instances"][0]["gauges"].update(
+        eval_greedy_return=250.5, eval_greedy_version=1234.0, eval_success_rate=0.44, eval_progress_mean=2315.0,
+        eval_progress_median=3161.0)
+    summary = summarize(status)
+    values = scalars(summary, status)
+    assert (values["eval_return"], values["eval_success_rate"], values["eval_progress_mean"]) == (250.5, 0.44, 2315.0)
+    line = progress_line(60.0, summary)
+    assert line.endswith("| eval v1,234: flag 44%, furthest x 2,315 (median 3,161)"), line
+    del status["services"]["learner"]["instances"][0]["gauges"]["eval_success_rate"]  # an env with no measures
+    assert progress_line(60.0, summarize(status)).endswith("| eval v1,234: return 250.5")

@@ -1,47 +1,18 @@
-"""flywheel.evaluation: bootstrap summaries on known data, the stall rule on the real Mario emulator, workers."""
+"""flywheel.evaluation: the protocol's defaults and rows, the stall rule on the real Mario emulator, workers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from flywheel.evaluation import STALL_STEPS, evaluate, summarize, wilson_interval
+from flywheel.evaluation import STALL_STEPS, Protocol, default_noop_max, evaluate, run_protocol
 from flywheel.policy import Policy
 from flywheel.services.learner.checkpoint import save_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 
 MARIO = "SuperMarioBros-1-1-v0"
-
-
-def test_summarize_known_data_and_a_seeded_bootstrap() -> None:
-    s = summarize([1.0, 2.0, 3.0, 4.0], [True, False, False, False])
-    assert (s["n"], s["mean"], s["median"], s["flag_rate"]) == (4, 2.5, 2.5, 0.25)
-    assert 1.0 <= s["ci_low"] < 2.5 < s["ci_high"] <= 4.0
-    assert summarize([1.0, 2.0, 3.0, 4.0]) == {**s, "flag_rate": None, "flag_ci_low": None,
-                                               "flag_ci_high": None}  # the same resamples every time
-    assert s["median_ci_low"] <= s["median"] <= s["median_ci_high"]
-    assert s["flag_ci_low"] < 0.25 < s["flag_ci_high"]
-    assert summarize([7.0] * 5)[("ci_low")] == summarize([7.0] * 5)["ci_high"] == 7.0
-    data = np.random.default_rng(0).normal(100.0, 10.0, size=400)
-    wide = summarize(data.tolist())
-    half = 1.96 * data.std() / np.sqrt(len(data))  # the normal approximation the bootstrap should match
-    assert wide["ci_low"] == pytest.approx(data.mean() - half, abs=0.15 * half)
-    assert wide["ci_high"] == pytest.approx(data.mean() + half, abs=0.15 * half)
-    with pytest.raises(ValueError):
-        summarize([])
-    with pytest.raises(ValueError):
-        summarize([1.0, 2.0], [True])
-
-
-def test_wilson_interval_matches_published_values() -> None:
-    assert wilson_interval(0, 100) == pytest.approx((0.0, 0.0370), abs=5e-4)  # the rule of three's neighbour
-    assert wilson_interval(50, 100) == pytest.approx((0.4038, 0.5962), abs=5e-4)
-    assert wilson_interval(100, 100) == pytest.approx((0.9630, 1.0), abs=5e-4)
-    with pytest.raises(ValueError):
-        wilson_interval(3, 2)
 
 
 def _noop_checkpoint(folder: Path) -> Path:
@@ -97,3 +68,37 @@ def test_a_policy_object_plays_as_its_checkpoint_folder(tmp_path: Path) -> None:
         [{k: v for k, v in r.items() if k != "seconds"} for r in from_folder]
     random = evaluate(MARIO, [5, 6], epsilon=0.5, stall_steps=60)  # the checkpoint's half of the actions matter
     assert [r["length"] for r in random] != [r["length"] for r in from_policy]
+
+
+def test_the_defaults_are_the_protocol_no_stall_rule_and_the_presets_no_op_starts(tmp_path: Path) -> None:
+    """Before, an episode was cut after 250 steps without progress and began with no no-ops unless asked."""
+    assert [default_noop_max(e) for e in (MARIO, "CartPole-v1", "SuperMarioBros-v0")] == [30, 0, 0]
+    folder = _noop_checkpoint(tmp_path)  # Mario stands still: only a cut-off ends the episode early
+    records = evaluate(MARIO, [21, 22], checkpoint=str(folder), epsilon=0.0, max_steps=STALL_STEPS + 5)
+    assert [r["end"] for r in records] == ["max_steps"] * 2 and {r["length"] for r in records} == {STALL_STEPS + 5}
+    assert [r["noops"] for r in records] == [9, 23]  # drawn from each episode's rng: default_rng(seed).integers(31)
+
+
+def test_a_protocol_plays_each_epsilon_on_the_same_seeds(tmp_path: Path) -> None:
+    from flywheel.stats import summarize
+
+    core = LearnerCore((4,), 2, CoreConfig())
+    core.env_id = "CartPole-v1"  # type: ignore[attr-defined]
+    save_checkpoint(tmp_path, core, weight_version=3)
+    seen: list[tuple[float, int]] = []
+    out = run_protocol("CartPole-v1", str(tmp_path), Protocol(episodes=4, seed=7, epsilons=(0.5, 0.0)),
+                       progress=lambda eps, r: seen.append((eps, r["seed"])))
+    assert out["protocol"] == {"episodes": 4, "seed": 7, "epsilons": [0.5, 0.0], "noop_max": 0, "stall_steps": 0,
+                               "max_steps": None}
+    assert out["described"].startswith("4 episodes (seeds 7..10), epsilon 0.5 and 0, no no-op starts, no stall")
+    assert sorted(seen) == sorted([(e, s) for e in (0.5, 0.0) for s in range(7, 11)])
+    greedy = evaluate("CartPole-v1", range(7, 11), checkpoint=str(tmp_path), epsilon=0.0)
+    half, zero = out["rows"]
+    assert (half["epsilon"], zero["epsilon"]) == (0.5, 0.0) and zero["records"] == [
+        {**r, "seconds": z["seconds"]} for r, z in zip(greedy, zero["records"], strict=True)]
+    assert zero["return"] == summarize([r["return"] for r in greedy])
+    assert zero["progress"] is zero["success"] is None and zero["measures"] == {}  # CartPole reports neither
+    for bad in ({"epsilons": (1.5,)}, {"epsilons": (0.1, 0.1)}, {"epsilons": ()}, {"episodes": 0},
+                {"stall_steps": -1}, {"noop_max": -2}, {"max_steps": 0}):
+        with pytest.raises(ValueError):
+            Protocol(**bad)  # type: ignore[arg-type]

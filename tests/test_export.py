@@ -18,10 +18,12 @@ import torch
 import yaml
 
 from flywheel.envs import make_env
+from flywheel.evaluation import evaluate
 from flywheel.export import ExportError, export_onnx, export_torchscript
 from flywheel.policy import Policy
 from flywheel.services.learner.checkpoint import save_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
+from flywheel.stats import summarize
 
 MARIO = "SuperMarioBros-1-1-v0"
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
@@ -177,8 +179,11 @@ def test_cli_writes_a_model_card_folder(cartpole: Path, tmp_path: Path) -> None:
     assert (folder / "replay.mp4").read_bytes() == b"not really an mp4"
     assert json.loads((folder / "run.json").read_text())["actors"] == 2
     results = json.loads((folder / "results.json").read_text())
-    assert (results["n_eval_episodes"], results["seeds"], results["epsilon"]) == (3, [4, 5, 6], 0.0)
-    returns = [e["return"] for e in results["episodes"]]
+    assert (results["n_eval_episodes"], results["seeds"], results["epsilon"]) == (3, [4, 5, 6], 0.05)
+    assert (results["noop_max"], results["stall_steps"], results["is_deterministic"]) == (0, 0, False)
+    returns = [e["return"] for e in results["episodes"]]  # played as flywheel eval plays them
+    assert returns == [r["return"] for r in evaluate("CartPole-v1", [4, 5, 6], checkpoint=str(run), epsilon=0.05)]
+    assert results["ci95_mean"] == [summarize(returns)["ci_low"], summarize(returns)["ci_high"]]
     assert results["mean_reward"] == pytest.approx(np.mean(returns))
     assert results["std_reward"] == pytest.approx(np.std(returns))
     readme = (folder / "README.md").read_text()
@@ -193,7 +198,9 @@ def test_cli_writes_a_model_card_folder(cartpole: Path, tmp_path: Path) -> None:
     [metric] = res["metrics"]
     assert metric["type"] == "mean_reward"
     assert metric["value"] == f"{results['mean_reward']:.2f} +/- {results['std_reward']:.2f}"
-    assert "3 episodes" in body and "(4..6" in body and "epsilon 0" in body
+    assert "the protocol of `flywheel eval`: 3 episodes (seeds 4..6), epsilon 0.05, no no-op starts, no stall " \
+        "rule" in body
+    assert "`flywheel eval CHECKPOINT_DIR --which latest --episodes 3 --seed 4 --epsilon 0.05`" in body
     config = json.loads((folder / "config.json").read_text())
     assert config["inputs"]["obs"] == {"dtype": "float32", "shape": ["batch", 4]}
     assert config["parity"]["source"] == "real" and config["parity"]["max_abs_dq"] < 1e-5
@@ -222,3 +229,6 @@ def test_cli_bad_input_is_one_error_line(tmp_path: Path) -> None:
         assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: flywheel export: ")
     result = flywheel_export(tmp_path, "--card", "--card-episodes", "0")
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    result = flywheel_export(tmp_path, "--card", "--card-epsilon", "1.5")
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "error: flywheel export: --card-epsilon must be in [0, 1], got 1.5"]

@@ -96,7 +96,8 @@ def test_play_reads_the_env_from_run_json_and_prints_every_episode(cartpole: Pat
         (cartpole / "run.json").unlink()
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
-    assert lines[0].startswith("playing ") and lines[0].endswith(", update 0)")  # the file: best or latest
+    assert lines[0].startswith("playing ") and lines[0].endswith(  # the file (best or latest), and why
+        ", update 0): the newest weights (the run kept no best)")
     assert [line.split(":")[0] for line in lines[1:3]] == ["episode 1", "episode 2"]
     assert lines[3].startswith("mean return ") and "over 2 episodes" in lines[3]
 

@@ -1,14 +1,16 @@
-"""Every ``flywheel ...`` command in README.md's bash blocks is run, bounded and cheap, so the README cannot rot.
+"""Every ``flywheel ...`` command in the bash blocks of README.md and docs/USAGE.md is run, bounded and cheap, so
+neither can rot.
 
-``flywheel run`` examples run for real, in README order in one scratch folder (so ``--resume`` continues the
-run an earlier example made), with free ports, ``--no-video`` and a safety ``--time-limit`` appended; each is
-stopped with Ctrl-C (SIGINT) once its learner and actors report and the actors have stepped. ``flywheel
-play`` runs there too, its episodes cut at PLAY_MAX_STEPS, and ``flywheel keys`` runs as written. The block
-that starts each service alone (``flywheel replay|learner|actor|gateway`` with CURVE keys and a token file) runs
-as four real processes that must train together (``test_standalone_services_really_run`` says what it changes:
-ports and host names). Every service example, those with ``...`` placeholders included, also has its settings,
-env id and CURVE key folder validated as the service would at start. Anything else is parsed by ``flywheel``'s
-own argument parser.
+``flywheel run`` examples run for real, in document order (README.md, then docs/USAGE.md) in one scratch folder (so
+``--resume`` continues the run an earlier example made; an example identical to one already run is not run twice),
+with free ports, ``--no-video`` and a safety ``--time-limit`` appended; each is stopped with Ctrl-C (SIGINT) once
+its learner and actors report and the actors have stepped. ``flywheel play`` runs there too, its episodes cut at
+PLAY_MAX_STEPS, and ``flywheel keys`` runs as written. The block that starts each service alone (``flywheel
+replay|learner|actor|gateway`` with CURVE keys and a token file) runs as four real processes that must train
+together (``test_standalone_services_really_run`` says what it changes: ports and host names). Every service
+example, those with ``...`` placeholders included, also has its settings, env id and CURVE key folder validated as
+the service would at start. Anything else is parsed by ``flywheel``'s own argument parser (``flywheel eval`` and
+``flywheel export`` among them).
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from flywheel.processes import launch
 from flywheel.testing.ports import free_port_block
 from flywheel.testing.run import launcher_endpoints, tail
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = (README, ROOT / "docs" / "USAGE.md")  # the documents whose examples run, in this order
 SERVICES = ("replay", "learner", "actor", "gateway")
 RUN_SECONDS = 1  # how long a run example trains once every child reports, before Ctrl-C
 RUN_LIMIT_S = 100  # the --time-limit appended as a safety net
@@ -50,18 +54,19 @@ _SEPARATORS = {";", "&&", "||", "|", "&"}
 
 @dataclass(frozen=True)
 class Example:
-    """One ``flywheel`` command of the README: where it is and its arguments after ``flywheel``."""
+    """One ``flywheel`` command of a document: where it is and its arguments after ``flywheel``."""
 
     line: int
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
+    doc: str = "README.md"
 
     @property
     def command(self) -> str:
         return self.argv[0] if self.argv else ""
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}: flywheel {shlex.join(self.argv)}"
+        return f"{self.doc}:{self.line}: flywheel {shlex.join(self.argv)}"
 
 
 def bash_blocks(text: str) -> list[tuple[int, list[str]]]:
@@ -100,12 +105,12 @@ def logical_lines(start: int, lines: list[str]) -> list[tuple[int, str]]:
     return out
 
 
-def parse_examples(text: str) -> list[Example]:
+def parse_examples(text: str, doc: str = "README.md") -> list[Example]:
     """Every ``flywheel`` command in the bash blocks, comments and ``...`` placeholders dropped."""
-    return [example for start, lines in bash_blocks(text) for example in block_examples(start, lines)]
+    return [example for start, lines in bash_blocks(text) for example in block_examples(start, lines, doc)]
 
 
-def block_examples(start: int, lines: list[str]) -> list[Example]:
+def block_examples(start: int, lines: list[str], doc: str = "README.md") -> list[Example]:
     """Every ``flywheel`` command of one bash block (``start``: the number of its first line)."""
     examples: list[Example] = []
     for number, line in logical_lines(start, lines):
@@ -127,11 +132,11 @@ def block_examples(start: int, lines: list[str]) -> list[Example]:
             if not words or words[0] != "flywheel":
                 continue
             argv = [w for w in words[1:] if w not in ("...", "…")]
-            examples.append(Example(number, tuple(argv), tuple(env)))
+            examples.append(Example(number, tuple(argv), tuple(env), doc))
     return examples
 
 
-EXAMPLES = parse_examples(README.read_text())
+EXAMPLES = [e for path in DOCS for e in parse_examples(path.read_text(), str(path.relative_to(ROOT)))]
 
 
 def _parse(example: Example) -> object:
@@ -154,7 +159,7 @@ def test_the_parser_finds_the_readme_examples() -> None:
     assert "run" in commands and any("--resume" in e.argv for e in EXAMPLES), [str(e) for e in EXAMPLES]
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: f"L{e.line}-{e.command}")
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: f"{Path(e.doc).stem}-L{e.line}-{e.command}")
 def test_every_example_parses(example: Example) -> None:
     """Every flag of every example exists and takes the value given."""
     assert example.command, f"{example}: no subcommand"
@@ -213,7 +218,7 @@ def _run_example(example: Example, workspace: Path) -> str:
     learner_log = ckpt / "logs" / "learner-0.log"
     resume = "--resume" in argv
     if resume:
-        assert (ckpt / "run.json").is_file(), f"{example}: no earlier README example made a run in {ckpt}"
+        assert (ckpt / "run.json").is_file(), f"{example}: no earlier example made a run in {ckpt}"
         saved_env = json.loads((ckpt / "run.json").read_text())["env_id"]
         had_checkpoint = (ckpt / "learner" / "learner.safetensors").is_file()
     log_before = learner_log.stat().st_size if learner_log.exists() else 0
@@ -256,10 +261,15 @@ def _run_example(example: Example, workspace: Path) -> str:
     return f"{example}: {time.monotonic() - started:.0f} s"
 
 
+@pytest.mark.timeout(600)  # five runs of two documents, each bounded by RUN_TIMEOUT_S, on a loaded 2-core machine
 def test_run_play_and_keys_examples_really_run(tmp_path: Path) -> None:
-    """The ``flywheel run``, ``play`` and ``keys`` examples in README order, sharing one working folder."""
+    """The ``flywheel run``, ``play`` and ``keys`` examples in document order, sharing one working folder."""
     done: list[str] = []
+    seen: set[tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = set()
     for example in EXAMPLES:
+        if (example.argv, example.env) in seen:
+            continue  # the same command in both documents: it ran already, in the same folder
+        seen.add((example.argv, example.env))
         if example.command == "run":
             done.append(_run_example(example, tmp_path))
         elif example.command in ("keys", "play"):
@@ -268,11 +278,12 @@ def test_run_play_and_keys_examples_really_run(tmp_path: Path) -> None:
             assert result.returncode == 0, f"{example}: exit {result.returncode}\n{result.stderr[-2000:]}"
             done.append(str(example))
     assert any(" run " in line for line in done), done
+    assert {Path(e.doc).name for e in EXAMPLES if e.command == "run"} == {path.name for path in DOCS}, done
     print("\n".join(done))
 
 
 def test_service_examples_validate(tmp_path: Path) -> None:
-    """Each service example's flags make valid settings (after the README's own ``flywheel keys`` examples)."""
+    """Each service example's flags make valid settings (after the documents' own ``flywheel keys`` examples)."""
     for example in EXAMPLES:
         if example.command == "keys":
             result = _flywheel(list(example.argv), tmp_path, clean_env(**dict(example.env)), 60)
@@ -297,7 +308,19 @@ def service_block(text: str) -> tuple[int, list[str]]:
         commands = {e.command for e in block_examples(start, lines)}
         if commands >= set(SERVICES) and not any("..." in line or "…" in line for line in lines):
             return start, lines
-    raise AssertionError("README.md has no bash block that starts replay, learner, actor and gateway")
+    raise AssertionError("no bash block that starts replay, learner, actor and gateway")
+
+
+def service_doc() -> Path:
+    """The first of DOCS that has the block that starts each service alone (docs/USAGE.md, "Each service alone")."""
+    for path in DOCS:
+        try:
+            service_block(path.read_text())
+        except AssertionError:
+            continue
+        return path
+    raise AssertionError(f"none of {', '.join(str(p.relative_to(ROOT)) for p in DOCS)} has a bash block that starts "
+                         "replay, learner, actor and gateway")
 
 
 def _http_port(example: Example) -> int:
@@ -310,7 +333,7 @@ def _http_port(example: Example) -> int:
 
 
 def _localised(example: Example, ports: dict[int, int]) -> list[str]:
-    """The example's argv with every README port replaced by its free port and every host (``replay``,
+    """The example's argv with every port it names replaced by its free port and every host (``replay``,
     ``learner``, ``gateway``: other machines) by 127.0.0.1; wildcard binds stay; the gateway gets ``--http-port``."""
     def endpoint(match: re.Match[str]) -> str:
         host = match[1] if match[1] in _WILDCARDS else "127.0.0.1"
@@ -355,11 +378,11 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
 
 @pytest.mark.timeout(240)
 def test_standalone_services_really_run(tmp_path: Path) -> None:
-    """The README block that starts each service alone runs as written, as four real processes.
+    """The block that starts each service alone (docs/USAGE.md) runs as written, as four real processes.
 
     Its lines run in order in one scratch folder: those before the services through bash as written (``flywheel
     keys generate``, ``openssl rand ... > token.txt``), then replay, learner, actor and gateway as processes of
-    their own with the README's flags: CURVE keys, ``tcp://*`` binds, Mario, the 1M replay, batch 512, the token
+    their own with the document's flags: CURVE keys, ``tcp://*`` binds, Mario, the 1M replay, batch 512, the token
     file. What a test must change, and only that: every port the block names (5555-5560) and the
     gateway's HTTP port (8080, its default) become free ports, rewritten the same way in all four commands; the
     hosts that stand for other machines (``replay``, ``learner``, ``gateway``) become 127.0.0.1; the run is bounded
@@ -371,7 +394,8 @@ def test_standalone_services_really_run(tmp_path: Path) -> None:
     pause then a resume reach every service. Every service exits 0 after SIGINT.
     """
     started = time.monotonic()
-    start, lines = service_block(README.read_text())
+    doc = service_doc()
+    start, lines = service_block(doc.read_text())
     examples = {e.command: e for e in block_examples(start, lines) if e.command in SERVICES}
     assert len(examples) == len(SERVICES), [str(e) for e in block_examples(start, lines)]
     readme_ports = sorted({int(m[2]) for e in examples.values() for w in e.argv for m in _TCP.finditer(w)}
@@ -390,7 +414,7 @@ def test_standalone_services_really_run(tmp_path: Path) -> None:
             continue
         result = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                                 env=shell_env, stdin=subprocess.DEVNULL)
-        assert result.returncode == 0, f"README.md:{number}: {line}\nexit {result.returncode}\n{result.stderr}"
+        assert result.returncode == 0, f"{doc.name}:{number}: {line}\nexit {result.returncode}\n{result.stderr}"
     assert (tmp_path / "keys" / "server.key_secret").is_file(), sorted(p.name for p in tmp_path.iterdir())
     token = (tmp_path / "token.txt").read_text().strip()
     assert len(token) >= 16, f"token.txt holds {token!r}"
@@ -399,7 +423,7 @@ def test_standalone_services_really_run(tmp_path: Path) -> None:
     logs = {name: tmp_path / f"{name}.log" for name in examples}
     url = f"http://127.0.0.1:{ports[_http_port(examples['gateway'])]}"
     try:
-        for name, example in examples.items():  # README order
+        for name, example in examples.items():  # document order
             procs[name] = launch(_localised(example, ports), clean_env(**dict(example.env)), logs[name],
                                  cwd=tmp_path)
 
@@ -425,7 +449,7 @@ def test_standalone_services_really_run(tmp_path: Path) -> None:
         for service in ("replay", "learner", "actor"):
             curve = {i["instance"]: i.get("info", {}).get("curve") for i in _instances(status, service)}
             assert len(curve) == 1 and set(curve.values()) == {"on"}, f"{service}: telemetry info curve {curve}"
-        endpoints = json.dumps(status["gateway"]["endpoints"])  # the README's tcp://* binds, on every interface
+        endpoints = json.dumps(status["gateway"]["endpoints"])  # the document's tcp://* binds, on every interface
         binds = {int(m[2]) for w in examples["gateway"].argv for m in _TCP.finditer(w) if m[1] in _WILDCARDS}
         assert binds and all(f"0.0.0.0:{ports[p]}" in endpoints for p in binds), endpoints
         assert "CURVE on" in logs["gateway"].read_text(), "the gateway binds with CURVE\n" + _tails(logs)

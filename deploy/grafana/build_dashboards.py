@@ -81,6 +81,15 @@ LEARNING: list[Panel] = [
     ("Greedy evaluation return", "short", [
         ("flywheel_actor_eval_return_mean", "{{instance}}"),
     ], "Return of the greedy (epsilon 0) evaluation episodes some actors run beside their exploring ones."),
+    ("Evaluation success rate", "percentunit", [
+        ("flywheel_learner_eval_success_rate", "{{instance}}"),
+    ], "The learner's evaluations of its weights under the preset's protocol (Mario: epsilon 0.05 after 0-30 no-ops "
+       "from the level start): share of episodes that reached the env's goal (Mario: the flag)."),
+    ("Evaluation progress and return", "short", [
+        ("flywheel_learner_eval_progress_mean", "progress mean {{instance}}"),
+        ("flywheel_learner_eval_progress_median", "progress median {{instance}}"),
+        ("flywheel_learner_eval_greedy_return", "return {{instance}}"),
+    ], "The same evaluations: mean and median of the env's progress measure (Mario: furthest x) and mean return."),
     ("Mario distance", "short", [
         ("flywheel_actor_mario_distance_mean", "mean {{instance}}"),
         ("flywheel_actor_mario_distance_max", "max {{instance}}"),

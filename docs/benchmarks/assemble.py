@@ -8,10 +8,17 @@ nothing is written and the script exits with status 1, one line per problem. Two
 heading) cites at least one committed raw result (``results/<file>``, which must exist), or it carries a label
 line that starts with one of ``LABELS``.
 
-**Figures.** In README.md, docs/*.md (not docs/BENCHMARKS.md, which is built from the sections) and
-docs/benchmarks/*.md (``doc_files``), every figure that claims a measurement is found in a results file cited
-beside it, or carries a label. Code fences, inline code spans, link targets, HTML comments and headings are
-never read for figures.
+**Research log.** docs/research/*.md (the tuning trials, not assembled into docs/BENCHMARKS.md) is held to the
+same rule: every section cites a committed raw result (``../benchmarks/results/<file>``, which must exist) or
+carries a label line.
+
+**No internal issue numbers.** README.md and every docs/**/*.md outside docs/research/ are for users, who cannot
+see the project's issue tracker: no ``issue 24`` or ``issue #24`` in them (``internal_issue_refs``).
+
+**Figures.** In README.md, docs/*.md (not docs/BENCHMARKS.md, which is built from the sections),
+docs/benchmarks/*.md and docs/research/*.md (``doc_files``), every figure that claims a measurement is found in a
+results file cited beside it, or carries a label. Code fences, inline code spans, link targets, HTML comments and
+headings are never read for figures.
 
 - *A figure* is a number (``1,028``, ``9.9``, ``0.44M``; a range ``9.0-11.9`` is two figures) followed by
   a ratio mark (``2.26x``, ``~5x``, ``0.50×``; not ``42x42`` nor ``40 × 16``), a rate (``/s`` after up to three
@@ -94,7 +101,9 @@ ran in `flywheel bench learner --opt device=cuda`, and the learner section's two
 measured. The rest of Flywheel (actors, replay, whole runs) has not run on a GPU machine.
 
 Sections are kept in `docs/benchmarks/<suite>.md`; this file is rebuilt from them by
-`python docs/benchmarks/assemble.py` and must not be edited by hand.
+`python docs/benchmarks/assemble.py` and must not be edited by hand. Each suite opens with its current result;
+the trials that chose the Mario recipe, in the order they ran, are in the research log
+[research/mario-tuning.md](research/mario-tuning.md), held to the same checks.
 """
 
 
@@ -218,13 +227,57 @@ class Figure:
 
 
 def doc_files(root: Path) -> list[Path]:
-    """The files whose figures are checked: README.md, docs/*.md and the sections in docs/benchmarks/*.md.
+    """The files whose figures are checked: README.md, docs/*.md, the sections in docs/benchmarks/*.md and the
+    research log, docs/research/*.md.
 
     docs/BENCHMARKS.md is left out: it is built from the sections, which are checked themselves."""
     docs = root / "docs"
     found = [root / "README.md"] if (root / "README.md").is_file() else []
     found += sorted(p for p in docs.glob("*.md") if p.name != "BENCHMARKS.md")
-    return found + suite_files(docs / "benchmarks")
+    return found + suite_files(docs / "benchmarks") + research_files(root)
+
+
+def research_files(root: Path) -> list[Path]:
+    """The research log: docs/research/*.md."""
+    return sorted((root / "docs" / "research").glob("*.md"))
+
+
+def check_research(root: Path) -> list[str]:
+    """check() for the research log: each section cites a raw result that exists (any path ending in
+    results/<file>, resolved in docs/benchmarks/results) or carries a label line."""
+    results = root / "docs" / "benchmarks"
+    problems = []
+    for path in research_files(root):
+        for s in sections(path):
+            where = f"{path.parent.name}/{path.name}, section '{s.title}'"
+            cites = _cites(s.body)
+            problems += [f"{where}: cites {c}, but there is no such file ({results / c})"
+                         for c in cites if not (results / c).is_file()]
+            if not cites and not s.labels:
+                problems.append(f"{where}: cites no results/ file and has no label line")
+    return problems
+
+
+# "issue 24", "Issue #24", "issues 8": the project's own tracker, which a user cannot see
+ISSUE_REF = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+
+
+def user_doc_files(root: Path) -> list[Path]:
+    """README.md and every markdown file under docs/ but docs/research/ (raw results are data, not docs)."""
+    docs = root / "docs"
+    found = [root / "README.md"] if (root / "README.md").is_file() else []
+    return found + sorted(p for p in docs.rglob("*.md")
+                          if p.relative_to(docs).parts[0] != "research" and "results" not in p.relative_to(docs).parts)
+
+
+def internal_issue_refs(root: Path) -> list[str]:
+    """One line per mention of an internal issue number in a user-facing doc (the research log may name them)."""
+    problems = []
+    for path in user_doc_files(root):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            problems += [f"{path.relative_to(root)}:{number}: '{m.group(0)}' names an internal issue; say what "
+                         "it asked instead (docs/research/ may name issues)" for m in ISSUE_REF.finditer(line)]
+    return problems
 
 
 def _values(text: str, mult: str | None = None) -> list[tuple[float, float]]:
@@ -445,8 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or args.dir.parent / "BENCHMARKS.md"
     problems = check(args.dir)
-    if args.dir.resolve() == HERE.resolve():  # this repository: README.md, docs/*.md and the sections
-        problems += check_figures(doc_files(HERE.parent.parent), args.dir / "results", HERE.parent.parent)
+    if args.dir.resolve() == HERE.resolve():  # this repository: README.md, docs/*.md, the sections, the log
+        root = HERE.parent.parent
+        problems += check_research(root) + internal_issue_refs(root)
+        problems += check_figures(doc_files(root), args.dir / "results", root)
     else:  # another folder of sections: those alone
         problems += check_figures(suite_files(args.dir), args.dir / "results", args.dir.parent)
     for problem in problems:

@@ -139,13 +139,9 @@ def median_ci(values: list[float], *, resamples: int = 10_000, seed: int = 0) ->
     """A 95% percentile-bootstrap confidence interval of the median (fixed seed, so a rerun prints the same)."""
     if not values:
         raise ValueError("median_ci of no measurements")
-    import numpy as np
+    from flywheel.stats import bootstrap_ci
 
-    data = np.asarray(values, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    medians = np.median(data[rng.integers(len(data), size=(resamples, len(data)))], axis=1)
-    low, high = np.percentile(medians, [2.5, 97.5])
-    return float(low), float(high)
+    return bootstrap_ci(values, "median", resamples=resamples, seed=seed)
 
 
 def repeat(measure_once: Callable[[], float], runs: int, warmup: int = 0) -> list[float]:

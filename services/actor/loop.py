@@ -109,6 +109,16 @@ class ActorLoop:
             return 1
         return 0
 
+    def wait_for_weights(self, timeout_s: float) -> bool:
+        """Before the first step: wait up to ``timeout_s`` for the learner's first weights, lease and telemetry going
+        on (stopping ends the wait); whether weights came. Which network made the first rows then depends on the
+        learner's seed only, not on which process started first."""
+        deadline = time.monotonic() + timeout_s
+        while self.running and self.weights.version == 0 and time.monotonic() < deadline:
+            self.weights.sock.poll(100)
+            self._idle()
+        return self.weights.version > 0
+
     def _running(self) -> bool:
         return self.running
 

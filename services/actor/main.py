@@ -26,7 +26,7 @@ def main(settings: ActorSettings) -> int:
     faults = FaultCounter("actor")
     rows = send_batch_rows(settings, spec)
     weights = WeightsReceiver(ctx, settings.weights_endpoint, core.policy, faults,
-                              interval_s=settings.weights_interval_s)
+                              interval_s=settings.weights_interval_s, max_version_jump=settings.max_version_jump)
     clips = ClipFilmer(ctx, settings.telemetry_endpoint, settings.instance, settings.env_id, weights,
                        lambda: acting_policy(settings, spec), interval_s=settings.clip_interval_s,
                        max_steps=settings.clip_max_steps).start() if settings.clip_interval_s > 0 else None
@@ -34,7 +34,7 @@ def main(settings: ActorSettings) -> int:
         core, weights=weights, clips=clips, faults=faults, max_env_steps=settings.max_env_steps,
         sender=TransitionSender(ctx, settings.transitions_endpoint, settings.instance, hwm=settings.send_hwm,
                                 on_full=settings.on_full, batch_rows=rows, sndbuf=settings.send_buffer_kb << 10,
-                                stall_s=settings.send_stall_s, learner_versions=lambda: weights.newest_seen),
+                                stall_s=settings.send_stall_s, learner_versions=lambda: weights.arrived),
         lease=LeaseClient(ctx, settings.lease_endpoint, settings.instance, faults),
         control=ControlSubscriber(ctx, settings.control_endpoint, "actor", settings.instance, faults),
         telemetry=TelemetryReporter(ctx, settings.telemetry_endpoint, "actor", settings.instance,
@@ -45,6 +45,9 @@ def main(settings: ActorSettings) -> int:
     if settings.epsilon is None and not loop.lease.wait_first(3.0):
         log.warning("no lease from %s yet: acting as actor 0 of 1 until one arrives", settings.lease_endpoint)
     loop.set_epsilon()
+    if settings.first_weights_wait_s > 0 and not loop.wait_for_weights(settings.first_weights_wait_s):
+        log.warning("no weights from %s within %g s: acting with the actor's own network until they come",
+                    settings.weights_endpoint, settings.first_weights_wait_s)
     log.info("%s", describe(settings, core, spec, rows))
     try:
         code = loop.run()

@@ -91,7 +91,7 @@ def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = 
                  seed: int | None = None, freeze: bool = False, obs_dtype: str = "float32") -> Policy:
     """The acting network for ``obs_shape``; ``threads`` (unless None) caps the math library's threads.
 
-    ``seed`` draws the NumPy network's initial weights (torch's come from torch's global generator); ``freeze``
+    ``seed`` draws the network's initial weights (for torch, by seeding torch's global generator); ``freeze``
     and ``obs_dtype`` (the observations' dtype) apply to torch networks (see :class:`TorchPolicy`).
     """
     if resolve_backend(obs_shape, backend) == "numpy":
@@ -109,6 +109,8 @@ def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = 
 
     if threads is not None:
         torch.set_num_threads(threads)
+    if seed is not None:
+        torch.manual_seed(seed)
     net = build_q_network(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head,
                           num_quantiles=num_quantiles, c51_atoms=c51_atoms, torso=torso)
     return TorchPolicy(net, freeze=freeze, obs_dtype=obs_dtype)

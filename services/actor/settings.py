@@ -24,7 +24,8 @@ class ActorSettings(CommonSettings):
 
     join: str = Field("", max_length=2048, description="URL of a run's gateway (http://HOST:PORT) started with "
                       "flywheel run --listen: its env id, preset values and endpoints, below these flags and "
-                      "FLYWHEEL_ACTOR_* variables")
+                      "FLYWHEEL_ACTOR_* variables; needs this host's CURVE keys (--curve-keys-dir), never the "
+                      "document's (flywheel/remote.py)")
     env_id: str = Field("SuperMarioBros-1-1-v0", description="environment id, options after '?' "
                         "(e.g. SuperMarioBros-1-1-v0?actions=right_only, ALE/Pong-v5?clip_rewards=false)")
     num_envs: int = Field(8, ge=1, le=4096, description="env slots stepped as one vector (MettaGrid: agents)")
@@ -72,6 +73,14 @@ class ActorSettings(CommonSettings):
     lease_endpoint: str = Field("tcp://127.0.0.1:5560", description="gateway lease ROUTER endpoint")
     weights_interval_s: float = Field(0.0, ge=0, le=3600, description="load new weights at most this often "
                                       "(0: as soon as they arrive; newer ones replace waiting ones)")
+    first_weights_wait_s: float = Field(0.0, ge=0, le=3600, description="before the first step, wait up to this "
+                                        "long for the learner's first weights, so a seeded run's first transitions "
+                                        "come from the learner's seeded network (0: act at once with the actor's "
+                                        "own; flywheel run: 60)")
+    max_version_jump: int = Field(10**8, ge=1, le=1 << 62, description="weights more versions than this ahead of "
+                                  "the newest of the same learner run are refused (a rogue publisher's); the learner "
+                                  "adds 1 a publish, so this is days of publishing every update, and a learner's new "
+                                  "run is taken whatever its version")
     start_state_share: float = Field(0.0, ge=0, le=1, description="share of training episodes started from a "
                                      "state the agent reached near its frontier (0: off; envs that can save state: "
                                      "single-stage Mario, Atari); evaluation always starts at the level start")
@@ -112,4 +121,6 @@ class ActorSettings(CommonSettings):
             return None
         return StartStateConfig(self.start_state_share, self.start_state_margin, self.start_state_window,
                                 self.start_state_pool, self.start_state_choice)
-    seed: int | None = Field(None, description="seed for environments and exploration")
+    seed: int | None = Field(None, ge=0, le=2**31 - 1, description="seed of the envs (slot i: seed + i), the "
+                             "exploration draws and the acting network's initial weights (unset: random; flywheel "
+                             "run derives one per actor from --seed)")

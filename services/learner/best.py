@@ -80,10 +80,24 @@ def evaluable(env_id: str) -> bool:
 
 def _evaluate(env_id: str, candidate: str, seeds: list[int], max_steps: int | None, epsilon: float,
               noop_max: int) -> list[dict[str, Any]]:
-    from flywheel.evaluation import evaluate
+    from flywheel.evaluation import STALL_STEPS, evaluate
 
+    # the stall rule (an episode ends after 250 agent steps with no new progress) keeps each round short while the
+    # actors have the cores; it can only cut an episode that stopped getting anywhere
     return evaluate(env_id, seeds, checkpoint=candidate, epsilon=epsilon, workers=1, max_steps=max_steps,
-                    noop_max=noop_max)
+                    noop_max=noop_max, stall_steps=STALL_STEPS)
+
+
+def measures(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The episodes' success rate and mean and median progress, where the env reports them (Mario: the flag and
+    the furthest x; flywheel/evaluation.py's ``score``); empty for envs that report neither."""
+    from flywheel.evaluation import score
+
+    row = score(records, 0.0)
+    if row["progress"] is None:
+        return {}
+    return {"success_rate": float(row["success"]["rate"]), "progress_mean": float(row["progress"]["mean"]),
+            "progress_median": float(row["progress"]["median"])}
 
 
 @dataclass
@@ -204,7 +218,7 @@ class BestKeeper:
                      "max_return": max(returns), "episodes": len(returns), "seeds": done.first_seeds + done.seeds,
                      "epsilon": self.epsilon, "noop_max": self.noop_max, "seconds": now - done.started,
                      "evaluated_at": time.time(),
-                     "ends": [r["end"] for r in records]}
+                     "ends": [r["end"] for r in records], **measures(records)}
         better = self.best is None or mean > float(self.best["mean_return"])
         if better and not confirming:  # one round beat the best: the next seeds say whether it was luck
             log.info("learner: %s of weight version %d: mean return %.2f over %d episodes; playing it on %d more "
@@ -242,6 +256,10 @@ class BestKeeper:
         if self.last is not None:
             out.eval_greedy_return = float(self.last["mean_return"])
             out.eval_greedy_version = float(self.last["weight_version"])
+            out.eval_episodes = float(self.last["episodes"])
+            out.eval_success_rate = self.last.get("success_rate")
+            out.eval_progress_mean = self.last.get("progress_mean")
+            out.eval_progress_median = self.last.get("progress_median")
         if self.best is not None:
             out.best_greedy_return = float(self.best["mean_return"])
             out.best_weight_version = float(self.best["weight_version"])

@@ -124,7 +124,8 @@ class LearnerSettings(CommonSettings):
         "pinned", description="GPU only: how a host batch reaches the device: pinned = copied into a pinned ring "
                               "buffer, then sent asynchronously; direct = sent straight from the batch's own memory "
                               "(one host copy fewer; docs/LEARNER.md)")
-    seed: int | None = Field(None, ge=0, description="torch seed for network initialisation (unset = random)")
+    seed: int | None = Field(None, ge=0, description="torch seed for network initialisation and augmentation "
+                                                     "(unset = random; flywheel run derives it from --seed)")
     demos_path: str | None = Field(None, description="demonstrations set (flywheel demos collect) to pretrain on "
                                                      "before RL starts (docs/DEMOS.md)")
     pretrain_updates: int = Field(0, ge=0, le=10_000_000, description="behaviour-cloning updates on demos_path "

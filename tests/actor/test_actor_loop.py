@@ -162,3 +162,29 @@ def test_stop_ends_the_run_after_the_turn(rig: Rig) -> None:
 
     rig.loop.step = counted  # type: ignore[method-assign]
     assert rig.loop.run() == 0 and turns == 3
+
+
+
+def test_wait_for_weights_holds_the_first_step_until_the_learners_weights_load(rig: Rig) -> None:
+    """flywheel run's actors (actor.first_weights_wait_s): no row before the learner's first weights, which load."""
+    from flywheel.nets import build_q_network, weights_message
+
+    first = weights_message(build_q_network((4,), 2, dueling=True, hidden=32), 1, rig.core.policy.name)
+    ctx = rig.control.context
+    learner = ctx.socket(zmq.PUB)
+    learner.bind("inproc://first-weights")
+    rig.loop.weights.close()  # the rig's receiver, replaced by one that hears this test's publisher
+    rig.loop.weights = WeightsReceiver(ctx, "inproc://first-weights", rig.core.policy, rig.faults)
+    try:
+        began = time.monotonic()
+        assert not rig.loop.wait_for_weights(0.3)  # nobody publishes: the wait ends at its bound and says so
+        assert time.monotonic() - began >= 0.3 and rig.core.env_steps == 0 and rig.received_rows() == 0
+        deadline = time.monotonic() + DEADLINE_S
+        while not rig.loop.wait_for_weights(0.1):  # PUB/SUB join: publish until the actor's SUB hears it
+            assert time.monotonic() < deadline, "the weights never loaded"
+            learner.send_multipart(proto.encode(first))
+        assert rig.loop.weights.version == 1 and rig.core.env_steps == 0 and rig.received_rows() == 0
+        loaded = rig.core.policy.state_dict()
+        assert all(np.array_equal(loaded[k], first.tensors[k]) for k in first.tensors)
+    finally:
+        learner.close(0)

@@ -203,3 +203,50 @@ def test_the_script_refuses_a_made_up_figure_in_a_section(tmp_path: Path) -> Non
     assert done.stderr == ("assemble.py: benchmarks/replay.md:3: figure '12.5 s' is not in results/kept.json "
                            "(the results file cited) and carries no label\n")
     assert not (tmp_path / "BENCHMARKS.md").exists()
+
+
+# --- the research log, and no internal issue numbers in user docs -----------------------------------------------
+
+
+def test_the_research_log_is_checked_like_the_sections() -> None:
+    """docs/research/*.md: every section cites a raw result that exists or carries a label, and its figures are
+    read (doc_files includes it); the real log passes."""
+    assert DOCS / "research" / "mario-tuning.md" in assemble.doc_files(ROOT)
+    assert assemble.check_research(ROOT) == []
+
+
+def test_a_research_section_citing_a_missing_file_or_nothing_fails(tmp_path: Path) -> None:
+    root = _docs(tmp_path, "# Flywheel\n", {"kept.json": '{"s": 9.90957}\n'})
+    (root / "docs" / "research").mkdir()
+    (root / "docs" / "research" / "log.md").write_text(
+        "## Kept\n\nIt took 9.9 s ([raw](../benchmarks/results/kept.json)).\n\n"
+        "## Gone\n\nSee [raw](../benchmarks/results/gone.json).\n\n## Bare\n\nA trial.\n\n"
+        "## Labelled\n\nNot measured: an index.\n")
+    assert assemble.check_research(root) == [
+        f"research/log.md, section 'Gone': cites results/gone.json, but there is no such file "
+        f"({root / 'docs' / 'benchmarks' / 'results' / 'gone.json'})",
+        "research/log.md, section 'Bare': cites no results/ file and has no label line"]
+    assert assemble.check_docs(root) == []  # 9.9 s is in kept.json, cited as ../benchmarks/results/kept.json
+
+
+def test_the_real_readme_and_docs_name_no_internal_issue() -> None:
+    """A user cannot see the project's issue tracker: README.md and docs/ (but docs/research/) never cite one."""
+    files = assemble.user_doc_files(ROOT)
+    assert ROOT / "README.md" in files and DOCS / "benchmarks" / "mario.md" in files
+    assert not any("research" in p.relative_to(DOCS).parts for p in files if p.is_relative_to(DOCS))
+    assert assemble.internal_issue_refs(ROOT) == []
+
+
+@pytest.mark.parametrize("text", ["Issue 24's goal is met.", "as issue #24 asked", "see issues 8 and 9"])
+def test_an_internal_issue_number_in_a_user_doc_fails(tmp_path: Path, text: str) -> None:
+    root = _docs(tmp_path, f"# Flywheel\n\n{text}\n", {"mario.json": '{"notes": "issue 24 goal"}\n'})
+    (root / "docs" / "research").mkdir()
+    (root / "docs" / "research" / "log.md").write_text("Issue 24 asked for three seeds.\n")  # allowed here
+    (root / "docs" / "benchmarks" / "mario.md").write_text("Nothing internal. The tissue 3 is not one.\n")
+    [problem] = assemble.internal_issue_refs(root)
+    assert problem.startswith("README.md:3: '") and "names an internal issue" in problem
+
+
+def test_assemble_check_refuses_an_internal_issue_number() -> None:
+    """``assemble.py --check`` runs the same check over this repository (main reads the real tree)."""
+    assert "internal_issue_refs(root)" in SCRIPT.read_text()

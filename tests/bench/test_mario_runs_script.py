@@ -1,4 +1,4 @@
-"""Training runs aggregated as rliable does (flywheel.evaluation.across_runs) and scripts/mario_runs.py over real
+"""Training runs aggregated as rliable does (flywheel.stats.across_runs) and scripts/mario_runs.py over real
 `flywheel bench mario` result files' layout."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flywheel.evaluation import across_runs, interquartile_mean
+from flywheel.stats import across_runs, interquartile_mean
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mario_runs.py"
 

@@ -8,8 +8,9 @@ at least one series, with two explicit exceptions decided from what the system i
 
 - expressions reading ``*_gpu_*`` metrics must return data exactly when the learner reports a ``cuda`` device
   (on a CPU machine they must return nothing: no fake zeros);
-- expressions reading ``flywheel_actor_mario_*`` must return data exactly when the actors run a Super Mario Bros
-  environment.
+- expressions reading ``flywheel_actor_mario_*`` or the learner's evaluated progress and success
+  (``flywheel_learner_eval_success_rate``, ``..._eval_progress_*``) must return data exactly when the actors run a
+  Super Mario Bros environment (an env with progress and success measures).
 
 Then control goes through the whole system: pause reaches every actor, including one that joins afterwards;
 the replay ratio, publish interval, learning rate and exploration changes show up in Prometheus.
@@ -33,6 +34,7 @@ from prometheus_helpers import Prometheus, dashboard_queries, metric_names, wait
 
 from flywheel.testing.ports import free_port_block
 
+PROGRESS_METRICS = ("flywheel_actor_mario_", "flywheel_learner_eval_success_rate", "flywheel_learner_eval_progress_")
 ENV_ID = os.environ.get("FLYWHEEL_E2E_ENV", "SuperMarioBros-1-1-v0")  # the main job; any env id works
 PIXEL = ENV_ID.startswith("SuperMarioBros")
 
@@ -63,6 +65,7 @@ def _trained(url: str) -> bool:
             and learners[0]["gauges"].get("weight_version", 0) >= 2 and len(actors) == 2
             and all(a["counters"].get("episodes_total", 0) > 0 for a in actors)
             and any("eval_return_mean" in a["gauges"] for a in actors)
+            and "eval_greedy_return" in learners[0]["gauges"]
             and (not PIXEL or all("mario_distance_mean" in a["gauges"] for a in actors)))
 
 
@@ -83,7 +86,9 @@ def pipeline(tmp_path: Path):
     base = free_port_block(8)
     http, prom_port = base + 6, base + 7
     log = tmp_path / "run.log"
-    settings = ["replay.min_size_to_sample=200", "replay.capacity=20000", "learner.publish_interval_updates=5"]
+    settings = ["replay.min_size_to_sample=200", "replay.capacity=20000", "learner.publish_interval_updates=5",
+                "learner.best_eval_interval_s=5", "learner.best_eval_episodes=2",  # the learner's evaluation panels
+                "learner.best_eval_max_steps=100"]
     env_id = ENV_ID
     if PIXEL and "?" not in env_id:
         env_id += "?max_episode_steps=60"  # short episodes, so distances are reported within the test
@@ -152,9 +157,9 @@ def test_every_dashboard_query_returns_data_and_control_reaches_every_instance(p
     for board, title, expr in queries:
         names = metric_names(expr)
         needed = (gpu or not any("_gpu_" in n for n in names)) and (
-            mario or not any(n.startswith("flywheel_actor_mario_") for n in names))
+            mario or not any(n.startswith(PROGRESS_METRICS) for n in names))
         (required if needed else absent)[f"{board} / {title}: {expr}"] = expr
-    scoped = {e for _, _, e in queries if any("_gpu_" in n or n.startswith("flywheel_actor_mario_")
+    scoped = {e for _, _, e in queries if any("_gpu_" in n or n.startswith(PROGRESS_METRICS)
                                              for n in metric_names(e))}
     assert len(scoped) >= 4 and set(absent.values()) == {e for e in scoped if e not in required.values()}
 

@@ -13,32 +13,12 @@ import torch
 
 from flywheel.metrics_spec import GreedyEvalCounters, GreedyEvalGauges
 from flywheel.policy import Policy, PolicyError
-from flywheel.services.learner.best import BEST_JSON, CANDIDATE_FILE, BestKeeper
+from flywheel.services.learner.best import BEST_JSON, CANDIDATE_FILE, BestKeeper, measures
 from flywheel.services.learner.checkpoint import save_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
+from flywheel.testing.cartpole import cartpole_core, set_policy
 
-BALANCE = (0.0, 0.0, 3.0, 1.0)  # push right when 3*angle + angular velocity > 0: 500 steps on CartPole-v1
 DEADLINE_S = 120.0
-
-
-def cartpole_core() -> LearnerCore:
-    core = LearnerCore((4,), 2, CoreConfig(hidden=8, dueling=False))
-    core.env_id = "CartPole-v1"  # type: ignore[attr-defined]  # what services/learner/main.py sets
-    return core
-
-
-def set_policy(core: LearnerCore, *, right_when_leaning_right: bool) -> None:
-    """Online weights that act as the linear rule BALANCE (or its reverse, which drops the pole at once)."""
-    net = core.online
-    with torch.no_grad():
-        for p in net.parameters():
-            p.zero_()
-        net.torso[1].weight[0] = torch.tensor(BALANCE)  # h0 = relu(s), h1 = relu(-s)
-        net.torso[1].weight[1] = -torch.tensor(BALANCE)
-        net.fc[0].weight[0, 0] = net.fc[0].weight[1, 1] = 1.0
-        right, left = (0, 1) if right_when_leaning_right else (1, 0)
-        net.advantage.weight[1, right] = 1.0  # Q(right) grows with h0 (or h1)
-        net.advantage.weight[0, left] = 1.0
 
 
 def evaluate_now(keeper: BestKeeper, core: LearnerCore, version: int) -> None:
@@ -65,7 +45,8 @@ def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path
         assert (best["weight_version"], best["mean_return"], best["episodes"], best["seeds"]) == (
             5, 500.0, 6, [11, 12, 13, 14, 15, 16])
         assert keeper.gauges() == GreedyEvalGauges(eval_greedy_return=500.0, eval_greedy_version=5.0,
-                                                   best_greedy_return=500.0, best_weight_version=5.0)
+                                                   eval_episodes=6.0, best_greedy_return=500.0,
+                                                   best_weight_version=5.0)  # CartPole: no progress measure
 
         set_policy(core, right_when_leaning_right=False)  # a collapse: the newest weights drop the pole
         save_checkpoint(tmp_path, core, weight_version=9)
@@ -213,3 +194,10 @@ def test_the_evaluation_protocol_settings_are_validated_at_start() -> None:
     for bad in ({"best_eval_epsilon": 1.5}, {"best_eval_epsilon": -0.1}, {"best_eval_noop_max": -1}):
         with pytest.raises(ValidationError, match=next(iter(bad))):
             LearnerSettings(**bad)
+
+
+def test_an_evaluation_reports_the_success_rate_and_progress_where_the_env_has_them() -> None:
+    records = [{"x_pos_max": x, "flag": flag, "return": 1.0} for x, flag in ((3161, True), (722, False),
+                                                                               (1400, False), (3161, True))]
+    assert measures(records) == {"success_rate": 0.5, "progress_mean": 2111.0, "progress_median": 2280.5}
+    assert measures([{"x_pos_max": None, "flag": False, "return": 1.0}]) == {}  # an env with no progress measure

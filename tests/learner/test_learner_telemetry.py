@@ -32,7 +32,8 @@ LEARNER_GAUGES = {
 # Reported only when there is a value: the margin loss once a demonstration row was trained on, the GPU's numbers
 # on CUDA, the greedy evaluations' once one finished.
 LATER_GAUGES = {"margin_loss", "eval_greedy_return", "eval_greedy_version", "best_greedy_return",
-                "best_weight_version"}
+                "best_weight_version", "eval_episodes", "eval_success_rate", "eval_progress_mean",
+                "eval_progress_median"}
 GPU_GAUGES = {"gpu_memory_allocated_bytes", "gpu_memory_reserved_bytes", "gpu_memory_peak_bytes",
               "gpu_utilization_ratio", "achieved_tflops"}
 PROCESS = {d.name for d in ProcessCounters.declared()}

@@ -70,6 +70,8 @@ def test_the_run_leaves_curves_and_a_clip(trained: tuple[Path, subprocess.Comple
     assert [e.step for e in steps] == [int(r["env_steps"]) for r in rows]
     assert "learner/updates_per_second" in acc.Tags()["scalars"]
     assert (folder / "video.mp4").stat().st_size > 0 and "video " in result.stdout
+    chosen = json.loads((folder / "learner" / "preferred.json").read_text())  # the end-of-run comparison
+    assert chosen["which"] in ("latest", "best") and f"{chosen['which']} weights chosen" in result.stdout
 
 
 def test_resume_needs_only_the_folder_and_refuses_conflicts(

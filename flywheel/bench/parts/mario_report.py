@@ -144,7 +144,7 @@ def _goal_rows(checkpoints: list[dict[str, Any]], rnd: dict[str, Any]) -> list[R
 def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoints: list[dict[str, Any]],
               random_records: list[dict[str, Any]], loads: dict[str, Any]) -> SuiteResult:
     """Rows, notes and the raw record from what the run and the evaluations produced; no plotting."""
-    from flywheel.evaluation import summarize as stats
+    from flywheel.stats import summarize as stats
 
     env_id, eps, seeds = settings["env_id"], settings["eval_epsilon"], settings["seeds"]
     deploys = settings.get("deploys", ["run"])

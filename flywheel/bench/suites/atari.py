@@ -134,7 +134,7 @@ def _scores(records: list[dict[str, Any]]) -> list[float]:
 def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint: dict[str, Any],
               records: dict[str, list[dict[str, Any]]], loads: dict[str, Any]) -> SuiteResult:
     """Rows, notes and the raw record from the run and the two evaluations; no plotting."""
-    from flywheel.evaluation import summarize as stats
+    from flywheel.stats import summarize as stats
 
     env_id, eps, seeds = settings["env_id"], settings["eval_epsilon"], settings["seeds"]
     for name in ("random", "trained"):

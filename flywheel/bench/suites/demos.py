@@ -153,7 +153,7 @@ def evaluate_network(ctx: BenchContext, label: str, net: QNetwork, episodes: int
         ctx.progress(f"Mario {label}: evaluation seed {record['seed']}: distance {record['x_pos_max']}")
 
     records = evaluate(MARIO, range(EVAL_SEED, EVAL_SEED + episodes), checkpoint=Policy(net, MARIO),
-                       epsilon=EVAL_EPSILON, stall_steps=0, progress=report)
+                       epsilon=EVAL_EPSILON, stall_steps=0, noop_max=0, progress=report)
     return [float(r["x_pos_max"]) for r in records]
 
 
