@@ -14,10 +14,15 @@ class Lease:
     instance: str
     index: int
     expires: float
+    peer: bytes = b""  # the connection that asked for it last (the lease socket's routing id)
 
 
 class LeaseFull(RuntimeError):
     """The table holds its maximum number of leases."""
+
+
+class PeerLeasesFull(LeaseFull):
+    """One connection already holds its maximum number of leases."""
 
 
 class LeaseTable:
@@ -29,8 +34,10 @@ class LeaseTable:
     """
 
     def __init__(self, ttl_s: float = 10.0, max_leases: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_per_peer: int = 0) -> None:
         self.ttl_s, self.max_leases, self.clock = ttl_s, max_leases, clock
+        self.max_per_peer = max_per_peer  # leases one connection may hold (0: no bound)
+        self.by_peer: dict[bytes, int] = {}
         self.by_instance: dict[str, Lease] = {}
         self.slots: list[str] = []
         self.granted = self.renewed = self.released = self.expired = 0
@@ -38,8 +45,24 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self.slots)
 
+    def _own(self, lease: Lease, peer: bytes) -> None:
+        """Count ``lease`` against ``peer`` (an actor that reconnected asks from a new connection)."""
+        if lease.peer == peer:
+            return
+        self._disown(lease)
+        lease.peer = peer
+        self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
+
+    def _disown(self, lease: Lease) -> None:
+        left = self.by_peer.get(lease.peer, 0) - 1
+        if left > 0:
+            self.by_peer[lease.peer] = left
+        else:
+            self.by_peer.pop(lease.peer, None)
+
     def _remove(self, instance: str) -> None:
         lease = self.by_instance.pop(instance)
+        self._disown(lease)
         last = self.slots.pop()
         if last != instance:
             self.slots[lease.index] = last
@@ -53,7 +76,8 @@ class LeaseTable:
         self.expired += len(gone)
         return len(gone)
 
-    def handle(self, request: proto.LeaseRequest) -> proto.LeaseReply:
+    def handle(self, request: proto.LeaseRequest, peer: bytes = b"") -> proto.LeaseReply:
+        """Grant, renew or release ``request``'s lease; ``peer`` names the connection that asked (its routing id)."""
         now = self.clock()
         self.expire(now)
         lease = self.by_instance.get(request.instance)
@@ -62,6 +86,9 @@ class LeaseTable:
                 self._remove(request.instance)
                 self.released += 1
             return proto.LeaseReply(request.instance, 0, len(self.slots), 0.0)
+        if (self.max_per_peer and (lease is None or lease.peer != peer)
+                and self.by_peer.get(peer, 0) >= self.max_per_peer):
+            raise PeerLeasesFull(f"one connection holds {self.max_per_peer} leases already")
         if lease is None:
             if len(self.slots) >= self.max_leases:
                 raise LeaseFull(f"lease table holds {self.max_leases} actors already")
@@ -71,6 +98,7 @@ class LeaseTable:
             self.granted += 1
         else:
             self.renewed += 1
+        self._own(lease, peer)
         lease.expires = now + self.ttl_s
         return proto.LeaseReply(request.instance, lease.index, len(self.slots), self.ttl_s)
 

@@ -68,6 +68,10 @@ class GatewaySettings(CommonSettings):
     track: bool = Field(False, description="track the curves' points in Weights & Biases (needs curves_dir and "
                                            f"the wandb package: {INSTALL_HINT})")
     max_instances: int = Field(10_000, ge=1, description="most service instances (and leases) tracked at once")
+    max_leases_per_peer: int = Field(
+        16, ge=1, le=100_000, description="most exploration leases one connection to the lease socket may hold (an "
+        "actor holds one); a request for more is refused and counted (messages_rejected_total fault "
+        "leases_per_peer)")
     max_instances_per_service: int = Field(
         1024, ge=1, le=100_000, description="most instances of one service (role) tracked at once; a new one past "
         "it is refused and counted (messages_rejected_total fault instances_per_service)")

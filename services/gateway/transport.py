@@ -29,7 +29,7 @@ from .auth import ControlAuth
 from .clips import ClipAssembler
 from .control import ControlBook
 from .history import LearningCurve, curve_point
-from .lease import LeaseFull, LeaseTable
+from .lease import LeaseFull, LeaseTable, PeerLeasesFull
 from .metrics import CapacityExceeded, Registry
 from .settings import GatewaySettings
 
@@ -51,7 +51,8 @@ class GatewayService:
                                  max_series_per_instance=settings.max_series_per_instance,
                                  max_series=settings.max_series)
         self.control = ControlBook(settings.one_shot_repeat_s)
-        self.leases = LeaseTable(settings.lease_ttl_s, settings.max_instances)
+        self.leases = LeaseTable(settings.lease_ttl_s, settings.max_instances,
+                                 max_per_peer=settings.max_leases_per_peer)
         self.curve = LearningCurve(settings.history_interval_s, settings.history_points)
         self.clips = ClipAssembler(max_buffer_bytes=settings.clip_buffer_bytes)
         self.faults = FaultCounter("gateway")
@@ -213,9 +214,12 @@ class GatewayService:
         self.lease_requests += 1
         try:
             request = proto.decode(body, expect=proto.LeaseRequest)
-            reply = self.leases.handle(request)
+            reply = self.leases.handle(request, peer=bytes(envelope[0]))
         except proto.DecodeError as exc:
             self.faults.record("lease", exc)
+            return None
+        except PeerLeasesFull as exc:
+            self.faults.record("lease", CapacityExceeded(str(exc), fault="leases_per_peer"))
             return None
         except LeaseFull as exc:
             self.faults.record("lease", CapacityExceeded(str(exc)))

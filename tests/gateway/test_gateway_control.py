@@ -19,7 +19,7 @@ from flywheel.services.gateway.control import (
     UnknownCommand,
     check_target,
 )
-from flywheel.services.gateway.lease import LeaseFull, LeaseTable
+from flywheel.services.gateway.lease import LeaseFull, LeaseTable, PeerLeasesFull
 
 
 def test_control_book_retains_state_commands_and_supersedes() -> None:
@@ -223,6 +223,20 @@ def test_lease_table_release_of_unknown_and_capacity() -> None:
     table.handle(proto.LeaseRequest("a"))
     with pytest.raises(LeaseFull):
         table.handle(proto.LeaseRequest("b"))
+
+
+def test_one_connection_holds_at_most_its_share_of_leases_and_a_reconnect_moves_them() -> None:
+    table = LeaseTable(max_per_peer=2)
+    table.handle(proto.LeaseRequest("a"), peer=b"p1")
+    table.handle(proto.LeaseRequest("b"), peer=b"p1")
+    assert table.handle(proto.LeaseRequest("a"), peer=b"p1").index == 0  # renewals are never refused
+    with pytest.raises(PeerLeasesFull):
+        table.handle(proto.LeaseRequest("c"), peer=b"p1")
+    assert table.handle(proto.LeaseRequest("c"), peer=b"p2").index == 2  # another connection gets its slot
+    table.handle(proto.LeaseRequest("a"), peer=b"p3")  # "a" reconnected: its lease now counts for p3
+    table.handle(proto.LeaseRequest("d"), peer=b"p1")  # so p1 has room for one more
+    table.handle(proto.LeaseRequest("b", release=True), peer=b"p1")
+    assert table.by_peer == {b"p1": 1, b"p2": 1, b"p3": 1} and len(table) == 3
 
 
 def test_control_book_bounds_what_it_retains() -> None:

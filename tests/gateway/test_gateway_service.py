@@ -271,6 +271,27 @@ def test_leases_over_zmq_dealer_and_req(gateway, zctx) -> None:
     assert faults.total == 0
 
 
+def test_fake_lease_holders_on_one_connection_leave_room_for_a_real_actor(gateway, zctx) -> None:
+    client, service = gateway
+    endpoint = service.endpoints["lease"]
+    rogue = zctx.socket(zmq.DEALER)
+    rogue.connect(endpoint)
+    for i in range(1000):  # 1,000 invented actors asking from one connection
+        rogue.send_multipart(proto.encode(proto.LeaseRequest(f"fake-{i}")))
+    per_peer = service.settings.max_leases_per_peer
+    replies = 0
+    while rogue.poll(1000):
+        rogue.recv_multipart()
+        replies += 1
+    assert replies == per_peer
+    wait_for(lambda: service.faults.counts["lease:leases_per_peer"] == 1000 - per_peer)
+    actor = LeaseClient(zctx, endpoint, "real-actor", FaultCounter("actor"))
+    assert actor.wait_first(5) and (actor.index, actor.count) == (per_peer, per_peer + 1)
+    assert client.get("/status").json()["leases"]["count"] == per_peer + 1
+    actor.close()
+    rogue.close(0)
+
+
 def test_lease_client_keeps_acting_without_gateway(zctx) -> None:
     client = LeaseClient(zctx, "tcp://127.0.0.1:1", "lonely", FaultCounter("actor"))
     started = time.monotonic()

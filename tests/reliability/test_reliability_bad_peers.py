@@ -168,7 +168,7 @@ def test_rogue_peers_on_every_bound_socket(tmp_path: Path) -> None:
                   for label, value in gateway_rejects.items() if value > 0}
         assert {("telemetry", "malformed"), ("telemetry", "capacity"), ("telemetry", "oversized"),
                 ("lease", "malformed"), ("lease", "wrong_kind"), ("lease", "oversized"),
-                ("lease", "capacity")} <= faults, faults
+                ("lease", "leases_per_peer")} <= faults, faults
         status = get_json(f"{cluster.url}/status")
         assert status is not None and "probe" in status["services"]
         for name in names:  # the 4 GiB announcements were never allocated
