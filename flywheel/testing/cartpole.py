@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from flywheel.services.learner.core import CoreConfig, LearnerCore
@@ -18,7 +20,7 @@ def cartpole_core() -> LearnerCore:
 
 def set_policy(core: LearnerCore, *, right_when_leaning_right: bool) -> None:
     """Online weights that act as the linear rule BALANCE (or its reverse, which drops the pole at once)."""
-    net = core.online
+    net: Any = core.online  # the plain MLP QNetwork: torso, fc and advantage layers
     with torch.no_grad():
         for p in net.parameters():
             p.zero_()
