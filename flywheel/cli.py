@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     from flywheel.eval_cli import add_eval_flags
 
     add_eval_flags(sub.add_parser("eval", help="judge a checkpoint by the evaluation protocol: a table of returns "
-                                  "(and the env's progress and success) with 95% intervals, and a JSON file"))
+                                  "(and the env's progress and success) with 95%% intervals, and a JSON file"))
     from flywheel.presets import add_presets_flags
 
     add_presets_flags(sub.add_parser("presets", help="the tuned settings every service reads: list them, show one"))

@@ -124,3 +124,18 @@ def test_run_passes_log_format_to_every_child(tmp_path: Path) -> None:
     plain = make_plan(build_parser().parse_args(["run", "--env", "CartPole-v1", "--checkpoint-dir", str(tmp_path),
                                                  "--base-port", "0", "--http-port", "0"]))
     assert all("LOG_FORMAT" not in values for values in plain.env.values())
+
+
+def test_every_commands_help_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse formats help with %: a bare percent sign in a help string breaks `flywheel --help` (the image's
+    build checks it), so every parser's help is rendered here."""
+    import argparse
+
+    parser = build_parser()
+    parsers = [parser]
+    while parsers:
+        current = parsers.pop()
+        assert current.format_help()
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
