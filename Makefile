@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make run    set up .venv and train on Super Mario Bros 1-1 (flywheel run; ARGS="--env CartPole-v1" etc.)
-#   make test   set up .venv (and missing Debian packages), run ruff, mypy and the whole test suite
+#   make test   set up .venv (and missing Debian packages), run ruff, mypy and the whole test suite (what CI runs)
+#   make test-fast  set up .venv, run the fast tier: no process started, no Debian package needed (a few minutes)
 #   make bench SUITE=replay   install the peers and run one `flywheel bench` suite
 #   make wheel  build dist/flywheel_rl-*.whl, what `pip install` from a clone or a git URL installs
 PYTHON ?= python3
@@ -10,9 +11,13 @@ TORCH ?= torch==2.13.0
 # CPU one (empty: the package index pip is configured with)
 TORCH_INDEX ?=
 ARGS ?=
+# pytest-xdist workers for make test and test-fast: 0 runs every test in pytest's own process, N in N worker
+# processes, each test file on one worker (--dist loadfile: a module's shared fixture starts once)
+TEST_WORKERS ?= 0
 BIN := $(VENV)/bin
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: setup dev-setup system-deps run test lint bench bench-setup wheel clean
+.PHONY: setup dev-setup system-deps run test test-fast lint bench bench-setup wheel clean
 
 # what running needs: torch, then flywheel with every env family and feature (the `all` extra); the dev tools
 # (pytest, linters, deploy validators) are installed by `make test` only
@@ -48,8 +53,13 @@ lint: dev-setup
 	$(BIN)/python scripts/typecheck.py
 	$(BIN)/python scripts/import_cycles.py
 
+# the whole suite, every tier; the 25 slowest tests are listed at the end
 test: system-deps lint
-	$(BIN)/python -m pytest -q
+	$(PYTEST) --durations=25
+
+# the tests marked neither system nor slow (tests/conftest.py, CONTRIBUTING.md)
+test-fast: dev-setup
+	$(PYTEST) -m "not system and not slow"
 
 # the venv's setuptools builds it (no build isolation: no package index needed); tests/test_wheel.py installs one
 # outside the checkout and runs flywheel from it

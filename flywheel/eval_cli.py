@@ -21,13 +21,13 @@ def add_eval_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=EPISODES, help=f"episodes per epsilon (default {EPISODES})")
     parser.add_argument("--seed", type=int, default=FIRST_SEED,
                         help=f"the first episode's seed; episode i plays seed SEED+i (default {FIRST_SEED}, the "
-                             "seeds flywheel bench mario evaluates on)")
+                             "seeds the benchmarks evaluate on)")
     parser.add_argument("--epsilon", nargs="+", default=[f"{EPSILON:g}"], metavar="EPS",
                         help=f"exploration rates, one row each on the same seeds (default {EPSILON:g}; e.g. "
                              "--epsilon 0.05 0.001)")
     parser.add_argument("--noop-max", type=int, default=None, metavar="N",
-                        help="each episode starts with 0..N no-ops where the env supports them (default: the env's "
-                             "preset's, as the learner's evaluations play: Mario 30, others 0)")
+                        help="each episode starts with 0..N actions 0, the no-op of emulated games (default: the "
+                             "env's preset's, as the learner's evaluations play; 0 where it sets none)")
     parser.add_argument("--stall-steps", type=int, default=0, metavar="N",
                         help="end an episode after N agent steps without progress (default 0: never)")
     parser.add_argument("--max-steps", type=int, default=None, metavar="N",
@@ -92,20 +92,23 @@ def _cell(s: dict[str, Any], key: str, low: str, high: str, pct: bool = False) -
 def table(result: dict[str, Any]) -> str:
     """One row per epsilon: mean and median return, and the env's progress and success measures, with 95%
     intervals (bootstrap; Wilson for a rate)."""
-    named = result["rows"][0]["measures"]
+    named = result["measures"]  # the env's measures' labels, those it has
     head = ["epsilon", "mean return (95% CI)", "median return (95% CI)"]
-    if named:
-        x, ok = named["progress"], named["success"]
-        head += [f"mean {x} (95% CI)", f"median {x} (95% CI)", f"{ok} rate (95% CI)"]
+    if "progress" in named:
+        head += [f"mean {named['progress']} (95% CI)", f"median {named['progress']} (95% CI)"]
+    if "success" in named:
+        head.append(f"{named['success']} rate (95% CI)")
     rows = [head]
     for row in result["rows"]:
         r = row["return"]
         cells = [f"{row['epsilon']:g}", _cell(r, "mean", "ci_low", "ci_high"),
                  _cell(r, "median", "median_ci_low", "median_ci_high")]
-        if named:
-            p, s = row["progress"], row["success"]
-            cells += [_cell(p, "mean", "ci_low", "ci_high"), _cell(p, "median", "median_ci_low", "median_ci_high"),
-                      _cell(s, "rate", "ci_low", "ci_high", pct=True)]
+        if "progress" in named:
+            p = row["progress"]
+            cells += ["-", "-"] if p is None else [_cell(p, "mean", "ci_low", "ci_high"),
+                                                   _cell(p, "median", "median_ci_low", "median_ci_high")]
+        if "success" in named:
+            cells.append(_cell(row["success"], "rate", "ci_low", "ci_high", pct=True))
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)

@@ -5,15 +5,17 @@ The protocol (``flywheel eval``, the model card, the bench suites): one episode 
 policy, every action; so an episode's result depends only on (policy, env id, seed, epsilon, no-ops, stall rule),
 whichever worker plays it. An episode ends as the env ends it: no stall rule unless asked (``stall_steps``).
 
-No-op starts where the env supports them (today Mario, whose info has ``x_pos``): each episode starts at the level
-start with 0..``noop_max`` NOOP actions (action 0 of every Mario action set; the count drawn from the episode's rng,
-kept as ``noops``), then epsilon-greedy; ``noop_max`` defaults to the env's preset's (``best_eval_noop_max``, what
-the learner's own evaluations play: Mario's 30, others 0). Stall rule: with ``stall_steps`` > 0 an episode also ends
-after that many agent steps without a new maximum ``x_pos``. A rule that can only lower scores is best reported
-beside the plain figure, so every record also carries what the rule with ``STALL_STEPS`` would have kept
-(``x_pos_max_stall_rule``, ``flag_stall_rule``) from the same episode. ``end`` records why each episode ended:
-"flag", "death", "clock" (the level's timer ran out), "stall", "time_limit" (the env's max_episode_steps),
-"max_steps" (this module's cap) or, for envs without Mario's info, "terminated" / "truncated".
+The env's own measures (flywheel.envs.measures) are what a record says beyond the return: ``progress``, the
+episode's furthest ``info["progress"]`` (None for an env without a progress measure), and ``success``, whether any
+step's ``info["success"]`` was true. No-op starts: with ``noop_max`` > 0 each episode starts with 0..``noop_max``
+actions 0 (the count drawn from the episode's rng, kept as ``noops``), then epsilon-greedy; ``noop_max`` defaults to
+the env's preset's (``best_eval_noop_max``, what the learner's own evaluations play; 0 for a preset that sets none,
+so an env whose action 0 is not a no-op never gets them unasked). Stall rule: with ``stall_steps`` > 0 an episode of
+an env with a progress measure also ends after that many agent steps without a new maximum progress. A rule that can
+only lower scores is best reported beside the plain figure, so every record also carries what the rule with
+``STALL_STEPS`` would have kept (``progress_stall_rule``, ``success_stall_rule``) from the same episode. ``end``
+records why each episode ended: the env's own word at its last step (``info["end"]``, e.g. "death" or "clock"),
+else "terminated" / "truncated", or this module's "stall" or "max_steps" (its cap).
 
 Atari is evaluated as the standard says, whatever the training id's options: whole games (no episodic life) with
 the game's own score (no reward clipping), after the env's seeded no-op start and FIRE
@@ -32,14 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flywheel.stats import summarize
+from flywheel.stats import summarize, wilson_interval
 
 if TYPE_CHECKING:
+    from flywheel.envs.measures import Measures
     from flywheel.policy import Policy
 
 STALL_STEPS = 250  # the stall rule whose figure every record carries beside the plain one
 EPSILON = 0.05  # the protocol's exploration rate (the Nature DQN's)
-FIRST_SEED = 100_000  # the protocol's first seed (flywheel bench mario's seed_base)
+FIRST_SEED = 100_000  # the protocol's first seed (the benchmarks' seed_base)
 EPISODES = 100
 
 _worker: dict[str, Any] = {}  # per process: the env, the policy (None: random) and the settings
@@ -86,16 +89,17 @@ def run_episode(env: Any, policy: Policy | None, n_actions: int, seed: int, *, e
     """Play one episode of the protocol in ``env`` (built with ``evaluation_env_id``) with ``policy`` (None:
     random); a plain dict of what happened (see ``evaluate``). ``after_reset`` and ``after_step`` are called after
     the reset and each step (e.g. to film it); the episode is the same with or without them."""
+    from flywheel.envs.measures import END, SUCCESS, progress_in
+
     rng = np.random.default_rng(seed)
     started = time.monotonic()
     obs, info = env.reset(seed=int(seed))
     if after_reset is not None:
         after_reset()
-    mario = "x_pos" in info
-    noops = int(rng.integers(noop_max + 1)) if mario and noop_max else 0
-    x_max = int(info.get("x_pos", 0)) if mario else None
-    since_best, ret, length, flag, end = 0, 0.0, 0, False, ""
-    stall_rule: tuple[int | None, bool] | None = None  # (x_max, flag) when STALL_STEPS would have ended it
+    noops = int(rng.integers(noop_max + 1)) if noop_max else 0
+    best = progress_in(info)  # the furthest progress so far; None: the env reports none
+    since_best, ret, length, success, end = 0, 0.0, 0, bool(info.get(SUCCESS, False)), ""
+    stall_rule: tuple[float | None, bool] | None = None  # (progress, success) when STALL_STEPS would have ended it
     while not end:
         if length < noops:
             action = 0
@@ -108,28 +112,26 @@ def run_episode(env: Any, policy: Policy | None, n_actions: int, seed: int, *, e
             after_step()
         ret += float(reward)
         length += 1
-        if mario:
-            x = int(info.get("x_pos", 0))
-            flag = flag or bool(info.get("flag_get", False))
-            if x_max is None or x > x_max:
-                x_max, since_best = x, 0
-            else:
-                since_best += 1
+        success = success or bool(info.get(SUCCESS, False))
+        progress = progress_in(info)
+        if progress is not None and (best is None or progress > best):
+            best, since_best = progress, 0
+        elif best is not None:
+            since_best += 1
             if stall_rule is None and since_best >= STALL_STEPS:
-                stall_rule = (x_max, flag)
+                stall_rule = (best, success)
         if (terminated or truncated) and isinstance(info.get("episode"), dict) and "return" in info["episode"]:
             ret = float(info["episode"]["return"])  # an env that keeps its own score (Atari: the game's points)
-        if terminated:
-            end = ("flag" if flag else "clock" if info.get("time") == 0 else "death") if mario else "terminated"
-        elif truncated:
-            end = "time_limit" if mario else "truncated"
-        elif mario and stall_steps and since_best >= stall_steps:
+        if terminated or truncated:
+            word = info.get(END)
+            end = word[:40] if isinstance(word, str) and word else "terminated" if terminated else "truncated"
+        elif best is not None and stall_steps and since_best >= stall_steps:
             end = "stall"
         elif max_steps is not None and length >= max_steps:
             end = "max_steps"
-    x_stall, flag_stall = stall_rule if stall_rule is not None else (x_max, flag)
-    return {"seed": int(seed), "x_pos_max": x_max, "flag": flag, "return": ret, "length": length, "end": end,
-            "noops": noops, "x_pos_max_stall_rule": x_stall, "flag_stall_rule": flag_stall,
+    stall_progress, stall_success = stall_rule if stall_rule is not None else (best, success)
+    return {"seed": int(seed), "progress": best, "success": success, "return": ret, "length": length, "end": end,
+            "noops": noops, "progress_stall_rule": stall_progress, "success_stall_rule": stall_success,
             "seconds": time.monotonic() - started}
 
 
@@ -142,9 +144,9 @@ def evaluate(env_id: str, seeds: Sequence[int], *, checkpoint: str | Path | Poli
 
     ``workers`` > 1 plays the episodes in that many 'spawn' processes (each loads the policy and builds the env
     once); 1 plays them in this process. ``progress`` gets each finished episode's record. Returns the records
-    in the order of ``seeds``: seed, x_pos_max and flag (None / False off Mario), return, length, end, noops,
-    x_pos_max_stall_rule and flag_stall_rule (see the module's docstring), seconds. ``noop_max`` > 0 starts each
-    episode of an env that supports it with 0..noop_max NOOPs (None: the env's preset's, ``default_noop_max``);
+    in the order of ``seeds``: seed, progress and success (None / False for an env without those measures), return,
+    length, end, noops, progress_stall_rule and success_stall_rule (see the module's docstring), seconds.
+    ``noop_max`` > 0 starts each episode with 0..noop_max actions 0 (None: the env's preset's, ``default_noop_max``);
     ``stall_steps`` > 0 turns the stall rule on.
     """
     if noop_max is None:
@@ -194,15 +196,6 @@ def default_noop_max(env_id: str) -> int:
     return int(preset.section("learner").get("best_eval_noop_max", 0)) if preset is not None else 0
 
 
-MEASURES = {"progress": ("x_pos_max", "furthest x"), "success": ("flag", "flag")}  # what Mario's records carry
-
-
-def measures(records: Sequence[dict[str, Any]]) -> dict[str, tuple[str, str]]:
-    """The progress and success measures the env reported in these records, as {"progress": (record key, label),
-    "success": (record key, label)}; empty for an env that reports none (its return is all there is)."""
-    return dict(MEASURES) if any(r.get(MEASURES["progress"][0]) is not None for r in records) else {}
-
-
 @dataclass(frozen=True)
 class Protocol:
     """How a checkpoint is judged: ``episodes`` seeds from ``seed`` on, each played at every epsilon of
@@ -239,19 +232,28 @@ class Protocol:
                 + (f", at most {self.max_steps} agent steps" if self.max_steps else ""))
 
 
-def score(records: list[dict[str, Any]], epsilon: float) -> dict[str, Any]:
-    """One epsilon's figures: mean and median return with 95% bootstrap intervals, and the env's progress (same)
-    and success rate (95% Wilson interval) when it reports them; the records too."""
-    found = measures(records)
+def env_measures(env_id: str) -> Measures:
+    """The labels of the measures the env that evaluation plays for ``env_id`` declares (flywheel.envs.measures)."""
+    from flywheel.envs import env_spec, evaluation_env_id
+
+    return env_spec(evaluation_env_id(env_id)).measures
+
+
+def score(records: list[dict[str, Any]], epsilon: float, measures: Measures | None = None) -> dict[str, Any]:
+    """One epsilon's figures: mean and median return with 95% bootstrap intervals, and where the env has them
+    (``measures``, from ``env_measures``) its progress (the same, where every record has one) and success rate
+    (95% Wilson interval), with their labels in ``measures``; the records too."""
+    labels = measures.labels() if measures is not None else {}
     row: dict[str, Any] = {"epsilon": epsilon, "episodes": len(records),
                            "return": summarize([float(r["return"]) for r in records]), "progress": None,
-                           "success": None, "measures": {k: label for k, (_, label) in found.items()}}
-    if found:
-        (x_key, _), (ok_key, _) = found["progress"], found["success"]
-        both = summarize([float(r[x_key] or 0) for r in records], [bool(r[ok_key]) for r in records])
-        row["progress"] = {k: v for k, v in both.items() if not k.startswith("flag_")}
-        row["success"] = {"rate": both["flag_rate"], "ci_low": both["flag_ci_low"], "ci_high": both["flag_ci_high"],
-                          "successes": sum(bool(r[ok_key]) for r in records)}
+                           "success": None, "measures": labels}
+    progress = [float(r["progress"]) for r in records if r.get("progress") is not None]
+    if "progress" in labels and records and len(progress) == len(records):
+        row["progress"] = {k: v for k, v in summarize(progress).items() if not k.startswith("flag_")}
+    if "success" in labels and records:
+        wins = sum(bool(r.get("success")) for r in records)
+        low, high = wilson_interval(wins, len(records))
+        row["success"] = {"rate": wins / len(records), "ci_low": low, "ci_high": high, "successes": wins}
     row["records"] = records
     return row
 
@@ -259,8 +261,10 @@ def score(records: list[dict[str, Any]], epsilon: float) -> dict[str, Any]:
 def run_protocol(env_id: str, checkpoint: str | Path | Policy | None, protocol: Protocol, *, workers: int = 1,
                  progress: Callable[[float, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Play ``protocol`` with the checkpoint (a folder or file, a Policy, or None: random): the protocol (no-ops
-    resolved) and one ``score`` row per epsilon. ``progress(epsilon, record)`` follows each finished episode."""
+    resolved), one ``score`` row per epsilon and the labels of the env's measures (``measures``: {"progress": label,
+    "success": label}, those the env has). ``progress(epsilon, record)`` follows each finished episode."""
     noop_max = default_noop_max(env_id) if protocol.noop_max is None else protocol.noop_max
+    measures = env_measures(env_id)
     rows = []
     for epsilon in protocol.epsilons:
         def report(record: dict[str, Any], epsilon: float = epsilon) -> None:
@@ -270,7 +274,8 @@ def run_protocol(env_id: str, checkpoint: str | Path | Policy | None, protocol: 
         records = evaluate(env_id, protocol.seeds, checkpoint=checkpoint, epsilon=epsilon, workers=workers,
                            stall_steps=protocol.stall_steps, max_steps=protocol.max_steps, noop_max=noop_max,
                            progress=report)
-        rows.append(score(records, epsilon))
+        rows.append(score(records, epsilon, measures))
     described = {**asdict(protocol), "epsilons": list(protocol.epsilons), "noop_max": noop_max}
     described.pop("seeds", None)
-    return {"env_id": env_id, "protocol": described, "described": protocol.describe(noop_max), "rows": rows}
+    return {"env_id": env_id, "protocol": described, "described": protocol.describe(noop_max), "rows": rows,
+            "measures": measures.labels()}

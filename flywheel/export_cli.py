@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.evaluation import EPSILON, FIRST_SEED, measures
+from flywheel.evaluation import EPSILON, FIRST_SEED
 from flywheel.export import (
     EXPORTERS,
     FORMATS,
@@ -54,7 +54,8 @@ def card_evaluation(policy: Any, episodes: int, *, seed: int = FIRST_SEED, worke
     ret, success = row["return"], row["success"]
     return {"env_id": policy.env_id, "mean_reward": ret["mean"], "std_reward": float(np.std(returns)),
             "median_reward": ret["median"], "ci95_mean": [ret["ci_low"], ret["ci_high"]],
-            "ci95_median": [ret["median_ci_low"], ret["median_ci_high"]], "measures": row["measures"],
+            "ci95_median": [ret["median_ci_low"], ret["median_ci_high"]],
+            "measures": row["measures"] if row["progress"] and success else {},  # the card shows both or neither
             "progress": row["progress"], "success_rate": success["rate"] if success else None,
             "ci95_success": [success["ci_low"], success["ci_high"]] if success else None,
             "n_eval_episodes": episodes, "seeds": protocol.seeds, "epsilon": epsilon,
@@ -109,10 +110,9 @@ def _card_body(policy: Any, results: dict[str, Any], model_file: str, dtype: np.
         "| seed | no-ops | return | length | end |" + (f" {named['progress']} | {named['success']} |" if named else ""),
         "| --- | --- | --- | --- | --- |" + (" --- | --- |" if named else ""),
     ]
-    keys = {k: key for k, (key, _) in measures(results["episodes"]).items()}
     for r in results["episodes"]:
         row = f"| {r['seed']} | {r['noops']} | {r['return']:.2f} | {r['length']} | {r['end']} |"
-        lines.append(row + (f" {r[keys['progress']]} | {'yes' if r[keys['success']] else 'no'} |" if keys else ""))
+        lines.append(row + (f" {r['progress']:g} | {'yes' if r['success'] else 'no'} |" if named else ""))
     lines += [
         "", "Every episode, with its seed, is in `results.json`. The episodes ran the checkpoint's network in "
         "PyTorch" + (f"; the exported graph gave the same actions and Q-values within {parity['max_abs_dq']:.1e} "
@@ -152,8 +152,7 @@ def write_card(folder: str | Path, policy: Any, model_path: str | Path, results:
         "actions": {"dtype": "int64", "shape": ["batch"]}},
         "network": {"name": policy.network, "obs_shape": list(policy.obs_shape), "n_actions": policy.n_actions,
                     "dueling": bool(net.dueling), "hidden": int(net.hidden), "head": str(net.head),
-                    "num_quantiles": int(net.num_quantiles), "c51_atoms": int(net.c51_atoms),
-                    "torso": str(net.torso_kind)},
+                    "num_quantiles": int(net.num_quantiles), "c51_atoms": int(net.c51_atoms)},
         "checkpoint": {"file": policy.path.name if policy.path else None, "which": which,
                        "updates": policy.updates, "weight_version": policy.weight_version}, "parity": parity}
     (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")

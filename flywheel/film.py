@@ -2,8 +2,8 @@
 
 At the end of ``flywheel run`` the newest weights, and the learner's kept best when there is one, each play
 ``FILM_EPISODES`` seeded episodes with flywheel/evaluation.py under the protocol the run's learner evaluates with
-(its ``best_eval_epsilon`` after 0..``best_eval_noop_max`` no-ops: Mario's preset plays epsilon 0.05 after 0-30
-no-ops; other presets play greedily). The weights with the higher mean return are written to
+(its ``best_eval_epsilon`` after 0..``best_eval_noop_max`` no-ops: an emulated game's preset may play epsilon 0.05
+after 0-30 no-ops; others play greedily). The weights with the higher mean return are written to
 CHECKPOINT_DIR/learner/preferred.json, which ``flywheel play``, ``Policy.load`` and ``flywheel export`` then take
 by default (``--which auto``), and their episode that went furthest (the env's progress measure, else its return)
 is played again, frame for frame (an episode depends only on policy, env, seed and protocol), into
@@ -21,15 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.checkpoints import write_atomically
+from flywheel.checkpoints import CHECKPOINT_FILE, write_atomically
 from flywheel.evaluation import Protocol, run_episode
 from flywheel.evaluation import run_protocol as play_protocol
 from flywheel.policy import BEST_FILE, PREFERRED_FILE, file_version
+from flywheel.video import number
 
-CHECKPOINT_FILE = "learner.safetensors"
 FILM_EPISODES = 6  # per candidate weights
 FILM_SEED = 900_000  # the film's seeds: apart from the learner's (1,000,000+) and the benchmarks' (200,000-500,099)
-FILM_MAX_STEPS = 3_000  # agent steps; a Mario level's clock ends an episode at about 2,400
+FILM_MAX_STEPS = 3_000  # agent steps; a platformer level's clock ends an episode at about 2,400
 CAPTION_PX = 14
 
 
@@ -37,9 +37,12 @@ def run_protocol(checkpoint_dir: Path) -> Protocol:
     """The learner's evaluation protocol from CHECKPOINT_DIR/run.json (greedy, no no-ops, when it names none), over
     the film's seeds."""
     try:
-        learner = json.loads((checkpoint_dir / "run.json").read_text())["services"]["learner"]
-        epsilon, noop_max = float(learner.get("BEST_EVAL_EPSILON", 0.0)), int(learner.get("BEST_EVAL_NOOP_MAX", 0))
-    except (OSError, ValueError, KeyError, TypeError):
+        saved = json.loads((checkpoint_dir / "run.json").read_text())
+        learner = saved.get("settings", {}).get("learner")  # what the learner ran with, its preset read
+        if learner is None:  # a run.json of an earlier version: the preset's values among the variables
+            learner = {k.lower(): v for k, v in saved["services"]["learner"].items()}
+        epsilon, noop_max = float(learner.get("best_eval_epsilon", 0.0)), int(learner.get("best_eval_noop_max", 0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         epsilon, noop_max = 0.0, 0
     return Protocol(episodes=FILM_EPISODES, seed=FILM_SEED, epsilons=(epsilon,), noop_max=noop_max,
                     max_steps=FILM_MAX_STEPS)
@@ -47,16 +50,18 @@ def run_protocol(checkpoint_dir: Path) -> Protocol:
 
 def _progress(record: dict[str, Any]) -> tuple[float, ...]:
     """How far an episode went: success first, then the env's progress measure, then its return."""
-    progress = record.get("x_pos_max")
-    return (float(bool(record.get("flag"))), float(progress) if progress is not None else float("-inf"),
+    progress = record.get("progress")
+    return (float(bool(record.get("success"))), float(progress) if progress is not None else float("-inf"),
             float(record["return"]))
 
 
-def caption(version: int, which: str, protocol: Protocol, record: dict[str, Any]) -> str:
-    """One short line: weights, epsilon, how far the episode went and how it ended."""
+def caption(version: int, which: str, protocol: Protocol, record: dict[str, Any],
+            labels: dict[str, str] | None = None) -> str:
+    """One short line: weights, epsilon, how far the episode went (the env's progress measure with its label from
+    ``labels``, else the return) and how it ended."""
     parts = [f"v{version} {which}", f"eps {protocol.epsilons[0]:g}"]
-    if record.get("x_pos_max") is not None:
-        parts.append(f"x {record['x_pos_max']}")
+    if record.get("progress") is not None:
+        parts.append(f"{(labels or {}).get('progress', 'progress')} {number(float(record['progress']))}")
     else:
         parts.append(f"return {float(record['return']):.1f}")
     parts.append(str(record.get("end") or "end"))
@@ -91,15 +96,17 @@ def compare(checkpoint_dir: Path, env_id: str, protocol: Protocol, *, workers: i
     if (learner / BEST_FILE).is_file():
         candidates["best"] = learner / BEST_FILE
     results: dict[str, Any] = {}
+    labels: dict[str, str] = {}
     for which, path in candidates.items():
-        [row] = play_protocol(env_id, str(path), protocol, workers=workers)["rows"]
+        played = play_protocol(env_id, str(path), protocol, workers=workers)
+        [row], labels = played["rows"], played["measures"]
         results[which] = {"version": file_version(path), "records": row["records"],
                           "mean_return": float(row["return"]["mean"])}
     chosen = max(results, key=lambda w: (results[w]["mean_return"], w == "latest"))
     scores = ", ".join(f"{w} v{r['version']} {r['mean_return']:.2f}" for w, r in results.items())
     why = (f"mean return over {protocol.episodes} episodes at the end of the run, epsilon {protocol.epsilons[0]:g}"
            f" after 0-{protocol.noop_max} no-ops: {scores}" if len(results) > 1 else "the run kept no best weights")
-    return {"which": chosen, "why": why, "results": results, "protocol": protocol}
+    return {"which": chosen, "why": why, "results": results, "protocol": protocol, "measures": labels}
 
 
 def write_preferred(learner: Path, comparison: dict[str, Any]) -> Path:
@@ -118,7 +125,8 @@ def write_preferred(learner: Path, comparison: dict[str, Any]) -> Path:
 def film(checkpoint_dir: Path, env_id: str, comparison: dict[str, Any], path: Path) -> dict[str, Any]:
     """Play the chosen weights' furthest episode again into ``path``, captioned; its record (as filmed)."""
     from flywheel.envs import action_count
-    from flywheel.play import VideoWriter, load_policy, make_play_env
+    from flywheel.play import load_policy
+    from flywheel.video import VideoWriter, make_play_env
 
     which, protocol = comparison["which"], comparison["protocol"]
     chosen = comparison["results"][which]
@@ -126,10 +134,11 @@ def film(checkpoint_dir: Path, env_id: str, comparison: dict[str, Any], path: Pa
     policy = load_policy(checkpoint_dir, env_id, which)
     env, fps = make_play_env(env_id, True)
     unwrapped = env.unwrapped
-    hooked = hasattr(unwrapped, "frame_hook")  # Mario: every emulator frame, as flywheel play films it
+    hooked = hasattr(unwrapped, "frame_hook")  # every frame the env draws, as flywheel play films it
     try:
         with VideoWriter(path, fps) as video:
-            frames = CaptionedFrames(video.append, caption(chosen["version"], which, protocol, best))
+            frames = CaptionedFrames(video.append, caption(chosen["version"], which, protocol, best,
+                                                           comparison.get("measures")))
             if hooked:
                 unwrapped.frame_hook = frames.append
 
@@ -144,7 +153,7 @@ def film(checkpoint_dir: Path, env_id: str, comparison: dict[str, Any], path: Pa
         if hooked:
             unwrapped.frame_hook = None
         env.close()
-    if (record["return"], record.get("x_pos_max")) != (best["return"], best.get("x_pos_max")):
+    if (record["return"], record.get("progress")) != (best["return"], best.get("progress")):
         print(f"warning: the filmed episode (seed {best['seed']}) did not repeat its evaluation: return "
               f"{record['return']:.2f} against {best['return']:.2f}", file=sys.stderr, flush=True)
     return {**record, "frames": video.frames, "caption": frames.text}

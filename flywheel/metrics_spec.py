@@ -230,19 +230,27 @@ class ActorGauges(Gauges):
     slot_groups: Annotated[float, "groups of env slots stepped in turn"]
     n_step: Annotated[float, "steps in the n-step returns being emitted now (falls as an annealed n-step does)"]
     episode_return_last: Annotated[float | None, "return of the last training episode"] = None
-    mario_distance_mean: Annotated[float | None, "mean distance Mario reached in recent episodes"] = None
-    mario_distance_max: Annotated[float | None, "farthest distance Mario reached in recent episodes"] = None
-    mario_flag_rate: Annotated[float | None, "share of recent episodes that reached the flag"] = None
-    mario_world_last: Annotated[float | None, "world of the last episode's end"] = None
-    mario_stage_last: Annotated[float | None, "stage of the last episode's end"] = None
+    episode_progress_mean: Annotated[
+        float | None, "mean progress (the env's progress measure, its maximum in an episode) of the last 100 "
+        "training episodes that began at the level start"] = None
+    episode_progress_max: Annotated[
+        float | None, "furthest progress of the last 100 training episodes that began at the level start"] = None
+    episode_success_rate: Annotated[
+        float | None, "share of the last 100 training episodes that began at the level start and reached the "
+        "env's goal (its success measure)"] = None
     eval_return_mean: Annotated[float | None, "mean return of the recent greedy evaluation episodes"] = None
     eval_return_last: Annotated[float | None, "return of the last greedy evaluation episode"] = None
     start_state_share_actual: Annotated[
         float | None, "share of the last 100 training episodes that began at a kept start state"] = None
     start_state_progress_mean: Annotated[
-        float | None, "mean progress (Mario: x) the last 100 restarted episodes began at"] = None
+        float | None, "mean progress (the env's measure) the last 100 restarted episodes began at"] = None
     start_states_kept: Annotated[float | None, "start states kept, summed over the env slots"] = None
     restarted_return_mean: Annotated[float | None, "mean return of the last 100 restarted episodes"] = None
+    restarted_progress_mean: Annotated[
+        float | None, "mean progress (the env's measure, its maximum in an episode) of the last 100 restarted "
+        "episodes"] = None
+    restarted_success_rate: Annotated[
+        float | None, "share of the last 100 restarted episodes that reached the env's goal"] = None
 
 
 # ---- learner -------------------------------------------------------------------------------------------------------
@@ -326,9 +334,9 @@ class GreedyEvalGauges(Gauges):
     eval_greedy_version: Annotated[float | None, "weight version of the last greedy evaluation"] = None
     eval_episodes: Annotated[float | None, "episodes the last evaluation played"] = None
     eval_success_rate: Annotated[float | None, "share of the last evaluation's episodes that reached the env's "
-                                 "goal (Mario: the flag)"] = None
+                                 "goal (its success measure)"] = None
     eval_progress_mean: Annotated[float | None, "mean progress of the last evaluation's episodes (the env's "
-                                  "progress measure; Mario: furthest x)"] = None
+                                  "progress measure, its maximum in an episode)"] = None
     eval_progress_median: Annotated[float | None, "median progress of the last evaluation's episodes"] = None
     best_greedy_return: Annotated[float | None, "mean return of the best weights kept"] = None
     best_weight_version: Annotated[float | None, "weight version of the best weights kept"] = None

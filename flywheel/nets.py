@@ -14,9 +14,7 @@ from flywheel.netspec import (  # noqa: F401  (re-exported: flywheel.nets is whe
     C51_ATOMS,
     HEADS,
     NATURE_MIN_SIDE,
-    TORSOS,
     Head,
-    Torso,
     WeightsMismatch,
     check_spec,
     check_support,
@@ -35,16 +33,13 @@ class QNetwork(nn.Module):
     ``head="c51"`` (C51, Bellemare et al., 2017) they produce the logits of ``c51_atoms`` atoms spread evenly over
     [v_min, v_max]; the atoms' values are the buffer ``support``, part of the state_dict, so the learner's support
     reaches the actors with the weights, and ``forward`` returns sum(softmax(logits) * support).
-    ``torso="strided"`` replaces the shape's choice for images with four 3x3 stride-2 convolutions of 32 channels
-    (the torso of the universe starter agent and of the public A3C that reaches Mario's flag at 42x42): at 42x42
-    it keeps a 3x3 map of 288 features where the Nature CNN's 8/4, 4/2, 3/1 stack ends at 1x1 of 64.
     """
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 51, torso: str = "auto", v_min: float = -10.0,
+                 head: str = "q", num_quantiles: int = 51, v_min: float = -10.0,
                  v_max: float = 10.0, c51_atoms: int = C51_ATOMS) -> None:
         super().__init__()
-        check_spec(tuple(obs_shape), n_actions, head, num_quantiles, torso, c51_atoms)
+        check_spec(tuple(obs_shape), n_actions, head, num_quantiles, c51_atoms)
         check_support(v_min, v_max)
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.n_actions = int(n_actions)
@@ -53,7 +48,6 @@ class QNetwork(nn.Module):
         self.head = head
         self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
         self.c51_atoms = int(c51_atoms) if head == "c51" else C51_ATOMS
-        self.torso_kind = torso
         self.per_action = outputs_per_action(head, num_quantiles, c51_atoms)
         self.support: torch.Tensor | None
         if head == "c51":
@@ -61,21 +55,11 @@ class QNetwork(nn.Module):
         else:
             self.support = None
         self.name = network_name(self.obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
-                                 num_quantiles=self.num_quantiles, torso=torso, c51_atoms=self.c51_atoms)
-        self.kind = network_kind(self.obs_shape, torso)
-        if self.kind == "strided":
+                                 num_quantiles=self.num_quantiles, c51_atoms=self.c51_atoms)
+        self.kind = network_kind(self.obs_shape)
+        if self.kind == "nature":
             c = self.obs_shape[0]
             self.torso: nn.Module = nn.Sequential(
-                nn.Conv2d(c, 32, 3, stride=2, padding=1), nn.ReLU(),
-                nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
-                nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
-                nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
-                nn.Flatten(),
-            )
-            width = 512
-        elif self.kind == "nature":
-            c = self.obs_shape[0]
-            self.torso = nn.Sequential(
                 nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
                 nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
                 nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
@@ -126,15 +110,15 @@ class QNetwork(nn.Module):
 
 
 def build_q_network(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                    head: str = "q", num_quantiles: int = 51, torso: str = "auto", v_min: float = -10.0,
+                    head: str = "q", num_quantiles: int = 51, v_min: float = -10.0,
                     v_max: float = 10.0, c51_atoms: int = C51_ATOMS) -> QNetwork:
     """3-D (C,H,W) with H,W >= 36 -> Nature CNN (512 fc); smaller 3-D -> 3x3 CNN; otherwise an MLP.
 
-    ``torso="strided"``: four 3x3 stride-2 convolutions (512 fc) for any 3-D observation. ``v_min``/``v_max``:
-    the c51 head's support (an actor's net takes the learner's with the first weights); ``c51_atoms``: its atoms.
+    ``v_min``/``v_max``: the c51 head's support (an actor's net takes the learner's with the first weights);
+    ``c51_atoms``: its atoms.
     """
     return QNetwork(tuple(obs_shape), n_actions, dueling=dueling, hidden=hidden, head=head,
-                    num_quantiles=num_quantiles, torso=torso, v_min=v_min, v_max=v_max, c51_atoms=c51_atoms)
+                    num_quantiles=num_quantiles, v_min=v_min, v_max=v_max, c51_atoms=c51_atoms)
 
 
 def forward_macs(net: QNetwork) -> int:

@@ -1,4 +1,5 @@
-"""Q-network names, kinds, parameter shapes and weights checks, shared by the torch and NumPy networks (no torch)."""
+"""Q-network names, kinds, parameter shapes and weights checks, shared by the torch and NumPy networks (no torch),
+and the one network record (:class:`NetworkSpec`) the learner and its actors both build from."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, Field
 
 from flywheel import proto
 
@@ -13,8 +15,28 @@ NATURE_MIN_SIDE = 36  # smallest H/W the Nature CNN's 8/4, 4/2, 3/1 convolutions
 HEADS = ("q", "quantile", "c51")
 Head = Literal["q", "quantile", "c51"]
 C51_ATOMS = 51  # the categorical (C51) head's atoms unless told otherwise; the name says how many ("-c51")
-TORSOS = ("auto", "strided")  # auto: chosen by the observation's shape; strided: four 3x3 stride-2 convolutions
-Torso = Literal["auto", "strided"]
+
+
+class NetworkSpec(BaseModel):
+    """The network the learner trains and every actor acts with: one record, written once. The learner's and the
+    actor's settings classes take these fields by inheriting it (FLYWHEEL_LEARNER_HIDDEN, FLYWHEEL_ACTOR_HIDDEN, ...);
+    ``flywheel run`` passes the learner's to the actors; an actor built otherwise refuses the weights by name."""
+
+    dueling: bool = Field(True, description="dueling value/advantage head (the actors must build the learner's "
+                          "network: flywheel run passes it to them)")
+    hidden: int = Field(256, ge=8, le=8192, description="width of the MLP / small-CNN hidden layers (the Nature "
+                        "CNN of images keeps its 512)")
+    head: Head = Field("q", description="q: one value per action; quantile: QR-DQN quantiles; c51: a categorical "
+                       "distribution over c51_atoms atoms (a c51 actor takes the learner's support with the weights)")
+    num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
+    c51_atoms: int = Field(C51_ATOMS, ge=2, le=1024, description="atoms per action of the c51 head")
+
+    def network(self) -> NetworkSpec:
+        """Just the network's fields (of a settings object that inherits them), as a record of its own."""
+        return NetworkSpec(**{name: getattr(self, name) for name in NetworkSpec.model_fields})
+
+
+NETWORK_FIELDS = tuple(NetworkSpec.model_fields)  # dueling, hidden, head, num_quantiles, c51_atoms
 
 
 class WeightsMismatch(ValueError):
@@ -23,11 +45,8 @@ class WeightsMismatch(ValueError):
     fault = "mismatch"  # the fault counters' name for it (flywheel.transport.FaultCounter)
 
 
-def network_kind(obs_shape: tuple[int, ...], torso: str = "auto") -> str:
-    """"nature" (3-D, H and W >= 36), "conv" (smaller 3-D grids) or "mlp" (vectors; other ranks are flattened);
-    "strided" for 3-D observations when the torso is asked for by name."""
-    if torso == "strided" and len(obs_shape) == 3:
-        return "strided"
+def network_kind(obs_shape: tuple[int, ...]) -> str:
+    """"nature" (3-D, H and W >= 36), "conv" (smaller 3-D grids) or "mlp" (vectors; other ranks are flattened)."""
     if len(obs_shape) == 3 and min(obs_shape[1:]) >= NATURE_MIN_SIDE:
         return "nature"
     if len(obs_shape) == 3:
@@ -36,15 +55,15 @@ def network_kind(obs_shape: tuple[int, ...], torso: str = "auto") -> str:
 
 
 def network_name(obs_shape: tuple[int, ...], n_actions: int, dueling: bool, *, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 0, torso: str = "auto", c51_atoms: int = C51_ATOMS) -> str:
-    """E.g. "mlp-4-2-dueling", "nature-4x84x84-7-dueling", "strided-4x42x42-7-dueling" or
-    "nature-4x84x84-7-dueling-qr51" or "nature-4x84x84-7-dueling-c51" (or "-c21" for 21 atoms).
+                 head: str = "q", num_quantiles: int = 0, c51_atoms: int = C51_ATOMS) -> str:
+    """E.g. "mlp-4-2-dueling", "nature-4x84x84-7-dueling", "nature-4x84x84-7-dueling-qr51" or
+    "nature-4x84x84-7-dueling-c51" (or "-c21" for 21 atoms).
 
-    The kind comes first, "-h<N>" is appended when hidden is not 256 (it has no effect on the pixel torsos),
-    "-qr<N>" for a quantile head, "-c<N>" for the categorical head of N atoms, so an actor built with another torso
-    or head refuses the learner's weights by name.
+    The kind comes first, "-h<N>" is appended when hidden is not 256 (it has no effect on the pixel torso),
+    "-qr<N>" for a quantile head, "-c<N>" for the categorical head of N atoms, so an actor built with another
+    network or head refuses the learner's weights by name.
     """
-    kind = network_kind(tuple(obs_shape), torso)
+    kind = network_kind(tuple(obs_shape))
     name = f"{kind}-{'x'.join(str(int(d)) for d in obs_shape)}-{int(n_actions)}-{'dueling' if dueling else 'plain'}"
     if kind in ("conv", "mlp") and hidden != 256:
         name += f"-h{hidden}"
@@ -67,14 +86,10 @@ def check_support(v_min: float, v_max: float) -> None:
 
 
 def check_spec(obs_shape: tuple[int, ...], n_actions: int, head: str, num_quantiles: int,
-               torso: str = "auto", c51_atoms: int = C51_ATOMS) -> None:
+               c51_atoms: int = C51_ATOMS) -> None:
     """Raise ValueError for a network that cannot be built."""
     if n_actions < 1 or not obs_shape or any(d < 1 for d in obs_shape):
         raise ValueError(f"bad network spec: obs_shape={obs_shape}, n_actions={n_actions}")
-    if torso not in TORSOS:
-        raise ValueError(f"unknown torso {torso!r}; expected one of {', '.join(TORSOS)}")
-    if torso == "strided" and len(obs_shape) != 3:
-        raise ValueError(f"torso strided needs image observations (C, H, W), got shape {tuple(obs_shape)}")
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
     if head == "quantile" and not 2 <= num_quantiles <= 1024:

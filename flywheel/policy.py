@@ -109,8 +109,7 @@ def _spec_from_name(name: str, env_id: str) -> dict[str, Any]:
     return {"obs_shape": list(spec.obs_shape), "n_actions": int(spec.n_actions), "dueling": "-dueling" in name,
             "hidden": int(hidden.group(1)) if hidden else 256, "head": head,
             "num_quantiles": int(quantiles.group(1)) if quantiles else 51,
-            "c51_atoms": int(atoms.group(1)) if atoms else C51_ATOMS,
-            "torso": "strided" if name.startswith("strided-") else "auto"}
+            "c51_atoms": int(atoms.group(1)) if atoms else C51_ATOMS}
 
 
 class Policy:
@@ -159,7 +158,7 @@ class Policy:
                 spec = _spec_from_name(str(meta.get("network", "")), chosen)
             net = build_q_network(tuple(spec["obs_shape"]), int(spec["n_actions"]), dueling=bool(spec["dueling"]),
                                   hidden=int(spec["hidden"]), head=str(spec["head"]),
-                                  num_quantiles=int(spec["num_quantiles"]), torso=str(spec.get("torso", "auto")),
+                                  num_quantiles=int(spec["num_quantiles"]),
                                   c51_atoms=int(spec.get("c51_atoms", C51_ATOMS)))
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyError(f"{path}: cannot build its network for {chosen}: {exc}".splitlines()[0]) from None

@@ -44,11 +44,11 @@ ENDPOINTS = tuple(connect for _, _, connect in REMOTE_PORTS)
 # What a join document may set in an actor: an allow-list. Every actor setting is in exactly one of TRAINING, CHECKED,
 # IGNORED and REFUSED (tests/test_join_trust.py checks it), so a new setting is refused from documents until placed.
 TRAINING = frozenset({
-    "NUM_ENVS", "VECTOR_MODE", "WORKERS", "N_STEP", "N_STEP_FINAL", "N_STEP_ANNEAL_STEPS", "GAMMA", "DUELING",
-    "HIDDEN", "HEAD", "NUM_QUANTILES", "C51_ATOMS", "TORSO", "INFERENCE", "TORCH_FREEZE", "EPSILON", "EPSILON_BASE",
+    "NUM_ENVS", "VECTOR_MODE", "WORKERS", "N_STEP", "GAMMA", "DUELING",
+    "HIDDEN", "HEAD", "NUM_QUANTILES", "C51_ATOMS", "INFERENCE", "TORCH_FREEZE", "EPSILON", "EPSILON_BASE",
     "EPSILON_ALPHA", "CLIP_MAX_STEPS", "SEND_BATCH", "ON_FULL", "SEND_HWM", "SEND_STALL_S", "SEND_BUFFER_KB",
     "WEIGHTS_INTERVAL_S", "START_STATE_SHARE", "START_STATE_MARGIN", "START_STATE_WINDOW", "START_STATE_POOL",
-    "START_STATE_CHOICE", "MAX_ENV_STEPS", "SEED", "TELEMETRY_INTERVAL_S", "FIRST_WEIGHTS_WAIT_S"})
+    "MAX_ENV_STEPS", "SEED", "TELEMETRY_INTERVAL_S", "FIRST_WEIGHTS_WAIT_S"})
 CHECKED = frozenset({"ENV_ID", "PRESET", *ENDPOINTS})  # allowed, each value checked (no module:, a shipped name, host)
 IGNORED = frozenset({"INSTANCE", "LOG_LEVEL", "LOG_FORMAT", "EVAL_ENVS", "CLIP_INTERVAL_S"})  # this host's own choice
 REFUSED = {  # a document that sets one of these is refused whole: each could redirect the actor or weaken it

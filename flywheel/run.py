@@ -26,15 +26,12 @@ from flywheel.runplan import add_run_flags as add_run_flags
 from flywheel.runplan import draw_seed, seed_plan
 from flywheel.settings import SettingsError
 from flywheel.supervisor import Supervisor
-from flywheel.tracking import track_env, track_line
+from flywheel.tracking_cli import track_env, track_line
 
 STOP_ORDER = ("actor", "learner", "replay", "gateway")
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
 SOCKET_PARENT_MAX = 64  # bytes: PARENT/flywheel-run-PID-XXXXXXXX/transitions fits in sun_path (107 + NUL)
 STOP_CHECK_INTERVAL_S = 1.0  # --steps, --target-return and --time-limit are checked this often
-
-# the learner's values go to the actors too
-NETWORK_KEYS = ("DUELING", "HIDDEN", "HEAD", "NUM_QUANTILES", "C51_ATOMS", "TORSO")
 
 
 def _check_port(port: int, what: str, flag: str) -> None:
@@ -48,18 +45,26 @@ def _check_port(port: int, what: str, flag: str) -> None:
             ) from None
 
 
-def default_actors(preset: Preset, cores: int | None = None) -> int:
+def default_actors(preset: Preset | None, cores: int | None = None) -> int:
     """One actor per core, less the preset's ``run.spare_cores`` (cores left to the learner; Atari: 1), at least 1."""
     cores = cores or os.cpu_count() or 1
-    spare = preset.sections.get("run", {}).get("spare_cores", 0)
+    spare = _run_choice(preset, "spare_cores", 0)
     if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
-        raise SettingsError(f"preset {preset.name}: run.spare_cores must be a whole number >= 0, got {spare!r}")
+        raise SettingsError(f"preset {preset.name if preset else presets.NONE}: run.spare_cores must be a whole "
+                            f"number >= 0, got {spare!r}")
     return max(1, cores - spare)
 
 
-def preset_for(args: argparse.Namespace, obs_dtype: str) -> Preset:
-    """The run's preset: --preset (a name or YAML file), else the env id's (flywheel/presets/*.yaml)."""
+def _run_choice(preset: Preset | None, key: str, default: Any) -> Any:
+    """One of ``flywheel run``'s own choices in the preset's ``run`` section (presets.RUN_KEYS)."""
+    return default if preset is None else preset.sections.get("run", {}).get(key, default)
+
+
+def preset_for(args: argparse.Namespace, obs_dtype: str) -> Preset | None:
+    """The run's preset: --preset (a name or YAML file; none: no preset), else the env id's (flywheel/presets)."""
     chosen = getattr(args, "preset", None) or "auto"
+    if chosen == presets.NONE:
+        return None
     try:
         return presets.load(presets.name_for_env(args.env, obs_dtype) if chosen == "auto" else chosen)
     except presets.PresetError as exc:
@@ -142,10 +147,8 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
         "actor": {**common, "ENV_ID": args.env, "TRANSITIONS_ENDPOINT": transitions_connect,
                   "WEIGHTS_ENDPOINT": local("weights"), "LEASE_ENDPOINT": local("lease")},
     }
-    for service, values in env.items():  # the preset's values, written out so run.json records them
-        for key, value in preset.as_variables(service).items():
-            values.setdefault(key, value)
-        values["PRESET"] = presets.NONE  # the values are here already: no second reading of the file
+    for values in env.values():  # each child reads the preset itself, as a service started alone does
+        values["PRESET"] = presets.NONE if preset is None else preset.name  # a shipped name or the file's path
     if getattr(args, "curve_keys_dir", None) is not None:
         for values in env.values():
             values["CURVE_KEYS_DIR"] = str(args.curve_keys_dir.resolve())
@@ -171,42 +174,58 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
                                 f"with SERVICE one of {', '.join(env)}")
         env[service][key.upper()] = value
         chosen.add((service, key.upper()))
-    for key in NETWORK_KEYS:  # actors build the learner's network unless told otherwise (else weights are refused)
-        if key in env["learner"] and ("actor", key) not in chosen:
-            env["actor"][key] = env["learner"][key]
     join, host = None, "127.0.0.1"
     if (listen := remote.check_listen(args)) is not None:  # --listen: open the run to actors on other hosts
         join = remote.open_to_remote(env, *listen, ckpt)
         host = "127.0.0.1" if listen[0] == "0.0.0.0" else listen[0]
-    _validate(env)
+    settings = _validate(env, chosen)
     greedy_env = ("actor", "EVAL_ENVS") not in chosen  # --set actor.eval_envs=0 turns the greedy env off
     # actor-0 also films a greedy episode now and then for the live page (--set actor.clip_interval_s=0: never)
-    # (every 5 min for pixels: filming and encoding Mario costs ~2 ms of CPU per frame, 4 frames an agent step)
+    # (every 5 min for pixels: filming and encoding a pixel game costs ~2 ms of CPU per frame, 4 frames a step)
     clip = {"CLIP_INTERVAL_S": env["actor"].pop("CLIP_INTERVAL_S", presets.text(
-        preset.sections.get("run", {}).get("clip_interval_s", 300)))}
+        _run_choice(preset, "clip_interval_s", 300)))}
     extra = [{"EVAL_ENVS": "1", **clip} if i == 0 and greedy_env else {} for i in range(args.actors)]
     return Plan(env, ports, f"http://{host}:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,
-                socket_dir, preset, join)
+                socket_dir, preset, join, settings)
 
 
-def _validate(env: dict[str, dict[str, str]]) -> None:
-    """Build each service's settings from the planned values so a bad value fails before anything starts."""
+def _join_env(plan: Plan) -> dict[str, dict[str, str]]:
+    """The values the join document is written from: a preset file of the user's, which another host does not have,
+    goes as its actor values beneath the run's own (a shipped preset goes by name, and the actor reads it)."""
+    if plan.preset is None or plan.preset.name in presets.names():
+        return plan.env
+    actor = {**plan.preset.as_variables("actor"), **plan.env["actor"], "PRESET": presets.NONE}
+    return {**plan.env, "actor": actor}
+
+
+def _validate(env: dict[str, dict[str, str]], chosen: set[tuple[str, str]]) -> dict[str, Any]:
+    """Build each service's settings from the planned values (the preset read as the child will read it), so a bad
+    value fails before anything starts. The learner's network record goes to the actors (NetworkSpec: their weights
+    are refused otherwise), field by field unless the user set that field for the actors."""
     from flywheel.registry import settings_class
     from flywheel.security import CurveKeyError, keys_from_settings
     from flywheel.settings import build_settings
 
-    for service, values in env.items():
+    built: dict[str, Any] = {}
+    for service in sorted(env, key=lambda s: s == "actor"):  # the learner's settings before the actors'
+        values = env[service]
         cls = settings_class(service)
         known = set(cls.model_fields)
         for key in values:
             if key.lower() not in known:
                 raise SettingsError(f"flywheel run: {service} has no setting {key.lower()!r} "
                                     f"(known: {', '.join(sorted(known))})")
+        if service == "actor" and "learner" in built:
+            for name, value in built["learner"].network().model_dump().items():
+                if ("actor", name.upper()) not in chosen:
+                    values[name.upper()] = presets.text(value)
         settings = build_settings(cls, {k.lower(): v for k, v in values.items()}, f"run ({service})")
         try:
             keys_from_settings(settings, service)
         except CurveKeyError as exc:
             raise SettingsError(f"flywheel run ({service}): {exc}") from None
+        built[service] = settings
+    return built
 
 
 def _start(service: str, name: str, values: dict[str, str], log_dir: Path) -> Child:
@@ -240,8 +259,9 @@ def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
-def progress_line(elapsed: float, s: dict[str, float | None]) -> str:
-    from flywheel.evaluation import MEASURES  # the labels of the env's progress and success measures
+def progress_line(elapsed: float, s: dict[str, Any]) -> str:
+    """One line of the run's figures from ``curves.summarize``: the env's own measures under the labels its actors
+    and learner report (e.g. "| furthest x 1,820 (restarted 2,400)"), none for an env without measures."""
 
     def num(value: float | None, fmt: str = ",.0f") -> str:
         return "-" if value is None else format(value, fmt)
@@ -252,12 +272,14 @@ def progress_line(elapsed: float, s: dict[str, float | None]) -> str:
             f"updates {num(s['updates'])} ({num(s['updates_per_second'], ',.1f')}/s) | "
             f"return {num(s['return'], '.1f')} greedy {num(s['greedy_return'], '.1f')}{best} | eps {eps} | "
             f"replay {num(s['replay_size'])} | weights v{num(s['weight_version'])} | actors {num(s['actors_up'])}")
-    if s.get("distance") is not None:
-        line += f" | distance {s['distance']:.0f}"
+    if s.get("progress_label") and s.get("progress_mean") is not None:  # level-start episodes, restarted ones apart
+        line += f" | {s['progress_label']} {num(s['progress_mean'])}"
+        if s.get("restarted_progress_mean") is not None:
+            line += f" (restarted {num(s['restarted_progress_mean'])})"
     if s.get("eval_return") is not None:  # the learner's last evaluation under its preset's protocol
         line += f" | eval v{num(s.get('eval_version'))}: "
         if s.get("eval_success_rate") is not None:
-            (_, progress), (_, success) = MEASURES["progress"], MEASURES["success"]
+            success, progress = s.get("eval_success_label") or "success", s.get("eval_progress_label") or "progress"
             line += (f"{success} {s['eval_success_rate']:.0%}, {progress} {num(s.get('eval_progress_mean'))} "
                      f"(median {num(s.get('eval_progress_median'))})")
         else:
@@ -337,7 +359,7 @@ def _run(args: argparse.Namespace) -> int:
     runconfig.write_run_config(args, plan, saved)
     if plan.join is not None:  # what `flywheel actor --join` on another host reads from the gateway's /join
         preset_id = None if plan.preset is None else {"name": plan.preset.name, "sha256": plan.preset.sha256}
-        remote.write_join_file(plan.join, plan.env, args.env, preset_id, args.checkpoint_dir.resolve())
+        remote.write_join_file(plan.join, _join_env(plan), args.env, preset_id, args.checkpoint_dir.resolve())
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     if not args.resume:  # the gateway writes tb/ and progress.csv; a new run's curves start over
         curves.reset(args.checkpoint_dir.resolve())

@@ -82,8 +82,29 @@ def apply_saved(args: argparse.Namespace) -> dict[str, Any] | None:
             setattr(args, dest, Path(value) if dest == "curve_keys_dir" and value is not None else value)
     if "env" not in given:
         args.env = saved["env_id"]
-    args.set = [str(item) for item in saved.get("overrides", [])] + list(args.set)
+    args.set = _known_overrides([str(item) for item in saved.get("overrides", [])], path) + list(args.set)
     return saved
+
+
+def _known_overrides(items: list[str], path: Path) -> list[str]:
+    """The saved SERVICE.FIELD=VALUE overrides of settings this version still has; one of a setting since removed
+    (e.g. learner.torso) is left out with one line saying so, and the run resumes without it."""
+    from flywheel.registry import settings_class
+
+    kept = []
+    for item in items:
+        service, _, rest = item.partition(".")
+        field = rest.partition("=")[0].lower()
+        try:
+            known = field in settings_class(service).model_fields
+        except KeyError:  # not a service: make_plan refuses it with its own line
+            known = True
+        if known:
+            kept.append(item)
+        else:
+            print(f"flywheel run --resume: ignoring {item} saved in {path}: {service} has no setting {field!r} in "
+                  "this version (it was removed)", file=sys.stderr, flush=True)
+    return kept
 
 
 def start_index(saved: dict[str, Any] | None) -> int:
@@ -96,8 +117,11 @@ def check_plan(saved: dict[str, Any] | None, plan: Plan, directory: Path) -> Non
     """Refuse a resumed plan that cannot work with the saved run: a replay smaller than the one checkpointed."""
     if saved is None:
         return
-    before = saved.get("services", {}).get("replay", {}).get("CAPACITY")
-    now = plan.env["replay"].get("CAPACITY")
+    before = saved.get("settings", {}).get("replay", {}).get("capacity")
+    if before is None:  # a run.json of an older version: its "services" held the preset's values
+        before = saved.get("services", {}).get("replay", {}).get("CAPACITY")
+    replay = plan.settings.get("replay")
+    now = replay.capacity if replay is not None else plan.env["replay"].get("CAPACITY")
     try:
         smaller = before is not None and now is not None and int(now) < int(before)
     except ValueError:
@@ -162,6 +186,9 @@ def build_run_config(args: argparse.Namespace, plan: Plan, saved: dict[str, Any]
     for service, values in plan.env.items():
         secrets = _secret_keys(service)
         services[service] = {k: v for k, v in sorted(values.items()) if k not in secrets}
+    resolved = {  # what each service ran with, the preset read (actor-0's extras aside)
+        service: settings.model_dump(mode="json", exclude={"instance", *map(str.lower, _secret_keys(service))})
+        for service, settings in plan.settings.items()}
     now = time.time()
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION,
@@ -174,6 +201,7 @@ def build_run_config(args: argparse.Namespace, plan: Plan, saved: dict[str, Any]
         "preset": None if plan.preset is None else {"name": plan.preset.name, "sha256": plan.preset.sha256},
         "overrides": user_overrides(args, list(plan.env)),
         "services": services,
+        "settings": resolved,
         "actor_instances": plan.actor_extra,
         "versions": {"flywheel": __version__, "torch": _version("torch"), "python": sys.version.split()[0]},
         "git": _git_commit(),

@@ -15,15 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.presets import DEFAULT_ENV as DEFAULT_ENV  # the default job (flywheel/presets names it)
 from flywheel.presets import Preset
 from flywheel.remote import add_listen_flags
 from flywheel.runfolder import IF_EXISTS
-from flywheel.tracking import add_track_flags
-
-# The default job: Mario 1-1 over 42x42 frames with the score bar (the top 32 rows) cropped off before the resize,
-# which learned faster per hour on 2 CPU cores than 84x84 and than the whole frame (docs/benchmarks/mario.md); any
-# other size, e.g. the Nature DQN's 84, or the whole frame (crop_top=0) is one option away.
-DEFAULT_ENV = "SuperMarioBros-1-1-v0?size=42,crop_top=32"
+from flywheel.tracking_cli import add_track_flags
 
 MAX_RESTARTS = 5  # restarts of one child allowed within RESTART_WINDOW_S; its next exit stops the run
 RESTART_WINDOW_S = 120.0
@@ -90,7 +86,7 @@ def add_supervisor_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default=DEFAULT_ENV,
-                        help=f"environment id (default: Mario 1-1 at 42x42, {DEFAULT_ENV})")
+                        help=f"environment id (default: the default job's, {DEFAULT_ENV})")
     parser.add_argument("--preset", default=None, metavar="NAME|FILE",
                         help="tuned settings: a preset name (flywheel presets list) or a YAML file (default: chosen "
                              "from --env); FLYWHEEL_* variables and --set override its values")
@@ -149,7 +145,8 @@ class Child:
 
 @dataclass
 class Plan:
-    """What will be started: per-service environment variables, validated before anything starts."""
+    """What will be started: per-service environment variables (the preset's name, the wiring and the user's own
+    values: each child reads the preset itself), validated before anything starts into ``settings``."""
 
     env: dict[str, dict[str, str]]
     ports: dict[str, int]
@@ -157,8 +154,9 @@ class Plan:
     log_dir: Path
     actor_extra: list[dict[str, str]] = field(default_factory=list)
     socket_dir: Path | None = None  # holds the Unix sockets of the local fast path; removed at the end
-    preset: Preset | None = None  # whose values env holds (flywheel/presets/*.yaml)
+    preset: Preset | None = None  # the preset env names, which every child reads (flywheel/presets/*.yaml)
     join: dict[str, Any] | None = None  # --listen: what actors on other hosts are told (flywheel/remote.py)
+    settings: dict[str, Any] = field(default_factory=dict)  # service -> the settings its env gives it
     _remove: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -179,6 +177,12 @@ def seed_plan(plan: Plan, seed: int, start: int = 0) -> None:
     for service in ("replay", "learner"):
         plan.env[service].setdefault("SEED", str(child_seed(seed, service, 0, start)))
     plan.env["actor"].setdefault("FIRST_WEIGHTS_WAIT_S", str(FIRST_WEIGHTS_WAIT_S))  # the learner's network first
+    if plan.settings:  # the settings the plan records say so too
+        for service in ("replay", "learner"):
+            seeded = {"seed": int(plan.env[service]["SEED"])}
+            plan.settings[service] = plan.settings[service].model_copy(update=seeded)
+        waits = {"first_weights_wait_s": float(plan.env["actor"]["FIRST_WEIGHTS_WAIT_S"])}
+        plan.settings["actor"] = plan.settings["actor"].model_copy(update=waits)
     if "SEED" not in plan.env["actor"]:
         for index, extra in enumerate(plan.actor_extra):
             extra["SEED"] = str(child_seed(seed, "actor", index, start))

@@ -33,10 +33,10 @@ import zmq
 import zmq.utils.z85
 
 from flywheel.zap import IDENTITY_DOMAIN, start_zap_handler
+from flywheel.zap import ZAP_DOMAIN as ZAP_DOMAIN  # re-exported: the domain of every other CURVE server socket
 from flywheel.zap import refused_counts as refused_counts  # re-exported: transport and gateway count refusals here
 
 log = logging.getLogger("flywheel.security")
-ZAP_DOMAIN = b"flywheel"
 PLAIN_TRANSPORTS = ("ipc://", "inproc://")
 BINDS = {"replay", "learner", "gateway"}
 CONNECTS = {"replay", "learner", "actor"}

@@ -22,7 +22,7 @@ from .errors import (
     WrongKind,
 )
 from .messages import MESSAGE_TYPES
-from .schema import BOOL, FLOAT, FLOAT_MAP, INT, SCALAR_MAP, SCHEMA_VERSION, STR, STR_MAP, ArraySpec, Message
+from .schema import BOOL, FLOAT, FLOAT_MAP, INT, SCALAR_MAP, STR, STR_MAP, ArraySpec, Message
 
 Frame = Any  # bytes, memoryview, numpy array or zmq.Frame
 _ALLOWED_DTYPES = {"uint8", "int64", "float32", "float16"}
@@ -62,7 +62,7 @@ def encode(msg: Message) -> list[Frame]:
             array = array.astype(array.dtype.newbyteorder("<"))
         specs.append([name, array.dtype.name, list(array.shape)])
         frames.append(array)
-    header = msgpack.packb({"k": msg.KIND, "v": SCHEMA_VERSION, "f": scalars, "a": specs}, use_bin_type=True)
+    header = msgpack.packb({"k": msg.KIND, "v": msg.VERSION, "f": scalars, "a": specs}, use_bin_type=True)
     return [header, *frames]
 
 
@@ -159,8 +159,9 @@ def _header(frames: Sequence[Frame], limits: Limits) -> dict[str, Any]:
     kind, version = header["k"], header["v"]
     if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
         raise UnknownKind(f"unknown message kind {str(kind)[:40]!r}")
-    if not isinstance(version, int) or isinstance(version, bool) or version != SCHEMA_VERSION:
-        raise VersionMismatch(f"{kind}: schema version {version!r}, this build speaks {SCHEMA_VERSION}")
+    speaks = MESSAGE_TYPES[kind].VERSION
+    if not isinstance(version, int) or isinstance(version, bool) or version != speaks:
+        raise VersionMismatch(f"{kind}: schema version {version!r}, this build speaks {speaks}")
     if not isinstance(header["f"], dict) or not isinstance(header["a"], list):
         raise MalformedMessage(f"{kind}: header fields must be a map and arrays a list")
     return header

@@ -308,9 +308,13 @@ class ClipChunk(Message):
     """Actor -> gateway (telemetry socket): one piece of a filmed greedy episode (an mp4), with what it showed.
 
     Pieces of one clip share ``clip`` and arrive as ``index`` 0..count-1; the gateway puts them together.
+    ``progress`` is the episode's furthest progress (the env's progress measure, flywheel.envs.measures; -1: the
+    env has none) and ``success`` whether it reached the env's goal. Version 2: these replaced version 1's fields
+    for one game's measures.
     """
 
     KIND: ClassVar[str] = "clip_chunk"
+    VERSION: ClassVar[int] = 2
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {"data": ArraySpec(("uint8",))}
     instance: str
     clip: int
@@ -323,8 +327,8 @@ class ClipChunk(Message):
     frames: int
     episode_return: float
     length: int
-    x_pos: int  # Mario's furthest x; -1 for other envs
-    flag: bool
+    progress: float
+    success: bool
     time: float
     data: np.ndarray
 
@@ -335,6 +339,8 @@ class ClipChunk(Message):
             raise BadShape(f"clip_chunk: {self.data.shape[0]} bytes, expected 1..{CLIP_CHUNK_BYTES}")
         if not self.data.shape[0] <= self.total_bytes <= self.count * CLIP_CHUNK_BYTES:
             raise BadShape(f"clip_chunk: total_bytes {self.total_bytes} does not fit {self.count} pieces")
+        if not math.isfinite(self.progress):
+            raise BadShape(f"clip_chunk: progress {self.progress} is not a finite number")
 
 
 __all__ = [

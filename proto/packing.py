@@ -8,7 +8,7 @@ import numpy as np
 from .errors import BadShape, MalformedMessage
 
 CODEC = "lz4"
-MAX_UNPACKED_BYTES = 1 << 31  # what one packed batch may unpack to: 2 GiB (a 512-batch of Mario is 25 MB)
+MAX_UNPACKED_BYTES = 1 << 31  # what one packed batch may unpack to: 2 GiB (a 512-batch of 84x84 stacks: 25 MB)
 MAX_EXPANDED_BYTES = 1 << 31  # what one compact batch may expand to (obs + next_obs stacks and unpacked
 # frames), checked before anything is allocated; receivers bound it further by their decode limits
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from .errors import BadShape
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # a message's version unless it declares its own (VERSION): one that changed incompatibly
 
 # Scalar type tags understood by the codec.
 INT, FLOAT, STR, BOOL, FLOAT_MAP, STR_MAP, SCALAR_MAP = (
@@ -36,6 +36,7 @@ class Message:
     scalar field's codec tag, is read off the fields' annotations when the class is made."""
 
     KIND: ClassVar[str] = ""
+    VERSION: ClassVar[int] = SCHEMA_VERSION  # the header's "v": raised when a message's fields change incompatibly
     SCALARS: ClassVar[dict[str, str]] = {}
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {}
     # When set, arrays are free-named entries of this dict attribute, each checked against the spec.

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flywheel.bench.parts.records import flag, furthest_x
 from flywheel.stats import across_runs, summarize
 
 
@@ -63,8 +64,8 @@ def one_run(spec: str, minute: float | None) -> dict[str, Any]:
         raise RunsError(f"{path}: {exc}") from None
     c = _checkpoint(result, minute, spec, deploy or None)
     episodes = c["episodes"]
-    xs = [float(e["x_pos_max"] or 0) for e in episodes]
-    flags = [bool(e["flag"]) for e in episodes]
+    xs = [furthest_x(e) for e in episodes]
+    flags = [flag(e) for e in episodes]
     points = result["extra"].get("points", [])
     if deploy:
         points = [p for p in points if p.get("deploy") == deploy]

@@ -43,6 +43,7 @@ def flywheel_eval(*args: str | Path, timeout: float = 300) -> subprocess.Complet
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.system
 def test_a_row_per_epsilon_with_intervals_progress_and_a_json_file(cartpole: Path) -> None:
     result = flywheel_eval(cartpole, "--episodes", "5", "--epsilon", "0.05", "0.001", "--workers", "1")
     assert result.returncode == 0, result.stderr
@@ -67,6 +68,7 @@ def test_a_row_per_epsilon_with_intervals_progress_and_a_json_file(cartpole: Pat
         assert row["return"] == summarize([r["return"] for r in again])
 
 
+@pytest.mark.system
 def test_mario_rows_equal_the_bench_on_the_same_checkpoint_and_seeds(tmp_path: Path) -> None:
     """flywheel bench mario evaluates a checkpoint folder with flywheel.evaluation (seeds from 100000, 0..30
     no-ops) and reports mario_report's summary of the furthest x and flags: flywheel eval gives the same figures.

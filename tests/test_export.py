@@ -166,6 +166,7 @@ def flywheel_export(*args: str | Path, timeout: float = 240) -> subprocess.Compl
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.system
 def test_cli_writes_a_model_card_folder(cartpole: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(cartpole, run)
@@ -207,6 +208,7 @@ def test_cli_writes_a_model_card_folder(cartpole: Path, tmp_path: Path) -> None:
     assert_parity(Policy.load(run), onnx_runner(folder / "model.onnx"), real_observations("CartPole-v1", 9))
 
 
+@pytest.mark.system
 def test_cli_which_picks_best_or_latest(cartpole: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(cartpole, run)
@@ -222,6 +224,7 @@ def test_cli_which_picks_best_or_latest(cartpole: Path, tmp_path: Path) -> None:
     assert not (Policy.load(run, which="best").q_values(obs) == Policy.load(run, which="latest").q_values(obs)).all()
 
 
+@pytest.mark.system
 def test_cli_bad_input_is_one_error_line(tmp_path: Path) -> None:
     for folder in (tmp_path / "missing", tmp_path):  # no folder; a folder with no checkpoint
         result = flywheel_export(folder)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_play import read_mp4
 
 from flywheel.film import FILM_EPISODES, caption, compare, film, run_protocol, write_preferred
@@ -37,6 +38,7 @@ def _run_folder(tmp_path: Path, latest_balances: bool) -> Path:
     return folder
 
 
+@pytest.mark.system
 def test_the_better_weights_are_chosen_filmed_with_a_caption_and_remembered(tmp_path: Path) -> None:
     folder = _run_folder(tmp_path, latest_balances=False)  # the kept best balances, the newest drops the pole
     protocol = run_protocol(folder)
@@ -61,6 +63,7 @@ def test_the_better_weights_are_chosen_filmed_with_a_caption_and_remembered(tmp_
     assert strip.max() > 200 and (strip < 40).mean() > 0.5
 
 
+@pytest.mark.system
 def test_play_takes_the_preferred_weights_and_says_why_until_the_run_goes_on(tmp_path: Path) -> None:
     folder = _run_folder(tmp_path, latest_balances=True)
     comparison = compare(folder, "CartPole-v1", run_protocol(folder), workers=1)
@@ -85,6 +88,13 @@ def test_a_protocol_comes_from_run_json_and_defaults_to_greedy(tmp_path: Path) -
     protocol = run_protocol(tmp_path)
     assert (protocol.epsilons, protocol.noop_max) == ((0.05,), 30)
     assert run_protocol(tmp_path / "missing").epsilons == (0.0,)
-    record = {"x_pos_max": 3161, "flag": True, "return": 311.2, "end": "flag"}
-    assert caption(3356, "latest", protocol, record) == "v3356 latest | eps 0.05 | x 3161 | flag"
+    (tmp_path / "run.json").write_text(json.dumps(  # today's run.json: the settings each service ran with
+        {"services": {"learner": {"PRESET": "mario"}}, "settings": {"learner": {"best_eval_epsilon": 0.05,
+                                                                                 "best_eval_noop_max": 30}}}))
+    assert (run_protocol(tmp_path).epsilons, run_protocol(tmp_path).noop_max) == ((0.05,), 30)
+    record = {"progress": 3161.0, "success": True, "return": 311.2, "end": "flag"}
+    labels = {"progress": "furthest x", "success": "flag"}  # the env's measures (flywheel.envs.measures)
+    assert caption(3356, "latest", protocol, record, labels) == "v3356 latest | eps 0.05 | furthest x 3,161 | flag"
+    assert caption(7, "best", protocol, {"progress": None, "return": 500.0, "end": "truncated"}) == (
+        "v7 best | eps 0.05 | return 500.0 | truncated")  # an env without a progress measure
     assert np.isfinite(record["return"])

@@ -34,10 +34,10 @@ def test_values_that_are_none_or_unsent_stay_out_of_the_report() -> None:
         epsilon=0.4, epsilon_min=0.1, epsilon_max=0.4, exploration_slots=2, weight_version=3, weight_version_newest=4,
         policy_lag_versions=1, weight_age_seconds=0.5, env_steps_per_second=10, episode_return_mean=1.5,
         episode_length_mean=20, lease_index=0, lease_slots=1, paused=0, send_blocked_seconds=0, num_envs=2,
-        slot_groups=1, n_step=3, mario_flag_rate=0.25)
+        slot_groups=1, n_step=3, episode_success_rate=0.25)
     report = gauges.as_dict()
-    assert report["mario_flag_rate"] == 0.25 and report["weight_version"] == 3.0
-    assert "episode_return_last" not in report and "mario_world_last" not in report
+    assert report["episode_success_rate"] == 0.25 and report["weight_version"] == 3.0
+    assert "episode_return_last" not in report and "episode_progress_mean" not in report
     with pytest.raises(TypeError):  # a gauge every report carries cannot be left out
         ActorGauges(epsilon=0.4)  # type: ignore[call-arg]
     client = ReplayClientCounters(bad_replies=2, priority_updates=5, shm_batches_total=1)

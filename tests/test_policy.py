@@ -87,22 +87,7 @@ def test_old_metadata_falls_back_to_the_argument_then_run_json(tmp_path: Path) -
         Policy.load(tmp_path / "learner", env_id="Acrobot-v1")
 
 
-def test_a_strided_torso_checkpoint_loads_from_its_spec_and_from_its_name(tmp_path: Path) -> None:
-    mario = "SuperMarioBros-1-1-v0?size=42"
-    torch.manual_seed(0)
-    core = LearnerCore((4, 42, 42), 7, CoreConfig(torso="strided"))
-    core.env_id = mario  # type: ignore[attr-defined]
-    path = save_checkpoint(tmp_path / "learner", core, weight_version=2)
-    obs = np.random.default_rng(0).integers(0, 256, (4, 4, 42, 42), dtype=np.uint8)
-    with torch.no_grad():
-        expected = core.online(torch.from_numpy(obs)).numpy()
-    policy = Policy.load(tmp_path)
-    assert policy.network == "strided-4x42x42-7-dueling" and np.allclose(policy.q_values(obs), expected, atol=1e-5)
-    _strip_new_metadata(path)  # an older learner's metadata: the torso comes from the name
-    policy = Policy.load(tmp_path / "learner", env_id=mario)
-    assert policy.network == "strided-4x42x42-7-dueling" and np.allclose(policy.q_values(obs), expected, atol=1e-5)
-
-
+@pytest.mark.system
 def test_a_real_learner_process_notes_its_env_and_network(tmp_path: Path) -> None:
     """services/learner/main.py writes env_id and the network spec into the checkpoint it leaves on SIGTERM."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from flywheel import presets
+from flywheel import presets, runconfig
 from flywheel import run as run_module
 from flywheel.cli import build_parser, main
+from flywheel.netspec import NETWORK_FIELDS
 from flywheel.registry import settings_class
-from flywheel.runconfig import build_run_config
 from flywheel.settings import SettingsError, build_settings
 
 LearnerSettings = settings_class("learner")
@@ -39,8 +39,12 @@ def test_every_shipped_preset_names_real_settings_and_builds(name: str) -> None:
             {"device": "cpu"} if service == "learner" else {})
         settings = build_settings(settings_class(service), values, service)
         for key, value in preset.section(service).items():  # each value arrives, as its field's type
+            if key not in fields:  # a common value goes to the services that have the field
+                continue
             assert getattr(settings, key) == type(getattr(settings, key))(value), (name, service, key)
     assert set(preset.sections.get("run", {})) <= set(presets.RUN_KEYS)
+    every = {name for service in presets.SERVICES for name in settings_class(service).model_fields}
+    assert set(preset.sections.get("common", {})) <= every, f"{name}: a common value no service has"
 
 
 def test_presets_are_chosen_from_the_env_id() -> None:
@@ -165,33 +169,73 @@ def _plan(tmp_path: Path, *extra: str) -> tuple[argparse.Namespace, run_module.P
     return args, plan
 
 
-def test_flywheel_run_hands_its_children_the_presets_values_and_records_it(tmp_path: Path) -> None:
+def test_flywheel_run_hands_its_children_the_presets_name_and_records_it(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     args, plan = _plan(tmp_path, "--env", "CartPole-v1", "--set", "learner.lr=0.01")
     vector = presets.load("vector")
     assert plan.preset == vector
     for service in presets.SERVICES:
-        assert plan.env[service]["PRESET"] == "none"  # the values below are the preset's: not read twice
-        for key, value in vector.as_variables(service).items():
-            if (service, key) != ("learner", "LR"):
-                assert plan.env[service][key] == value, (service, key)
-    assert plan.env["learner"]["LR"] == "0.01"  # --set wins
+        assert plan.env[service]["PRESET"] == "vector"  # each child reads it, as a service started alone does
+        passed = {f.upper() for f in NETWORK_FIELDS} if service == "actor" else {"LR"}  # the network, the --set
+        assert not (set(vector.as_variables(service)) - passed) & set(plan.env[service]), service  # no copies
+        for key, value in vector.section(service).items():
+            if key in settings_class(service).model_fields and (service, key) != ("learner", "lr"):
+                assert getattr(plan.settings[service], key) == value, (service, key)
+    assert plan.env["learner"]["LR"] == "0.01" and plan.settings["learner"].lr == 0.01  # --set wins
     assert plan.actor_extra[0]["CLIP_INTERVAL_S"] == "120"  # the preset's run section
-    record = build_run_config(args, plan, None)
+    monkeypatch.setattr(runconfig, "_git_commit", lambda: None)  # no git process in a fast test
+    record = runconfig.build_run_config(args, plan, None)
     assert record["preset"] == {"name": "vector", "sha256": vector.sha256}
     assert record["flags"]["preset"] is None
+    assert record["overrides"] == ["learner.lr=0.01"] and record["settings"]["replay"]["capacity"] == 100_000
 
 
 def test_flywheel_run_preset_flag_takes_a_name_or_file_and_refuses_unknown_ones(tmp_path: Path) -> None:
     _, plan = _plan(tmp_path, "--env", "CartPole-v1", "--preset", "pixel")
-    assert plan.env["learner"]["BATCH_SIZE"] == "32" and plan.env["actor"]["GAMMA"] == "0.9"
+    assert plan.env["learner"]["PRESET"] == "pixel" and "BATCH_SIZE" not in plan.env["learner"]
+    assert plan.settings["learner"].batch_size == 32 and plan.settings["actor"].gamma == 0.9
     path = tmp_path / "mine.yaml"
     path.write_text("learner: {lr: 0.0007}\n")
     _, plan = _plan(tmp_path, "--env", "CartPole-v1", "--preset", str(path))
-    assert plan.env["learner"]["LR"] == "0.0007" and "BATCH_SIZE" not in plan.env["learner"]
+    assert plan.env["learner"]["PRESET"] == str(path.resolve()) and "LR" not in plan.env["learner"]
+    assert plan.settings["learner"].lr == 0.0007 and plan.settings["learner"].batch_size == 512  # not vector's 128
+    _, plan = _plan(tmp_path, "--env", "CartPole-v1", "--preset", "none")
+    assert plan.preset is None and plan.env["actor"]["PRESET"] == "none" and plan.settings["actor"].num_envs == 8
     with pytest.raises(SettingsError, match="flywheel run: --preset: unknown preset 'fast'"):
         _plan(tmp_path, "--env", "CartPole-v1", "--preset", "fast")
 
 
+@pytest.mark.parametrize(("env_id", "named"), [("CartPole-v1", "vector"), ("CartPole-v1", "pixel"),
+                                               ("CartPole-v1", "mine.yaml")])
+def test_a_service_started_by_flywheel_run_gets_the_settings_of_one_started_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env_id: str, named: str) -> None:
+    """One road from a preset to settings: a child of flywheel run reads its variables (the preset's name, the
+    wiring, the user's values) as a service started alone with the same env id and preset reads its own."""
+    if named == "mine.yaml":
+        named = str(tmp_path / named)
+        Path(named).write_text("extends: vector\ncommon: {hidden: 96}\nlearner: {lr: 0.003}\nactor: {gamma: 0.95}\n")
+    _, plan = _plan(tmp_path, "--env", env_id, "--preset", named)
+    for service in presets.SERVICES:
+        cls = settings_class(service)
+        with monkeypatch.context() as m:  # the child: its FLYWHEEL_<SERVICE>_* variables, nothing else
+            for key, value in plan.env[service].items():
+                m.setenv(f"FLYWHEEL_{service.upper()}_{key}", value)
+            child = cls()
+        prefix = f"FLYWHEEL_{service.upper()}_"
+        with monkeypatch.context() as m:  # started alone (as compose starts it): the env id and the preset
+            m.setenv(f"{prefix}PRESET", named)
+            if "env_id" in cls.model_fields:
+                m.setenv(f"{prefix}ENV_ID", env_id)
+            alone = cls()
+        wired = {key.lower() for key in plan.env[service]} - {"preset", "env_id"}
+        for field in set(cls.model_fields) - wired - {"instance"}:
+            assert getattr(child, field) == getattr(alone, field), (service, field)
+        assert child.model_dump(exclude={"instance"}) == plan.settings[service].model_dump(exclude={"instance"})
+    assert plan.settings["actor"].hidden == plan.settings["learner"].hidden == (96 if "mine" in named else 128 if
+                                                                                named == "vector" else 256)
+
+
+@pytest.mark.system  # starts learner processes
 def test_a_service_names_its_preset_in_its_first_lines(tmp_path: Path) -> None:
     """A learner started on its own (as in compose) reads its env id's preset and says which, first thing."""
     import socket

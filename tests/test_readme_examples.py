@@ -262,6 +262,7 @@ def _run_example(example: Example, workspace: Path) -> str:
 
 
 @pytest.mark.timeout(600)  # five runs of two documents, each bounded by RUN_TIMEOUT_S, on a loaded 2-core machine
+@pytest.mark.system
 def test_run_play_and_keys_examples_really_run(tmp_path: Path) -> None:
     """The ``flywheel run``, ``play`` and ``keys`` examples in document order, sharing one working folder."""
     done: list[str] = []
@@ -282,6 +283,7 @@ def test_run_play_and_keys_examples_really_run(tmp_path: Path) -> None:
     print("\n".join(done))
 
 
+@pytest.mark.system
 def test_service_examples_validate(tmp_path: Path) -> None:
     """Each service example's flags make valid settings (after the documents' own ``flywheel keys`` examples)."""
     for example in EXAMPLES:
@@ -377,6 +379,7 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.system
 def test_standalone_services_really_run(tmp_path: Path) -> None:
     """The block that starts each service alone (docs/USAGE.md) runs as written, as four real processes.
 

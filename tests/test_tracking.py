@@ -91,6 +91,7 @@ def offline_runs(track_dir: Path) -> list[dict[str, Any]]:
     return [read_run(d) for d in sorted((track_dir / "wandb").glob("offline-run-*"))]
 
 
+@pytest.mark.system  # wandb starts its wandb-core process
 def test_offline_points_are_read_back_and_a_resumed_run_continues(tmp_path: Path) -> None:
     sink = WandbSink(tmp_path, project="flywheel-test", group="cartpole", tags=["t1", "t2"], mode="offline",
                      config={"env_id": "CartPole-v1", "gateway": {"curves_interval_s": 1.0}})
@@ -122,6 +123,7 @@ def test_offline_points_are_read_back_and_a_resumed_run_continues(tmp_path: Path
         assert new.run_id != sink.run_id and (tmp_path / RUN_ID_FILE).read_text().strip() == new.run_id
 
 
+@pytest.mark.system
 def test_a_failed_call_is_logged_once_counted_and_retried(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     class Gone:
         """A run whose W&B service went away."""
@@ -172,6 +174,7 @@ def test_settings_tags_and_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sync_command("/runs/ck pt") == "wandb sync '/runs/ck pt/wandb'/offline-run-*"
 
 
+@pytest.mark.system
 def test_the_gateway_tracks_its_curve_points_and_counts_failures(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The gateway's curves writer with tracking on: W&B refusing to start never stops the curves; it is counted
@@ -243,6 +246,7 @@ def flywheel_run(cwd: Path, *argv: str, env: dict[str, str], timeout: float = 24
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.system
 def test_flywheel_run_track_offline_holds_the_curves_points(tmp_path: Path) -> None:
     env = clean_env(**wandb_env(tmp_path / "wandb-home"))
     ckpt = tmp_path / "ckpt"
@@ -277,6 +281,7 @@ def test_flywheel_run_track_offline_holds_the_curves_points(tmp_path: Path) -> N
     assert max(second["history"]) >= 4500
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("command", ["run", "gateway"])
 def test_tracking_without_wandb_is_one_clear_line(tmp_path: Path, command: str) -> None:
     shim = tmp_path / "shim" / "wandb"
@@ -298,7 +303,7 @@ def test_tracking_without_wandb_is_one_clear_line(tmp_path: Path, command: str) 
 def test_track_env_refuses_bad_tags() -> None:
     import argparse
 
-    from flywheel.tracking import track_env
+    from flywheel.tracking_cli import track_env
 
     args = argparse.Namespace(track=True, wandb_project="p", wandb_entity="", wandb_group="", wandb_tags="z" * 80)
     with pytest.raises(SettingsError, match="flywheel run --track: tag"):

@@ -16,6 +16,8 @@ import pytest
 
 from flywheel.testing.run import clean_env
 
+pytestmark = pytest.mark.system
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"flywheel": "flywheel", "proto": "flywheel/proto", "services": "flywheel/services"}  # folder -> in wheel
 RUN = ["run", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2", "--steps", "3000", "--no-video",

@@ -19,6 +19,12 @@ OUT = Path(__file__).resolve().parent / "dashboards"
 # (title, unit, [(expr, legend)], description); a panel is 12 wide unless "wide"
 Panel = tuple[str, str, list[tuple[str, str]], str]
 
+
+def _labelled(metric: str, label: str) -> str:
+    """Each actor's ``metric`` with ``label`` from its flywheel_actor_info: the env's own name for the measure."""
+    return f"{metric} * on (instance) group_left ({label}) flywheel_actor_info"
+
+
 OVERVIEW: list[Panel] = [
     ("Instances up, by service", "short", [
         ("sum by (service) (flywheel_up)", "{{service}} up"),
@@ -83,24 +89,35 @@ LEARNING: list[Panel] = [
     ], "Return of the greedy (epsilon 0) evaluation episodes some actors run beside their exploring ones."),
     ("Evaluation success rate", "percentunit", [
         ("flywheel_learner_eval_success_rate", "{{instance}}"),
-    ], "The learner's evaluations of its weights under the preset's protocol (Mario: epsilon 0.05 after 0-30 no-ops "
-       "from the level start): share of episodes that reached the env's goal (Mario: the flag)."),
+    ], "The learner's evaluations of its weights under the preset's protocol (e.g. epsilon 0.05 after 0-30 no-ops "
+       "from the level start), for envs that declare a success measure: share of episodes that reached the env's "
+       "goal (its name: eval_success_label of flywheel_learner_info)."),
     ("Evaluation progress and return", "short", [
         ("flywheel_learner_eval_progress_mean", "progress mean {{instance}}"),
         ("flywheel_learner_eval_progress_median", "progress median {{instance}}"),
         ("flywheel_learner_eval_greedy_return", "return {{instance}}"),
-    ], "The same evaluations: mean and median of the env's progress measure (Mario: furthest x) and mean return."),
-    ("Mario distance", "short", [
-        ("flywheel_actor_mario_distance_mean", "mean {{instance}}"),
-        ("flywheel_actor_mario_distance_max", "max {{instance}}"),
-        ("avg(flywheel_actor_mario_distance_mean)", "mean over actors"),
-        ("max(flywheel_actor_mario_distance_max)", "max over actors"),
-    ], "Super Mario Bros only: x position reached at the end of the episode (mean and max of each actor's last "
-       "100 episodes)."),
-    ("Mario flag rate", "percentunit", [
-        ("flywheel_actor_mario_flag_rate", "{{instance}}"),
-        ("avg(flywheel_actor_mario_flag_rate)", "mean over actors"),
-    ], "Super Mario Bros only: share of each actor's last 100 episodes that reached the flag."),
+    ], "The same evaluations: mean and median of the env's progress measure (its name: eval_progress_label of "
+       "flywheel_learner_info, e.g. furthest x) and mean return."),
+    ("Episode progress", "short", [
+        (_labelled("flywheel_actor_episode_progress_mean", "progress_label"), "{{progress_label}} mean {{instance}}"),
+        (_labelled("flywheel_actor_episode_progress_max", "progress_label"), "{{progress_label}} max {{instance}}"),
+        (f"avg by (progress_label) ({_labelled('flywheel_actor_episode_progress_mean', 'progress_label')})",
+         "{{progress_label}} mean over actors"),
+        (f"max by (progress_label) ({_labelled('flywheel_actor_episode_progress_max', 'progress_label')})",
+         "{{progress_label}} max over actors"),
+        (_labelled("flywheel_actor_restarted_progress_mean", "progress_label"),
+         "{{progress_label}} mean, restarted episodes {{instance}}"),
+    ], "Envs that declare a progress measure (flywheel.envs.measures; legends name it as the env does, e.g. furthest "
+       "x): the furthest each of an actor's last 100 level-start episodes got, mean and max, and apart from them the "
+       "mean of its last 100 episodes restarted at a kept start state (the start-state curriculum)."),
+    ("Episode success rate", "percentunit", [
+        (_labelled("flywheel_actor_episode_success_rate", "success_label"), "{{success_label}} {{instance}}"),
+        (f"avg by (success_label) ({_labelled('flywheel_actor_episode_success_rate', 'success_label')})",
+         "{{success_label}} mean over actors"),
+        (_labelled("flywheel_actor_restarted_success_rate", "success_label"),
+         "{{success_label}}, restarted episodes {{instance}}"),
+    ], "Envs that declare a success measure (e.g. the flag): share of each actor's last 100 level-start episodes "
+       "that reached the goal, and of its last 100 restarted ones."),
     ("Episodes/s and length", "short", [
         ("sum(rate(flywheel_actor_episodes_total[1m]))", "episodes/s"),
         ("flywheel_actor_episode_length_mean", "length {{instance}}"),
@@ -166,8 +183,8 @@ HARDWARE: list[Panel] = [
 
 DASHBOARDS = {
     "flywheel-overview": ("Flywheel overview", "System: throughput, replay, learner, weights, policy lag", OVERVIEW),
-    "flywheel-learning": ("Flywheel learning", "Returns, Mario distance and flags, loss, TD error, Q values, epsilon",
-                          LEARNING),
+    "flywheel-learning": ("Flywheel learning",
+                          "Returns, the env's progress and success, loss, TD error, Q values, epsilon", LEARNING),
     "flywheel-hardware": ("Flywheel hardware", "CPU, memory and GPU of every instance", HARDWARE),
 }
 

@@ -11,8 +11,7 @@ from pathlib import Path
 def add_demos_flags(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="demos_command", required=True, metavar="ACTION")
     collect = sub.add_parser("collect", help="play episodes in parallel and write a demonstrations set")
-    collect.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1, Snake-v0, "
-                                                      "SuperMarioBros-1-1-v0")
+    collect.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1 or Snake-v0")
     collect.add_argument("--episodes", type=int, required=True)
     collect.add_argument("--workers", default="auto", help="'auto' (cores minus one) or a number")
     collect.add_argument("--out", type=Path, required=True, help="directory of the set")

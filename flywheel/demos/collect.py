@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from flywheel.demos.format import DemoFileError, DemoWriter, read_manifest
+from flywheel.envs.measures import progress_in
 from flywheel.envs.spaces import observation_shape
 
 
@@ -88,7 +89,7 @@ def _worker(job: CollectJob, progress: Any) -> None:
             for episode in range(job.first, job.episodes, job.stride):
                 observations, actions, rewards, terminated, info = play_episode(env, policy, job.seed + episode)
                 added = writer.add_episode(observations, actions, rewards, terminated)
-                progress.put(("episode", added, float(rewards.sum()), info.get("x_pos")))
+                progress.put(("episode", added, float(rewards.sum()), progress_in(info)))
         env.close()
     except Exception as exc:  # reported to the parent, which stops and says so
         progress.put(("error", f"{type(exc).__name__}: {exc}", 0.0, None))
@@ -144,13 +145,13 @@ def collect(env_id: str, episodes: int, out: Path, *, workers: str = "auto", pol
     start = time.monotonic()
     done = transitions = 0
     returns: list[float] = []
-    distances: list[float] = []
+    reached_all: list[float] = []  # the env's progress measure at each episode's end, where it has one
     try:
         for proc in procs:
             proc.start()
         while done < episodes:
             try:
-                kind, added, ret, x_pos = progress.get(timeout=1.0)
+                kind, added, ret, reached = progress.get(timeout=1.0)
             except Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:
@@ -161,8 +162,8 @@ def collect(env_id: str, episodes: int, out: Path, *, workers: str = "auto", pol
             done += 1
             transitions += added
             returns.append(ret)
-            if x_pos is not None:
-                distances.append(float(x_pos))
+            if reached is not None:
+                reached_all.append(float(reached))
             if show_progress:
                 elapsed = time.monotonic() - start
                 bar = "#" * int(30 * done / episodes)
@@ -184,4 +185,4 @@ def collect(env_id: str, episodes: int, out: Path, *, workers: str = "auto", pol
     return {"path": str(out), "env_id": env_id, "policy": policy, "workers": count, "episodes": done,
             "transitions": transitions, "seconds": elapsed, "episodes_per_s": done / elapsed,
             "transitions_per_s": transitions / elapsed, "mean_return": float(np.mean(returns)),
-            "mean_distance": float(np.mean(distances)) if distances else None, "total_count": merged["count"]}
+            "mean_progress": float(np.mean(reached_all)) if reached_all else None, "total_count": merged["count"]}

@@ -1,4 +1,4 @@
-"""Policies that play demonstrations: scripted experts (CartPole, Snake, Mario), random, or a learner checkpoint."""
+"""Policies that play demonstrations: scripted experts (CartPole, Snake, NES platformers), random, or a checkpoint."""
 
 from __future__ import annotations
 
@@ -71,8 +71,9 @@ def snake_expert() -> Policy:
     return act
 
 
-def mario_expert(action_meanings: list[str], seed: int = 0) -> Policy:
-    """Run right holding B, jump with A in bursts (releasing A so Mario can jump again), a little randomness."""
+def platformer_actions(action_meanings: list[str]) -> dict[str, int] | None:
+    """The indices of the NES buttons right+A+B and right+B among ``action_meanings`` ("right A B", ...); None
+    when the action set lacks either."""
     wanted = {"run_jump": ("right", "A", "B"), "run": ("right", "B")}
     index: dict[str, int] = {}
     for name, buttons in wanted.items():
@@ -80,8 +81,15 @@ def mario_expert(action_meanings: list[str], seed: int = 0) -> Policy:
             parts = tuple(p.strip() for p in re.split(r"[ +,]+", meaning) if p.strip())
             if set(parts) == set(buttons):
                 index[name] = i
-    if len(index) != len(wanted):
-        raise PolicyError(f"the Mario expert needs right+A+B and right+B actions; this action set has "
+    return index if len(index) == len(wanted) else None
+
+
+def platformer_expert(action_meanings: list[str], seed: int = 0) -> Policy:
+    """Run right holding B, jump with A in bursts (releasing A so the character can jump again), a little
+    randomness: a side-scrolling NES platformer's expert."""
+    index = platformer_actions(action_meanings)
+    if index is None:
+        raise PolicyError(f"the platformer expert needs right+A+B and right+B actions; this action set has "
                           f"{action_meanings}")
     rng = np.random.default_rng(seed)
     step = {"t": 0}
@@ -101,7 +109,7 @@ def random_policy(n_actions: int, seed: int = 0) -> Policy:
     return lambda _obs, _info: int(rng.integers(n_actions))
 
 
-_NAME = re.compile(r"(?P<kind>mlp|conv|nature|strided)-(?P<shape>[0-9x]+)-(?P<actions>\d+)-(?P<arch>dueling|plain)"
+_NAME = re.compile(r"(?P<kind>mlp|conv|nature)-(?P<shape>[0-9x]+)-(?P<actions>\d+)-(?P<arch>dueling|plain)"
                    r"(?:-h(?P<hidden>\d+))?(?:-qr(?P<quantiles>\d+)|-c(?P<atoms>\d+))?")
 
 
@@ -128,8 +136,7 @@ def checkpoint_policy(directory: str | Path, obs_shape: tuple[int, ...], n_actio
     net = QNetwork(tuple(obs_shape), n_actions, dueling=match["arch"] == "dueling",
                    hidden=int(match["hidden"] or 256),
                    head="quantile" if match["quantiles"] else "c51" if match["atoms"] else "q",
-                   num_quantiles=int(match["quantiles"] or 51), c51_atoms=int(match["atoms"] or C51_ATOMS),
-                   torso="strided" if match["kind"] == "strided" else "auto")
+                   num_quantiles=int(match["quantiles"] or 51), c51_atoms=int(match["atoms"] or C51_ATOMS))
     if net.name != meta["network"]:
         raise PolicyError(f"{path} holds {meta['network']} but this env needs {net.name}")
     try:
@@ -145,7 +152,7 @@ def checkpoint_policy(directory: str | Path, obs_shape: tuple[int, ...], n_actio
     return act
 
 
-EXPERT_FAMILIES = ("CartPole", "Snake", "SuperMarioBros")
+EXPERT_FAMILIES = ("CartPole", "Snake", "NES platformers with right+A+B and right+B actions")
 
 
 def build_policy(spec: str, env_id: str, env: Any, seed: int) -> Policy:
@@ -162,7 +169,8 @@ def build_policy(spec: str, env_id: str, env: Any, seed: int) -> Policy:
         return cartpole_expert()
     if base in ("Snake-v0", "flywheel/Snake-v0"):
         return snake_expert()
-    if base.startswith("SuperMarioBros"):
-        return mario_expert(env.unwrapped.get_action_meanings(), seed)
+    meanings = getattr(env.unwrapped, "get_action_meanings", None)
+    if callable(meanings) and platformer_actions(list(meanings())) is not None:
+        return platformer_expert(list(meanings()), seed)
     raise PolicyError(f"no scripted expert for {env_id}; experts exist for {', '.join(EXPERT_FAMILIES)}; "
                       "use --policy checkpoint:DIR or random")

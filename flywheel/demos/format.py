@@ -8,7 +8,7 @@ A demonstrations set is a directory::
 
 manifest.json::
 
-    {"format": "flywheel-demos", "version": 1, "env_id": "SuperMarioBros-1-1-v0",
+    {"format": "flywheel-demos", "version": 1, "env_id": "ALE/Pong-v5",
      "obs_shape": [4, 84, 84], "obs_dtype": "uint8", "n_step": 3, "gamma": 0.99, "count": 1234,
      "episodes": [{"file": "episode-000000.npz", "steps": 412, "transitions": 412, "return": 801.0,
                    "terminated": true, "bytes": 1830211, "crc32": 2934857123}, ...]}

@@ -24,6 +24,7 @@ from flywheel.envs import nes_compat
 from flywheel.envs.atari import EVALUATION_OPTIONS as ATARI_EVALUATION_OPTIONS
 from flywheel.envs.atari import AtariConfig, atari_env_ids, is_atari_id, register_ale
 from flywheel.envs.mario import MarioConfig, MarioEnv, mario_env_ids, parse_mario_id
+from flywheel.envs.measures import Measures, measures_of
 from flywheel.envs.metta import METTAGRID_IDS, is_mettagrid_id
 from flywheel.envs.snake import SNAKE_IDS, SnakeConfig, SnakeEnv, SnakeVector, register_snake
 from flywheel.envs.spaces import action_count, observation_shape
@@ -35,6 +36,7 @@ __all__ = [
     "EnvModuleError",
     "EnvSpec",
     "EpisodeEnd",
+    "Measures",
     "StartStateConfig",
     "StartStatesUnsupported",
     "UnknownEnvironmentError",
@@ -48,6 +50,7 @@ __all__ = [
     "observation_shape",
     "make_env",
     "make_vector_env",
+    "measures_of",
     "split_env_id",
     "start_states_refusal",
 ]
@@ -113,7 +116,8 @@ def _import_env_module(base: str) -> str:
 class EnvSpec:
     """Static description of an env's observations and actions as seen by the learner.
 
-    ``agents`` is how many env slots one simulation fills (MettaGrid: its agents; else 1).
+    ``agents`` is how many env slots one simulation fills (MettaGrid: its agents; else 1); ``measures`` the labels
+    of the progress and success measures the env declares (flywheel.envs.measures).
     """
 
     env_id: str
@@ -121,6 +125,7 @@ class EnvSpec:
     obs_dtype: str
     n_actions: int
     agents: int = 1
+    measures: Measures = Measures()
 
 
 def known_env_ids() -> list[str]:
@@ -321,9 +326,11 @@ def _compute_spec(env_id: str, options: dict[str, Any]) -> EnvSpec:
     base, family, options = _resolve(env_id, options)
     if family == "mario":
         mario = MarioConfig.from_options(**options)
-        return EnvSpec(env_id, mario.obs_shape, "uint8", mario.n_actions)
+        return EnvSpec(env_id, mario.obs_shape, "uint8", mario.n_actions,
+                       measures=Measures.from_metadata(MarioEnv.metadata))
     if family == "snake":
-        return EnvSpec(env_id, SnakeConfig.from_options(**options).obs_shape, "uint8", 4)
+        return EnvSpec(env_id, SnakeConfig.from_options(**options).obs_shape, "uint8", 4,
+                       measures=Measures.from_metadata(SnakeEnv.metadata))
     if family == "mettagrid":
         from flywheel.envs.metta import mettagrid_spec
 
@@ -334,7 +341,8 @@ def _compute_spec(env_id: str, options: dict[str, Any]) -> EnvSpec:
     env = make_env(base, **options)
     try:
         space = env.observation_space
-        return EnvSpec(env_id, observation_shape(space), np.dtype(space.dtype).name, action_count(env.action_space))
+        return EnvSpec(env_id, observation_shape(space), np.dtype(space.dtype).name, action_count(env.action_space),
+                       measures=measures_of(env))
     finally:
         env.close()
 

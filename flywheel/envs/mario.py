@@ -13,6 +13,7 @@ import gymnasium
 import numpy as np
 
 from flywheel.envs import nes_compat
+from flywheel.envs.measures import END, PROGRESS, SUCCESS
 from flywheel.envs.nes_states import NesStartStates
 from flywheel.envs.options import EnvOptions
 from flywheel.envs.preprocessing import FrameStack, bgrx_to_grey, resize_area, rgb_to_grey
@@ -163,6 +164,13 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _with_measures(info: dict[str, Any]) -> dict[str, Any]:
+    """Add the env's measures to a library info dict: progress = ``x_pos``, success = ``flag_get``."""
+    info[PROGRESS] = float(info.get("x_pos") or 0)
+    info[SUCCESS] = bool(info.get("flag_get", False))
+    return info
+
+
 def _raw_screen(screen: np.ndarray) -> np.ndarray | None:
     """Return nes-py's native (H, W, 4) BGRx frame buffer behind its RGB view, if recognisable.
 
@@ -198,9 +206,13 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
     plus ``flag_bonus`` on the step that reaches a flag, minus ``death_penalty`` on
     the step that loses a life, times ``reward_scale`` and optionally clipped
     (:meth:`MarioConfig.shape_reward`).  ``info["raw_reward"]`` keeps the library's sum.
+
+    Its measures (flywheel.envs.measures): progress ``x_pos``, success the flag; ``info["end"]``: "flag", "death",
+    "clock" (the level's timer ran out), "time_limit" (``max_episode_steps``) or "stall" (``stall_steps``).
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 60}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 60,
+                "measures": {PROGRESS: "furthest x", SUCCESS: "flag"}}  # flywheel.envs.measures
 
     def __init__(self, env_id: str, **options: Any) -> None:
         """Build the NES emulator for ``env_id`` (a gym-super-mario-bros id)."""
@@ -302,9 +314,8 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         return resize_area(grey[self.config.crop_top:], self.config.size, self.config.size)
 
     def _info(self) -> dict[str, Any]:
-        """Return the library's info dict with Python scalar values."""
-        info = self._active._get_info()
-        return {k: _plain(v) for k, v in info.items()}
+        """Return the library's info dict with Python scalar values, and the measures."""
+        return _with_measures({k: _plain(v) for k, v in self._active._get_info().items()})
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -346,16 +357,21 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         obs = self._stack.push(self._observe(pooled))
         self._steps += 1
         limit = self.config.max_episode_steps
-        info = {k: _plain(v) for k, v in info.items()}
+        info = _with_measures({k: _plain(v) for k, v in info.items()})
         stalled = self.config.stall_steps is not None and self._stalled(info)
-        truncated = not done and ((limit is not None and self._steps >= limit) or stalled)
+        timed_out = limit is not None and self._steps >= limit
+        truncated = not done and (timed_out or stalled)
         self._needs_reset = done or truncated
-        flag = bool(info.get("flag_get", False))
+        flag = info[SUCCESS]
         new_flag = flag and not self._flag
         life = info.get("life")
         # a death: a life lost (whole-game ids), or a single-stage episode that ended without the flag
         death = (life is not None and self._life is not None and life < self._life) or (done and not flag)
         self._life, self._flag = life, flag
+        if done:
+            info[END] = "flag" if flag else "clock" if info.get("time") == 0 else "death"
+        elif truncated:
+            info[END] = "time_limit" if timed_out else "stall"
         info["raw_reward"] = total
         reward = self.config.shape_reward(total + shaped, new_flag, death)
         return obs, reward, bool(done), bool(truncated), info

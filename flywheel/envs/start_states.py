@@ -3,16 +3,12 @@
 In the spirit of Backplay and Go-Explore restarts, an env whose emulator can save and restore its state
 (:class:`StartStates`: Mario's nes-py, Atari's ``cloneState``) is wrapped in :class:`StartStateCurriculum`, which
 runs in the env's own process. It tracks the env's frontier, the furthest progress (Mario: ``x_pos``; Atari: agent
-steps into the game) over its last ``window`` episodes, keeps the state of an episode at a point chosen by
-``choice`` (at most one per episode, at most ``pool`` states), and starts a share of its episodes from one of them,
-picked uniformly. ``frontier``: where the episode passes ``frontier - margin`` (a state behind that point or kept for
-``window`` episodes is replaced, the least advanced first). ``uniform``: where it passes a point drawn uniformly
-between the level start and the frontier, so that restarts spread over all the ground the agent has reached.
-``ends``: where it passes ``margin`` before the end of one of the last ``window`` episodes, drawn uniformly, so that
-restarts come just before where episodes end (deaths, the level's end). With ``uniform`` and ``ends`` a state kept
-for ``window`` episodes is replaced, the oldest first. Restarted episodes are marked in ``info``
-(``restarted``, ``start_progress``) so that the actor keeps them out of its level-start episode statistics.
-Only training envs get it: evaluation always starts at the level start.
+steps into the game) over its last ``window`` episodes, keeps the state of an episode where it passes
+``frontier - margin`` (at most one per episode, at most ``pool`` states; a state behind that point or kept for
+``window`` episodes is replaced, the least advanced first), and starts a share of its episodes from one of them,
+picked uniformly. Restarted episodes are marked in ``info`` (``restarted``, ``start_progress``) so that the actor
+keeps them out of its level-start episode statistics. Only training envs get it: evaluation always starts at the
+level start.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ import numpy as np
 
 # info keys every step of a wrapped env carries (the vector copies them into EpisodeEnd)
 RESTARTED, START_PROGRESS, STATES_KEPT = "restarted", "start_progress", "start_states_kept"
-CHOICES = ("frontier", "uniform", "ends")  # where an episode's state is kept (module docstring)
 
 
 @runtime_checkable
@@ -74,16 +69,13 @@ class StartStatesUnsupported(ValueError):
 
 @dataclass(frozen=True)
 class StartStateConfig:
-    """The curriculum's settings: ``share`` of episodes restarted, ``margin`` behind the frontier (or an episode's
-    end) where states are kept, ``window`` of episodes the frontier is the furthest progress of, ``pool`` of states
-    kept at most, ``choice`` of the point where an episode's state is kept (``frontier``, ``uniform`` or ``ends``,
-    module docstring)."""
+    """The curriculum's settings: ``share`` of episodes restarted, ``margin`` behind the frontier where states are
+    kept, ``window`` of episodes the frontier is the furthest progress of, ``pool`` of states kept at most."""
 
     share: float = 0.0
     margin: float = 100.0
     window: int = 20
     pool: int = 8
-    choice: str = "frontier"
 
     def __post_init__(self) -> None:
         """Reject bad values with a clear message."""
@@ -95,8 +87,6 @@ class StartStateConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"start state {name} must be an integer >= 1, got {value!r}")
-        if self.choice not in CHOICES:
-            raise ValueError(f"start state choice must be one of {', '.join(CHOICES)}, got {self.choice!r}")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able form (subprocess workers get it through their options)."""
@@ -150,8 +140,6 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
         self.best = 0.0  # furthest progress of this episode
         self.saved = False  # a state was kept in this episode
         self.episodes = 0  # episodes finished
-        self.origin = 0.0  # progress at the last level start
-        self.keep_at: float | None = None  # "uniform", "ends": where this episode's state is kept (None: nowhere)
 
     @property
     def frontier(self) -> float | None:
@@ -177,24 +165,8 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
             obs, info = self.states.restore(kept.slot)
         self.restarted = kept is not None
         self.start_progress = self.best = self.states.progress(info)
-        if not self.restarted:
-            self.origin = self.start_progress
         self.saved = False
-        self.keep_at = self._drawn_point()
         return obs, self._mark(info)
-
-    def _drawn_point(self) -> float | None:
-        """Where this episode's state is kept, for choice ``uniform`` (a point drawn uniformly between the level
-        start and the frontier) or ``ends`` (``margin`` before the end of a recent episode, drawn uniformly); None:
-        choice ``frontier``, no recent end beyond the level start yet, or an episode that began past the point."""
-        frontier = self.frontier
-        if self.config.choice == "frontier" or frontier is None or frontier <= self.origin:
-            return None
-        if self.config.choice == "uniform":
-            point = self.origin + float(self.rng.random()) * (frontier - self.origin)
-        else:
-            point = self.recent[int(self.rng.integers(len(self.recent)))] - self.config.margin
-        return point if point > max(self.start_progress, self.origin) else None
 
     def step(self, action: Any) -> tuple[np.ndarray, Any, bool, bool, dict[str, Any]]:
         """The env's step; keeps the state where the episode first passes ``frontier - margin``."""
@@ -209,30 +181,24 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
         return obs, reward, terminated, truncated, self._mark(info)
 
     def _maybe_keep(self, progress: float) -> None:
-        """Keep this state if it is past the episode's keeping point (choice ``frontier``: ``frontier - margin``;
-        ``uniform``, ``ends``: the drawn point) and the pool has room, or holds a state kept for ``window`` episodes
-        already (so a state where every episode dies does not stay forever) or, for ``frontier``, one behind that
-        point: the least advanced (``frontier``) or the oldest (``uniform``, ``ends``) of those is replaced."""
+        """Keep this state if it is past ``frontier - margin`` and the pool has room, or holds a state behind that
+        point or kept for ``window`` episodes already (so a state where every episode dies does not stay forever):
+        the least advanced of those is replaced."""
         frontier = self.frontier
         if frontier is None or progress <= self.start_progress:
             return
-        drawn = self.config.choice != "frontier"
         threshold = frontier - self.config.margin
-        if drawn:
-            if self.keep_at is None or progress < self.keep_at:
-                return
-        elif progress < threshold:
+        if progress < threshold:
             return
         if len(self.kept) < self.capacity:
             self.kept.append(KeptState(len(self.kept), progress, self.episodes))
             slot = len(self.kept) - 1
         else:
             replaceable = [k for k in self.kept if self.episodes - k.episode >= self.config.window
-                           or (not drawn and k.progress < threshold)]
+                           or k.progress < threshold]
             if not replaceable:
-                self.keep_at = None  # full: nothing is kept in this episode
                 return
-            victim = min(replaceable, key=(lambda k: k.episode) if drawn else (lambda k: k.progress))
+            victim = min(replaceable, key=lambda k: k.progress)
             victim.progress, victim.episode = progress, self.episodes
             slot = victim.slot
         self.states.save(slot)

@@ -9,13 +9,14 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from flywheel.envs.measures import PROGRESS, SUCCESS, progress_in
 from flywheel.envs.spaces import action_count, observation_shape
 from flywheel.envs.start_states import RESTARTED, START_PROGRESS, STATES_KEPT
 
-# Info keys of an episode's last step that become episode metrics (Mario: distance, flag, world, stage; the
-# start-state curriculum: states kept).
-EPISODE_INFO_METRICS: dict[str, str] = {"x_pos": "distance", "flag_get": "flag", "world": "world", "stage": "stage",
-                                        STATES_KEPT: "start_states"}
+# Episode metrics: the env's measures (flywheel.envs.measures: "progress", the episode's maximum of
+# info["progress"]; "success", 1 if any step's info["success"] was true, else 0) where its info has them, and the
+# start-state curriculum's states kept (from the last step's info).
+PROGRESS_METRIC, SUCCESS_METRIC, STATES_METRIC = "progress", "success", "start_states"
 
 
 @dataclass
@@ -42,6 +43,24 @@ class EpisodeEnd:
         slot, ret, length, metrics, restarted, start_progress = data
         return cls(int(slot), float(ret), int(length), {str(k): float(v) for k, v in metrics.items()},
                    bool(restarted), float(start_progress))
+
+
+@dataclass
+class _Measured:
+    """One episode's measures so far: the furthest ``info["progress"]`` and whether any ``info["success"]``."""
+
+    progress: float | None = None
+    success: bool | None = None
+    ended: bool = False  # its episode was recorded (an env that reports its own episodes may go on past a reset)
+
+    def seen(self, info: dict[str, Any]) -> _Measured:
+        """Take one step's (or reset's) info; values that are not numbers are ignored."""
+        progress = progress_in(info)
+        if progress is not None:
+            self.progress = progress if self.progress is None else max(self.progress, progress)
+        if SUCCESS in info:
+            self.success = bool(self.success) or bool(info[SUCCESS])
+        return self
 
 
 @dataclass
@@ -158,6 +177,7 @@ class InProcessVector(SyncVectorEnv):
         self._self_reporting = [bool(getattr(env.unwrapped, "reports_episodes", False)) for env in self.envs]
         self._ret = [0.0] * self.num_envs
         self._len = [0] * self.num_envs
+        self._measured = [_Measured() for _ in self.envs]
         self._closed = False
 
     def reset(self) -> np.ndarray:
@@ -165,7 +185,8 @@ class InProcessVector(SyncVectorEnv):
         obs = np.empty((self.num_envs, *self.obs_shape), dtype=self.obs_dtype)
         for i, env in enumerate(self.envs):
             seed = self.seeds[i]
-            obs[i] = env.reset(seed=seed)[0]
+            obs[i], info = env.reset(seed=seed)
+            self._measured[i] = _Measured().seen(info)
             if seed is not None:
                 env.action_space.seed(seed)
         self._ret = [0.0] * self.num_envs
@@ -185,10 +206,14 @@ class InProcessVector(SyncVectorEnv):
             rewards[i], terms[i], truncs[i] = r, term, trunc
             ret[i] += r
             length[i] += 1
+            if PROGRESS in info or SUCCESS in info:
+                self._measured[i].seen(info)
             if term or trunc:
                 last[i] = obs
                 self._record(i, info, episodes)
-                obs, _ = env.reset()
+                obs, info = env.reset()
+                if self._measured[i].ended:
+                    self._measured[i] = _Measured().seen(info)
             obs_out[i] = obs
         reward = np.array(rewards, dtype=np.float32)
         terminated = np.array(terms, dtype=bool)
@@ -206,16 +231,28 @@ class InProcessVector(SyncVectorEnv):
             done = info.get("episode")
             if done is not None:
                 metrics = {k: float(v) for k, v in done.items() if k not in ("return", "length")}
-                if STATES_KEPT in info:
-                    metrics[EPISODE_INFO_METRICS[STATES_KEPT]] = float(info[STATES_KEPT])
+                metrics.update(self._episode_metrics(i, info))
                 episodes.append(EpisodeEnd(slot, float(done["return"]), int(done["length"]), metrics,
                                            bool(info.get(RESTARTED, False)), float(info.get(START_PROGRESS, 0.0))))
             return
-        metrics = {name: float(info[key]) for key, name in EPISODE_INFO_METRICS.items() if key in info}
+        metrics = self._episode_metrics(i, info)
         episodes.append(EpisodeEnd(slot, float(self._ret[i]), int(self._len[i]), metrics,
                                    bool(info.get(RESTARTED, False)), float(info.get(START_PROGRESS, 0.0))))
         self._ret[i] = 0.0
         self._len[i] = 0
+
+    def _episode_metrics(self, i: int, info: dict[str, Any]) -> dict[str, float]:
+        """The metrics of slot ``i``'s episode that ends with ``info`` (its measures are then started anew)."""
+        measured = self._measured[i]
+        measured.ended = True
+        metrics: dict[str, float] = {}
+        if measured.progress is not None:
+            metrics[PROGRESS_METRIC] = measured.progress
+        if measured.success is not None:
+            metrics[SUCCESS_METRIC] = float(measured.success)
+        if STATES_KEPT in info:
+            metrics[STATES_METRIC] = float(info[STATES_KEPT])
+        return metrics
 
     def close(self) -> None:
         """Close every env once."""

@@ -1,8 +1,9 @@
 """Filming the greedy policy for the gateway's live page: one episode per interval, in a thread of its own.
 
 The filmer builds its own network from the weights the actor is acting with, plays one greedy episode on an env
-of its own with ``flywheel play``'s renderer and encoder (an mp4 at the env's frame rate, Mario at full NES
-resolution), and PUSHes it to the gateway's telemetry socket in ClipChunk pieces. Acting never waits for it.
+of its own with flywheel.video (an mp4 at the env's frame rate and full resolution), and PUSHes it to the
+gateway's telemetry socket in ClipChunk pieces, with the episode's progress and success (flywheel.envs.measures).
+Acting never waits for it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ FIRST_CLIP_DELAY_S = 30.0  # the live page gets its first clip soon after the fi
 
 
 class _Greedy:
-    """``flywheel play``'s policy interface over an actor network: argmax Q."""
+    """flywheel.video's policy interface over an actor network: argmax Q."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -78,7 +79,7 @@ class ClipFilmer:
                 began = time.monotonic()
                 try:
                     if env is None or policy is None:
-                        from flywheel.play import make_play_env
+                        from flywheel.video import make_play_env
 
                         env, fps = make_play_env(self.env_id, True)
                         policy = self.make_policy()
@@ -100,7 +101,7 @@ class ClipFilmer:
                 env.close()
 
     def _film(self, policy: _Greedy, env: Any, fps: float, version: int) -> tuple[dict[str, Any], bytes]:
-        from flywheel.play import VideoWriter, play_episodes
+        from flywheel.video import VideoWriter, play_episodes
 
         with tempfile.TemporaryDirectory(prefix="flywheel-clip-") as tmp:
             path = Path(tmp) / "clip.mp4"
@@ -112,8 +113,8 @@ class ClipFilmer:
         log.info("clips: filmed weights v%d: %s (%d frames, %d KiB)", version, episode.line(), episode.frames,
                  len(data) >> 10)
         meta = {"weight_version": version, "fps": fps, "frames": episode.frames, "episode_return": episode.ret,
-                "length": episode.length, "x_pos": -1 if episode.x_pos_max is None else episode.x_pos_max,
-                "flag": bool(episode.flag)}
+                "length": episode.length, "progress": -1.0 if episode.progress is None else episode.progress,
+                "success": bool(episode.success)}
         return meta, data
 
     def _send(self, sock: zmq.Socket, clip: tuple[dict[str, Any], bytes]) -> None:

@@ -12,11 +12,28 @@ from typing import Literal
 import numpy as np
 
 from flywheel.envs import EpisodeEnd, StartStateConfig, VectorEnv, make_vector_env
+from flywheel.envs.vector import PROGRESS_METRIC, STATES_METRIC, SUCCESS_METRIC
 
-from .nstep import Emitted, NStepAccumulator, NStepSchedule
+from .nstep import Emitted, NStepAccumulator
 from .policy import Policy
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Measured:
+    """The env's measures (flywheel.envs.measures) of the last 100 episodes that report them: each episode's
+    furthest progress, and whether it reached the goal (1.0 or 0.0)."""
+
+    progress: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    successes: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+
+    def record(self, episode: EpisodeEnd) -> None:
+        """Keep the episode's measures (an env without them adds nothing)."""
+        if PROGRESS_METRIC in episode.metrics:
+            self.progress.append(episode.metrics[PROGRESS_METRIC])
+        if SUCCESS_METRIC in episode.metrics:
+            self.successes.append(episode.metrics[SUCCESS_METRIC])
 
 
 @dataclass
@@ -25,6 +42,7 @@ class RestartStats:
 
     episodes: int = 0
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    measured: Measured = field(default_factory=Measured)
     start_progress: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     recent: deque[bool] = field(default_factory=lambda: deque(maxlen=100))  # restarted or not, every episode
     states_kept: dict[int, float] = field(default_factory=dict)  # per env slot, as its last episode reported
@@ -32,11 +50,12 @@ class RestartStats:
     def record(self, episode: EpisodeEnd) -> None:
         """Note one finished training episode (restarted or not)."""
         self.recent.append(episode.restarted)
-        if "start_states" in episode.metrics:
-            self.states_kept[episode.slot] = episode.metrics["start_states"]
+        if STATES_METRIC in episode.metrics:
+            self.states_kept[episode.slot] = episode.metrics[STATES_METRIC]
         if episode.restarted:
             self.episodes += 1
             self.returns.append(episode.ret)
+            self.measured.record(episode)
             self.start_progress.append(episode.start_progress)
 
 
@@ -46,10 +65,8 @@ class EpisodeStats:
 
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     lengths: deque[int] = field(default_factory=lambda: deque(maxlen=100))
-    distances: deque[float] = field(default_factory=lambda: deque(maxlen=100))
-    flags: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    measured: Measured = field(default_factory=Measured)
     eval_returns: deque[float] = field(default_factory=lambda: deque(maxlen=10))
-    last_metrics: dict[str, float] = field(default_factory=dict)
     episodes: int = 0
     eval_episodes: int = 0
     restarts: RestartStats = field(default_factory=RestartStats)
@@ -61,11 +78,7 @@ class EpisodeStats:
             return
         self.returns.append(episode.ret)
         self.lengths.append(episode.length)
-        if "distance" in episode.metrics:
-            self.distances.append(episode.metrics["distance"])
-        if "flag" in episode.metrics:
-            self.flags.append(episode.metrics["flag"])
-        self.last_metrics = dict(episode.metrics)
+        self.measured.record(episode)
         self.episodes += 1
 
 
@@ -87,7 +100,7 @@ class ActorCore:
     order.
     """
 
-    def __init__(self, vec: VectorEnv, policy: Policy, *, n_step: int | NStepSchedule, gamma: float,
+    def __init__(self, vec: VectorEnv, policy: Policy, *, n_step: int, gamma: float,
                  eval_vec: VectorEnv | None = None, seed: int | None = None,
                  clock: Callable[[], float] = time.perf_counter, start_states: StartStateConfig | None = None) -> None:
         self.clock = clock  # what the time split counts: wall time (telemetry) or thread CPU time (benchmarks)
@@ -100,10 +113,9 @@ class ActorCore:
         self.groups = vec.groups
         first = vec.reset()
         self.obs = [np.array(first[g.start:g.stop]) for g in self.groups]
-        self.n_schedule = n_step if isinstance(n_step, NStepSchedule) else NStepSchedule(n_step)
-        self.n_step = self.n_schedule.at(0)  # n of the returns being emitted now
-        self.nstep = [NStepAccumulator(len(g), vec.obs_shape, vec.obs_dtype, self.n_step, gamma, stream_base=g.start,
-                                       capacity=self.n_schedule.capacity) for g in self.groups]
+        self.n_step = n_step  # n of the n-step returns emitted
+        self.nstep = [NStepAccumulator(len(g), vec.obs_shape, vec.obs_dtype, n_step, gamma, stream_base=g.start)
+                      for g in self.groups]
         self.actions = [np.zeros(len(g), dtype=np.int64) for g in self.groups]
         self.q_sa = [np.zeros(len(g)) for g in self.groups]
         self.in_flight = [False] * len(self.groups)
@@ -171,8 +183,6 @@ class ActorCore:
             for episode in res.episodes:
                 self.stats.record(episode)
             self.env_steps += len(res.reward)
-            if self.n_schedule.final is not None:
-                self._follow_n_schedule()
         n = len(self.obs[g])
         with_eval = g == 0 and self.eval_obs is not None
         batch = np.concatenate([self.obs[g], self.eval_obs]) if with_eval else self.obs[g]
@@ -198,16 +208,6 @@ class ActorCore:
         self.times.other += self.clock() - start - env_s - (self.times.inference - infer_before)
         return ready
 
-    def _follow_n_schedule(self) -> None:
-        """Give every slot group's accumulator the n the schedule asks for at these env steps."""
-        n = self.n_schedule.at(self.env_steps)
-        if n != self.n_step:
-            log.info("n-step %d -> %d at %d env steps (annealed to %s over %d)", self.n_step, n, self.env_steps,
-                     self.n_schedule.final, self.n_schedule.steps)
-            self.n_step = n
-            for acc in self.nstep:
-                acc.set_n(n)
-
     def _step_eval(self, actions: np.ndarray) -> None:
         assert self.eval_vec is not None
         res = self.eval_vec.step(actions)
@@ -222,7 +222,7 @@ class ActorCore:
             self.eval_vec.close()
 
 
-def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int | NStepSchedule, gamma: float,
+def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int, gamma: float,
                eval_envs: int = 0, seed: int | None = None,
                vector_mode: Literal["inprocess", "subprocess"] = "inprocess", workers: int | None = None,
                start_states: StartStateConfig | None = None) -> ActorCore:

@@ -40,7 +40,8 @@ def main(settings: ActorSettings) -> int:
         telemetry=TelemetryReporter(ctx, settings.telemetry_endpoint, "actor", settings.instance,
                                     settings.telemetry_interval_s),
         exploration=Exploration(settings.epsilon, settings.epsilon_base, settings.epsilon_alpha),
-        info={"env_id": settings.env_id, "network": core.policy.name, "vector_mode": settings.vector_mode})
+        info={"env_id": settings.env_id, "network": core.policy.name, "vector_mode": settings.vector_mode,
+              **{f"{key}_label": label for key, label in spec.measures.labels().items()}})  # the env's measures
     install_stop_signals(loop.stop)
     if settings.epsilon is None and not loop.lease.wait_first(3.0):
         log.warning("no lease from %s yet: acting as actor 0 of 1 until one arrives", settings.lease_endpoint)

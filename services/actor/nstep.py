@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,55 +18,21 @@ class Emitted(proto.Transition[np.ndarray]):
     stream: np.ndarray | None = field(default=None, metadata={"dtype": "int64"})
 
 
-@dataclass(frozen=True)
-class NStepSchedule:
-    """n of the n-step returns over one actor's env steps: ``start``, or linearly from ``start`` to ``final``.
-
-    ``final`` (None: ``start`` throughout) is reached after ``steps`` env steps of the actor and then kept,
-    e.g. 10 falling to 3 (long returns while Q is poor, less off-policy bias once it is good).
-    """
-
-    start: int
-    final: int | None = None
-    steps: int = 0
-
-    def __post_init__(self) -> None:
-        """Refuse a schedule that cannot be followed, with the values given."""
-        if self.start < 1 or (self.final is not None and self.final < 1):
-            raise ValueError(f"n-step must be at least 1, got start={self.start}, final={self.final}")
-        if (self.final is None) != (self.steps == 0) or self.steps < 0:
-            raise ValueError("an annealed n-step needs both a final n and a number of env steps > 0 "
-                             f"(got final={self.final}, steps={self.steps})")
-
-    @property
-    def capacity(self) -> int:
-        """The longest n the schedule ever asks for (the accumulator's window)."""
-        return max(self.start, self.final or self.start)
-
-    def at(self, env_steps: int) -> int:
-        """n after ``env_steps`` of the actor's env steps (rounded half up)."""
-        if self.final is None:
-            return self.start
-        progress = min(1.0, max(0, env_steps) / self.steps)
-        return math.floor(self.start + (self.final - self.start) * progress + 0.5)
-
-
 class NStepAccumulator:
     """Keeps the last steps of every environment and emits n-step transitions.
 
     ``push`` takes one vector step. An entry matures when it has n rewards (its own and n - 1 newer)
-    or its episode ends. The window holds ``capacity`` steps (default n); ``set_n`` changes n between
-    pushes, up to the capacity (an annealed n-step; each row's discount says how many steps it spans).
+    or its episode ends.
     Matured entries whose bootstrap state is the *next* observation to be acted on wait in a
     pending list until ``finish`` is given max-Q of those observations (computed by the next batched
     forward pass anyway), so priorities cost no extra inference.
     """
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | str,
-                 n: int, gamma: float, stream_base: int = 0, capacity: int | None = None) -> None:
-        size = n if capacity is None else capacity
-        if not 1 <= n <= size:
-            raise ValueError(f"n must be at least 1 and at most the window's capacity, got n={n}, capacity={size}")
+                 n: int, gamma: float, stream_base: int = 0) -> None:
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        size = n
         self.num_envs, self.size, self.gamma = num_envs, size, gamma
         self.stream_base = stream_base
         self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
@@ -86,19 +51,6 @@ class NStepAccumulator:
         self.pending: Emitted | None = None
         self.pending_env: np.ndarray = np.zeros(0, dtype=np.int64)
         self.pending_base: np.ndarray = np.zeros(0)
-
-    def set_n(self, n: int) -> None:
-        """Emit ``n``-step returns from the next push on (an annealed n).
-
-        Steps already waiting that are n or more steps old then leave at once, each with the return
-        of the steps it has (longer than n when n fell), so none is lost or emitted twice.
-        """
-        if not 1 <= n <= self.size:
-            raise ValueError(f"n must be 1..{self.size} (the window's capacity), got {n}")
-        if n != self.n:
-            self.n = n
-            self._discount_n = np.full(self.num_envs, self.gamma**n, dtype=np.float32)
-            self.all_full = bool((self.filled == n - 1).all())
 
     def push(self, obs: np.ndarray, action: np.ndarray, q_sa: np.ndarray, reward: np.ndarray,
              terminated: np.ndarray, truncated: np.ndarray, next_obs: np.ndarray,
@@ -138,7 +90,7 @@ class NStepAccumulator:
         age_idx = depth - 1 - newer
         slots = slots_by_age[age_idx]
         discount = self.gamma ** (age_idx + 1) * (1.0 - terminated[env_idx])
-        # One row per env, all of one age (the steady state; an annealed n can break either): no copies.
+        # One row per env, all of one age (the steady state): no copies.
         every_env_once = (not done.any() and len(env_idx) == self.num_envs and bool((env_idx == self._envs).all())
                           and bool((age_idx == age_idx[0]).all()))
         rows = Emitted(

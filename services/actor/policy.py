@@ -86,7 +86,7 @@ def resolve_backend(obs_shape: tuple[int, ...], backend: Backend = "auto") -> Li
 
 
 def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
-                 head: str = "q", num_quantiles: int = 51, c51_atoms: int = C51_ATOMS, torso: str = "auto",
+                 head: str = "q", num_quantiles: int = 51, c51_atoms: int = C51_ATOMS,
                  backend: Backend = "auto", threads: int | None = 1,
                  seed: int | None = None, freeze: bool = False, obs_dtype: str = "float32") -> Policy:
     """The acting network for ``obs_shape``; ``threads`` (unless None) caps the math library's threads.
@@ -112,5 +112,5 @@ def build_policy(obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = 
     if seed is not None:
         torch.manual_seed(seed)
     net = build_q_network(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head,
-                          num_quantiles=num_quantiles, c51_atoms=c51_atoms, torso=torso)
+                          num_quantiles=num_quantiles, c51_atoms=c51_atoms)
     return TorchPolicy(net, freeze=freeze, obs_dtype=obs_dtype)

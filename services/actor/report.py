@@ -9,7 +9,7 @@ import numpy as np
 
 from flywheel.metrics_spec import ActorCounters, ActorGauges
 
-from .core import ActorCore
+from .core import ActorCore, EpisodeStats
 from .transport import LeaseClient, TransitionSender, WeightsReceiver
 
 
@@ -45,27 +45,8 @@ def actor_report(core: ActorCore, sender: TransitionSender, weights: WeightsRece
         env_steps_per_second=rate.update(core.env_steps, now), episode_return_mean=_mean(stats.returns),
         episode_length_mean=_mean(stats.lengths), lease_index=lease.index, lease_slots=lease.count,
         paused=float(paused), send_blocked_seconds=sender.blocked_s, num_envs=core.num_envs,
-        slot_groups=len(core.groups), n_step=core.n_step,
+        slot_groups=len(core.groups), n_step=core.n_step, **episode_gauges(stats, core.start_states is not None),
     )
-    if stats.returns:
-        gauges.episode_return_last = stats.returns[-1]
-    if stats.distances:
-        gauges.mario_distance_mean = _mean(stats.distances)
-        gauges.mario_distance_max = max(stats.distances)
-    if stats.flags:
-        gauges.mario_flag_rate = _mean(stats.flags)
-    gauges.mario_world_last = stats.last_metrics.get("world")
-    gauges.mario_stage_last = stats.last_metrics.get("stage")
-    if stats.eval_returns:
-        gauges.eval_return_mean = _mean(stats.eval_returns)
-        gauges.eval_return_last = stats.eval_returns[-1]
-    restarts = stats.restarts
-    if core.start_states is not None:
-        gauges.start_state_share_actual = _mean(restarts.recent)
-        gauges.start_states_kept = sum(restarts.states_kept.values())
-        if restarts.returns:
-            gauges.restarted_return_mean = _mean(restarts.returns)
-            gauges.start_state_progress_mean = _mean(restarts.start_progress)
     times = core.times
     counters = ActorCounters(
         env_steps_total=core.env_steps, episodes_total=stats.episodes, eval_episodes_total=stats.eval_episodes,
@@ -75,6 +56,35 @@ def actor_report(core: ActorCore, sender: TransitionSender, weights: WeightsRece
         send_seconds_total=sender.send_s, send_blocked_seconds_total=sender.blocked_s,
         send_reconnects_total=sender.reconnects, weights_load_seconds_total=weights.load_s,
         env_seconds_total=times.env, inference_seconds_total=times.inference, bookkeeping_seconds_total=times.other,
-        restarted_episodes_total=restarts.episodes if core.start_states is not None else None,
+        restarted_episodes_total=stats.restarts.episodes if core.start_states is not None else None,
     )
     return counters, gauges
+
+
+def episode_gauges(stats: EpisodeStats, curriculum: bool) -> dict[str, float]:
+    """The optional episode gauges that have a value: the last return, the env's measures (flywheel.envs.measures)
+    of level-start episodes, the greedy episodes' returns and, with the start-state curriculum on (``curriculum``),
+    the restarted episodes' figures apart."""
+    out: dict[str, float] = {}
+    if stats.returns:
+        out["episode_return_last"] = stats.returns[-1]
+    if stats.measured.progress:
+        out["episode_progress_mean"] = _mean(stats.measured.progress)
+        out["episode_progress_max"] = max(stats.measured.progress)
+    if stats.measured.successes:
+        out["episode_success_rate"] = _mean(stats.measured.successes)
+    if stats.eval_returns:
+        out["eval_return_mean"] = _mean(stats.eval_returns)
+        out["eval_return_last"] = stats.eval_returns[-1]
+    restarts = stats.restarts
+    if curriculum:
+        out["start_state_share_actual"] = _mean(restarts.recent)
+        out["start_states_kept"] = sum(restarts.states_kept.values())
+        if restarts.returns:
+            out["restarted_return_mean"] = _mean(restarts.returns)
+            out["start_state_progress_mean"] = _mean(restarts.start_progress)
+        if restarts.measured.progress:
+            out["restarted_progress_mean"] = _mean(restarts.measured.progress)
+        if restarts.measured.successes:
+            out["restarted_success_rate"] = _mean(restarts.measured.successes)
+    return out

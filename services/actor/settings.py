@@ -4,50 +4,37 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from flywheel.netspec import C51_ATOMS, Head, Torso
+from flywheel.netspec import NetworkSpec
+from flywheel.presets import DEFAULT_ENV
 from flywheel.settings import CommonSettings
 
 if TYPE_CHECKING:
     from flywheel.envs.start_states import StartStateConfig
 
-    from .nstep import NStepSchedule
 
-
-class ActorSettings(CommonSettings):
-    """Environments, exploration, n-step returns and the sockets of one actor process."""
+class ActorSettings(CommonSettings, NetworkSpec):
+    """Environments, exploration, n-step returns and the sockets of one actor process; the acting network is
+    NetworkSpec's fields (dueling, hidden, head, num_quantiles, c51_atoms), the learner's."""
 
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_ACTOR_", extra="forbid", validate_default=True,
                                       env_ignore_empty=True)
 
     join: str = Field("", max_length=2048, description="URL of a run's gateway (http://HOST:PORT) started with "
-                      "flywheel run --listen: its env id, preset values and endpoints, below these flags and "
-                      "FLYWHEEL_ACTOR_* variables; needs this host's CURVE keys (--curve-keys-dir), never the "
-                      "document's (flywheel/remote.py)")
-    env_id: str = Field("SuperMarioBros-1-1-v0", description="environment id, options after '?' "
-                        "(e.g. SuperMarioBros-1-1-v0?actions=right_only, ALE/Pong-v5?clip_rewards=false)")
+                      "flywheel run --listen: its env id, preset (or a preset file's values) and endpoints, below "
+                      "these flags and FLYWHEEL_ACTOR_* variables; needs this host's CURVE keys (--curve-keys-dir), "
+                      "never the document's (flywheel/remote.py)")
+    env_id: str = Field(DEFAULT_ENV, description="environment id, options after '?' (e.g. "
+                        "ALE/Pong-v5?clip_rewards=false; docs/ENVIRONMENTS.md)")
     num_envs: int = Field(8, ge=1, le=4096, description="env slots stepped as one vector (MettaGrid: agents)")
     vector_mode: Literal["inprocess", "subprocess"] = Field(
         "inprocess", description="step envs in this process, or in worker processes over shared memory "
         "(double-buffered: inference overlaps stepping)")
     workers: int = Field(0, ge=0, le=256, description="worker processes in subprocess mode (0: the usable cores)")
-    n_step: int = Field(3, ge=1, le=100, description="steps in each n-step return (the first, when annealed)")
-    n_step_final: int = Field(0, ge=0, le=100, description="anneal n linearly from n_step to this over "
-                              "n_step_anneal_steps of this actor's env steps, then keep it (0: n_step throughout)")
-    n_step_anneal_steps: int = Field(0, ge=0, le=10**12, description="this actor's env steps over which n goes "
-                                     "from n_step to n_step_final (a resumed run starts the schedule again)")
+    n_step: int = Field(3, ge=1, le=100, description="steps in each n-step return")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
-    dueling: bool = Field(True, description="dueling network head (must match the learner)")
-    hidden: int = Field(256, ge=8, le=8192, description="hidden units of the MLP (vector observations)")
-    head: Head = Field("q", description="q, quantile (QR-DQN) or c51 head (must match the learner; a c51 net "
-                       "takes the learner's support with the weights)")
-    num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
-    c51_atoms: int = Field(C51_ATOMS, ge=2, le=1024, description="atoms per action of the c51 head (must match the "
-                           "learner)")
-    torso: Torso = Field("auto", description="auto: chosen by the observation's shape; strided: four 3x3 stride-2 "
-                         "convolutions for images (must match the learner)")
     inference: Literal["auto", "numpy", "torch"] = Field(
         "auto", description="forward pass in NumPy (MLP only: the actor then never imports torch) or torch "
         "(auto: NumPy for vector observations, torch for convolutional networks)")
@@ -82,36 +69,20 @@ class ActorSettings(CommonSettings):
                                   "adds 1 a publish, so this is days of publishing every update, and a learner's new "
                                   "run is taken whatever its version")
     start_state_share: float = Field(0.0, ge=0, le=1, description="share of training episodes started from a "
-                                     "state the agent reached near its frontier (0: off; envs that can save state: "
-                                     "single-stage Mario, Atari); evaluation always starts at the level start")
+                                     "state the agent reached near its frontier (0: off; envs that can save and "
+                                     "restore their state, docs/ENVIRONMENTS.md); evaluation always starts at the "
+                                     "level start")
     start_state_margin: float = Field(100.0, ge=0, le=1e9, allow_inf_nan=False, description="start states are "
-                                      "kept where an episode passes the frontier minus this much progress (Mario: "
-                                      "x pixels; Atari: agent steps into the game)")
+                                      "kept where an episode passes the frontier minus this much progress (in the "
+                                      "env's own progress measure)")
     start_state_window: int = Field(20, ge=1, le=100_000, description="the frontier is the furthest progress of "
                                     "each env's last this many episodes")
     start_state_pool: int = Field(8, ge=1, le=1024, description="start states each env keeps at most (the least "
-                                  "advanced replaced first; Mario's emulator keeps 1)")
-    start_state_choice: Literal["frontier", "uniform", "ends"] = Field(
-        "frontier", description="where an episode's state is kept: frontier (where it passes the frontier minus "
-        "start_state_margin), uniform (where it passes a point drawn uniformly between the level start and the "
-        "frontier) or ends (start_state_margin before where one of the last start_state_window episodes ended, "
-        "drawn uniformly)")
+                                  "advanced replaced first; an env may keep fewer)")
     max_env_steps: int = Field(0, ge=0, description="stop after this many env steps (0: run until stopped)")
-
-    @model_validator(mode="after")
-    def _n_step_schedule_is_whole(self) -> ActorSettings:
-        if (self.n_step_final > 0) != (self.n_step_anneal_steps > 0):
-            raise ValueError("an annealed n-step needs both n_step_final > 0 and n_step_anneal_steps > 0 "
-                             f"(got n_step_final={self.n_step_final}, n_step_anneal_steps={self.n_step_anneal_steps})")
-        return self
-
-    def n_step_schedule(self) -> NStepSchedule:
-        """n of the n-step returns over this actor's env steps: fixed, or annealed."""
-        from .nstep import NStepSchedule
-
-        if self.n_step_final == 0:
-            return NStepSchedule(self.n_step)
-        return NStepSchedule(self.n_step, self.n_step_final, self.n_step_anneal_steps)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1, description="seed of the envs (slot i: seed + i), the "
+                             "exploration draws and the acting network's initial weights (unset: random; flywheel "
+                             "run derives one per actor from --seed)")
 
     def start_states(self) -> StartStateConfig | None:
         """The start-state curriculum these settings ask for (None: off)."""
@@ -120,7 +91,4 @@ class ActorSettings(CommonSettings):
         if self.start_state_share <= 0:
             return None
         return StartStateConfig(self.start_state_share, self.start_state_margin, self.start_state_window,
-                                self.start_state_pool, self.start_state_choice)
-    seed: int | None = Field(None, ge=0, le=2**31 - 1, description="seed of the envs (slot i: seed + i), the "
-                             "exploration draws and the acting network's initial weights (unset: random; flywheel "
-                             "run derives one per actor from --seed)")
+                                self.start_state_pool)

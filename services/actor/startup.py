@@ -17,9 +17,7 @@ from .transport import auto_batch_rows
 
 def acting_policy(settings: ActorSettings, spec: EnvSpec) -> Policy:
     """The acting network as the settings describe it, on one thread."""
-    return build_policy(spec.obs_shape, spec.n_actions, dueling=settings.dueling, hidden=settings.hidden,
-                        head=settings.head, num_quantiles=settings.num_quantiles, c51_atoms=settings.c51_atoms,
-                        torso=settings.torso, backend=settings.inference,
+    return build_policy(spec.obs_shape, spec.n_actions, **settings.network().model_dump(), backend=settings.inference,
                         threads=1, seed=settings.seed, freeze=settings.torch_freeze, obs_dtype=spec.obs_dtype)
 
 
@@ -28,7 +26,7 @@ def build_acting(settings: ActorSettings) -> tuple[ActorCore, EnvSpec]:
     try:
         spec = env_spec(settings.env_id)
         policy = acting_policy(settings, spec)
-        core = build_core(settings.env_id, settings.num_envs, policy, n_step=settings.n_step_schedule(),
+        core = build_core(settings.env_id, settings.num_envs, policy, n_step=settings.n_step,
                           gamma=settings.gamma, eval_envs=settings.eval_envs, seed=settings.seed,
                           vector_mode=settings.vector_mode, workers=settings.workers or None,
                           start_states=settings.start_states())

@@ -50,7 +50,7 @@ class Clip:
         p = self.piece
         return {"instance": p.instance, "weight_version": p.weight_version, "env_id": p.env_id, "fps": p.fps,
                 "frames": p.frames, "episode_return": p.episode_return, "length": p.length,
-                "x_pos": p.x_pos if p.x_pos >= 0 else None, "flag": p.flag, "sent_time": p.time,
+                "progress": p.progress if p.progress >= 0 else None, "success": p.success, "sent_time": p.time,
                 "received_time": self.received_wall, "bytes": len(self.data)}
 
 
@@ -135,7 +135,7 @@ class ClipAssembler:
         expected = self.chunk_bytes if chunk.index < count - 1 else chunk.total_bytes - (count - 1) * self.chunk_bytes
         if chunk.data.shape[0] != expected:
             raise ClipRejected(f"{where}: {chunk.data.shape[0]} bytes, expected {expected}", fault="clip_piece")
-        for name in ("fps", "episode_return", "time"):
+        for name in ("fps", "episode_return", "progress", "time"):
             value = getattr(chunk, name)
             if not (math.isfinite(value) and abs(value) <= MAX_ABS_VALUE):
                 raise ClipRejected(f"{where}: {name} {value!r} is not a finite number within +-2**53",

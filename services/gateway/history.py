@@ -7,8 +7,8 @@ from typing import Any
 
 from .metrics import Registry
 
-CURVE_FIELDS = ("env_steps", "episodes", "return_mean", "eval_return_mean", "distance_mean", "distance_max",
-                "flag_rate", "updates", "weight_version")
+CURVE_FIELDS = ("env_steps", "episodes", "return_mean", "eval_return_mean", "progress_mean", "progress_max",
+                "success_rate", "restarted_progress_mean", "updates", "weight_version")
 
 
 def _finite(values: list[float]) -> list[float]:
@@ -36,9 +36,13 @@ def curve_point(registry: Registry, now: float, wall: float) -> dict[str, Any] |
         "episodes": sum(s.counters.get("episodes_total", 0.0) for s in actors),
         "return_mean": mean_of("episode_return_mean"),
         "eval_return_mean": mean_of("eval_return_mean"),
-        "distance_mean": mean_of("mario_distance_mean"),  # Mario only: mean of the actors' rolling means
-        "distance_max": max_of("mario_distance_max"),  # the farthest any live actor got in its last 100 episodes
-        "flag_rate": mean_of("mario_flag_rate"),  # share of episodes that reached the flag, mean over actors
+        # the env's own measures (flywheel.envs.measures), null for envs without: the mean of the actors' rolling
+        # means over level-start episodes, the furthest any live actor got in its last 100, the mean success rate,
+        # and apart from them the mean progress of episodes restarted at a kept start state (the curriculum)
+        "progress_mean": mean_of("episode_progress_mean"),
+        "progress_max": max_of("episode_progress_max"),
+        "success_rate": mean_of("episode_success_rate"),
+        "restarted_progress_mean": mean_of("restarted_progress_mean"),
         "updates": sum(s.counters.get("updates_total", 0.0) for s in learners),
         "weight_version": max(_finite([s.gauges.get("weight_version", math.nan) for s in learners]), default=None),
     }

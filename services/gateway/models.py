@@ -68,8 +68,9 @@ class ClipInfo(BaseModel):
     frames: int
     episode_return: Number
     length: int
-    x_pos: int | None = Field(description="Mario only: how far the episode got")
-    flag: bool
+    progress: Number | None = Field(description="the episode's progress measure (its maximum; the env's label: "
+                                    "summary.progress_label), null for envs without one")
+    success: bool = Field(description="whether the episode reached the env's goal (summary.success_label)")
     sent_time: Number
     received_time: Number
     bytes: int
@@ -160,14 +161,29 @@ class Summary(BaseModel):
     eval_return: Number | None = Field(description="mean return of the learner's last evaluation (its preset's "
                                        "protocol)")
     eval_success_rate: Number | None = Field(description="share of that evaluation's episodes that reached the "
-                                             "env's goal (Mario: the flag); null for envs without one")
-    eval_progress_mean: Number | None = Field(description="mean progress of that evaluation (Mario: furthest x)")
+                                             "env's goal; null for envs without one")
+    eval_progress_mean: Number | None = Field(description="mean progress of that evaluation (the env's progress "
+                                              "measure)")
     eval_progress_median: Number | None = Field(description="median progress of that evaluation")
-    eval_success_label: str | None = Field(description="what success is called for this env (Mario: flag)")
-    eval_progress_label: str | None = Field(description="what progress is called for this env (Mario: furthest x)")
-    mario_distance_mean: Number | None
-    mario_distance_max: Number | None
-    mario_flag_rate: Number | None
+    eval_success_label: str | None = Field(description="what success is called for the learner's env (its "
+                                           "telemetry info eval_success_label, e.g. flag)")
+    eval_progress_label: str | None = Field(description="what progress is called for the learner's env (its "
+                                            "telemetry info eval_progress_label, e.g. furthest x)")
+    progress_mean: Number | None = Field(description="the env's progress measure: mean over the live actors of "
+                                         "their last 100 level-start episodes (null for envs without one)")
+    progress_max: Number | None = Field(description="the furthest any live actor got in its last 100 level-start "
+                                        "episodes")
+    success_rate: Number | None = Field(description="share of those episodes that reached the env's goal, mean "
+                                        "over the live actors")
+    restarted_progress_mean: Number | None = Field(description="mean progress of the last 100 episodes each live "
+                                                   "actor restarted at a kept start state (the start-state "
+                                                   "curriculum), shown apart from the level-start ones")
+    restarted_success_rate: Number | None = Field(description="share of those restarted episodes that reached the "
+                                                  "goal")
+    progress_label: str | None = Field(description="what progress is called for the actors' env (their telemetry "
+                                       "info progress_label, e.g. furthest x); null: no measure")
+    success_label: str | None = Field(description="what success is called for the actors' env (success_label, "
+                                      "e.g. flag)")
     epsilon: dict[str, Number | None]
     exploration: Exploration | None
 
@@ -215,9 +231,14 @@ class CurvePoint(BaseModel):
     episodes: Number
     return_mean: Number | None
     eval_return_mean: Number | None
-    distance_mean: Number | None
-    distance_max: Number | None
-    flag_rate: Number | None
+    progress_mean: Number | None = Field(description="the env's progress measure: mean over the live actors of their "
+                                         "last 100 level-start episodes (null for envs without one)")
+    progress_max: Number | None = Field(description="the furthest any live actor got in its last 100 level-start "
+                                        "episodes")
+    success_rate: Number | None = Field(description="share of those episodes that reached the env's goal, mean "
+                                        "over the live actors")
+    restarted_progress_mean: Number | None = Field(description="mean progress of the episodes restarted at a kept "
+                                                   "start state (the start-state curriculum), apart")
     updates: Number
     weight_version: Number | None
 

@@ -1,8 +1,10 @@
 """The live page at ``/``: the numbers that matter and a learning curve, plain HTML and one inline script.
 
 No external resources (no CDN, no fonts): it must work on a machine without internet. The script polls
-``/status`` and ``/history`` every second and draws the curve on a <canvas>; for Super Mario Bros a second chart
-shows the distance reached and the flag rate over time (it stays hidden while no actor reports them).
+``/status`` and ``/history`` every second and draws the curve on a <canvas>. For an env that declares its own
+measures (flywheel.envs.measures: a progress value and a success flag) cards and a second chart show them under
+the env's labels (from the actors' telemetry info), level-start and restarted episodes apart; they stay hidden
+while no actor reports them.
 """
 
 LIVE_PAGE = """<!doctype html>
@@ -32,7 +34,8 @@ LIVE_PAGE = """<!doctype html>
   .up { color: var(--ok); } .down { color: var(--bad); }
   canvas { width: 100%; height: 280px; display: block; }
   video { max-width: 100%; max-height: 480px; display: block; image-rendering: pixelated; background: #000; }
-  .legend span { margin-right: 14px; } .legend i { display: inline-block; width: 10px; height: 3px;
+  .legend span { margin-right: 14px; } .legend b { font-weight: normal; }
+  .legend i { display: inline-block; width: 10px; height: 3px;
     vertical-align: middle; margin-right: 4px; }
   #error { color: var(--bad); }
 </style>
@@ -64,10 +67,12 @@ LIVE_PAGE = """<!doctype html>
       <div class="value" id="eval_return_mean">-</div></div>
     <div class="card"><div class="label" id="eval_label">learner evaluation</div>
       <div class="value" id="eval_summary">-</div></div>
-    <div class="card mario" hidden><div class="label">Mario distance (mean / max)</div>
-      <div class="value" id="mario_distance">-</div></div>
-    <div class="card mario" hidden><div class="label">Mario flag rate</div>
-      <div class="value" id="mario_flag_rate">-</div></div>
+    <div class="card measure" hidden><div class="label" id="progress_title">progress mean</div>
+      <div class="value" id="progress_mean">-</div></div>
+    <div class="card measure" hidden><div class="label" id="progress_max_title">progress max</div>
+      <div class="value" id="progress_max">-</div></div>
+    <div class="card measure" hidden><div class="label" id="success_title">success rate</div>
+      <div class="value" id="success_rate">-</div></div>
   </section>
   <section class="panel">
     <h2>Learning curve: episode return over time</h2>
@@ -76,13 +81,14 @@ LIVE_PAGE = """<!doctype html>
       <span id="curve_info"></span></div>
     <canvas id="curve" data-points="0"></canvas>
   </section>
-  <section class="panel" id="mario_panel" hidden>
-    <h2>Mario: distance reached and flag rate over time</h2>
-    <div class="legend"><span><i style="background: #56d4dd"></i>distance (mean over actors, left axis)</span>
-      <span><i style="background: #a371f7"></i>distance (max)</span>
-      <span><i style="background: #e3b341"></i>flag rate (right axis)</span>
-      <span id="mario_info"></span></div>
-    <canvas id="mario" data-points="0"></canvas>
+  <section class="panel" id="measures_panel" hidden>
+    <h2 id="measures_title">progress and success rate over time</h2>
+    <div class="legend"><span><i style="background: #56d4dd"></i><b id="legend_progress_mean"></b></span>
+      <span><i style="background: #a371f7"></i><b id="legend_progress_max"></b></span>
+      <span id="legend_restarted_item" hidden><i style="background: #f778ba"></i><b id="legend_restarted"></b></span>
+      <span><i style="background: #e3b341"></i><b id="legend_success"></b></span>
+      <span id="measures_info"></span></div>
+    <canvas id="measures" data-points="0"></canvas>
   </section>
   <section class="panel" id="clip_panel" hidden>
     <h2>Watch it play: the newest greedy episode</h2>
@@ -129,10 +135,7 @@ function renderStatus(s) {
           (100 * m.eval_success_rate).toFixed(0) + " % " + (m.eval_success_label || "success") + ", " +
           (m.eval_progress_label || "progress") + " " + fmt(m.eval_progress_mean, 0) :
           has(m.eval_return) ? "return " + fmt(m.eval_return, 1) : "-");
-  const mario = has(m.mario_distance_mean) || has(m.mario_flag_rate);
-  for (const card of document.querySelectorAll(".card.mario")) card.hidden = !mario;
-  setText("mario_distance", fmt(m.mario_distance_mean, 0) + " / " + fmt(m.mario_distance_max, 0));
-  setText("mario_flag_rate", has(m.mario_flag_rate) ? (100 * m.mario_flag_rate).toFixed(1) + " %" : "-");
+  renderMeasures(m);
   const body = document.querySelector("#services tbody");
   const rows = [];
   for (const [service, info] of Object.entries(s.services)) {
@@ -155,6 +158,29 @@ function renderStatus(s) {
     }
   }
   body.replaceChildren(...rows);
+}
+
+// The env's own measures under its labels (the actors' telemetry info): shown once an actor reports progress or
+// success; episodes restarted at a kept start state (the start-state curriculum) apart from level-start ones.
+let labels = {progress: "progress", success: "success"};
+function pct(v) { return has(v) ? (100 * v).toFixed(1) + " %" : "-"; }
+function renderMeasures(m) {
+  labels = {progress: m.progress_label || "progress", success: m.success_label || "success"};
+  const shown = has(m.progress_mean) || has(m.success_rate);
+  for (const card of document.querySelectorAll(".card.measure")) card.hidden = !shown;
+  const restarted = has(m.restarted_progress_mean) || has(m.restarted_success_rate);
+  const apart = restarted ? " (level start / restarted)" : "";
+  setText("progress_title", labels.progress + " mean" + apart);
+  setText("progress_mean", fmt(m.progress_mean, 0) + (restarted ? " / " + fmt(m.restarted_progress_mean, 0) : ""));
+  setText("progress_max_title", labels.progress + " max");
+  setText("progress_max", fmt(m.progress_max, 0));
+  setText("success_title", labels.success + " rate" + apart);
+  setText("success_rate", pct(m.success_rate) + (restarted ? " / " + pct(m.restarted_success_rate) : ""));
+  setText("measures_title", labels.progress + " and " + labels.success + " rate over time");
+  setText("legend_progress_mean", labels.progress + " (mean over actors, left axis)");
+  setText("legend_progress_max", labels.progress + " (max)");
+  setText("legend_restarted", labels.progress + " of restarted episodes (mean)");
+  setText("legend_success", labels.success + " rate (right axis)");
 }
 
 // One chart over the history points: ``series`` on the left axis, ``right`` (a 0..1 share) on a right axis in %.
@@ -219,12 +245,14 @@ function drawCurve() {
   const n = drawChart("curve", [["return_mean", "#58a6ff"], ["eval_return_mean", "#f0883e"]], null,
                       "waiting for the first finished episodes...");
   setText("curve_info", n + " points");
-  const panel = document.getElementById("mario_panel");  // Mario runs only: shown once an actor reports distance
-  panel.hidden = !curve.some(p => has(p.distance_mean) || has(p.distance_max) || has(p.flag_rate));
+  const panel = document.getElementById("measures_panel");  // envs with measures: once an actor reports them
+  panel.hidden = !curve.some(p => has(p.progress_mean) || has(p.progress_max) || has(p.success_rate));
   if (!panel.hidden) {
-    const m = drawChart("mario", [["distance_mean", "#56d4dd"], ["distance_max", "#a371f7"]], ["flag_rate", "#e3b341"],
-                        "waiting for the first finished episodes...");
-    setText("mario_info", m + " points");
+    document.getElementById("legend_restarted_item").hidden = !curve.some(p => has(p.restarted_progress_mean));
+    const charted = drawChart("measures", [["progress_mean", "#56d4dd"], ["progress_max", "#a371f7"],
+                                           ["restarted_progress_mean", "#f778ba"]], ["success_rate", "#e3b341"],
+                              "waiting for the first finished episodes...");
+    setText("measures_info", charted + " points");
   }
 }
 
@@ -239,7 +267,8 @@ function renderClip(c) {
   video.onloadedmetadata = () => { video.dataset.size = video.videoWidth + "x" + video.videoHeight; };
   video.src = "clip.mp4?t=" + encodeURIComponent(c.sent_time);
   setText("clip_info", c.env_id + ", weights v" + c.weight_version + ", return " + fmt(c.episode_return, 1) +
-          " in " + c.length + " steps" + (has(c.x_pos) ? ", x " + c.x_pos + (c.flag ? ", flag!" : "") : "") +
+          " in " + c.length + " steps" + (has(c.progress) ? ", " + labels.progress + " " + fmt(c.progress, 0) : "") +
+          (c.success ? ", " + labels.success + " reached" : "") +
           ", filmed by " + c.instance + " at " + new Date(c.sent_time * 1000).toLocaleTimeString());
 }
 

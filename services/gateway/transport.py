@@ -144,10 +144,7 @@ class GatewayService:
             if isinstance(msg, proto.ClipChunk):
                 clip = self.clips.add(msg)
                 if clip is not None:
-                    info = clip.info()
-                    log.info("clip from %s: weights v%d, %d frames, return %.1f%s (%d KiB)", info["instance"],
-                             clip.weight_version, info["frames"], info["episode_return"],
-                             f", x {info['x_pos']}" if info["x_pos"] is not None else "", info["bytes"] >> 10)
+                    log.info("clip from %s: %s", msg.instance, self._clip_line(clip.info()))
                 return True
             self.registry.update(msg)
             for fault in self.registry.last_faults:  # kept, less values that break the views or pass a cap
@@ -158,6 +155,16 @@ class GatewayService:
         self.log_events()
         self.log_invalid_keys()
         return True
+
+    def _clip_line(self, info: dict[str, Any]) -> str:
+        """What a whole clip showed, its measures under the labels its actor's env declares (telemetry info)."""
+        actor = self.registry.instances.get(("actor", info["instance"]))
+        labels = actor.info if actor is not None else {}
+        progress = (f", {labels.get('progress_label') or 'progress'} {info['progress']:g}"
+                    if info["progress"] is not None else "")
+        success = f", {labels.get('success_label') or 'success'}" if info["success"] else ""
+        return (f"weights v{info['weight_version']}, {info['frames']} frames, return {info['episode_return']:.1f}"
+                f"{progress}{success} ({info['bytes'] >> 10} KiB)")
 
     async def _telemetry_loop(self) -> None:
         assert self.telemetry_sock is not None

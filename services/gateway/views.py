@@ -208,26 +208,39 @@ def _summary(services: dict[str, Any]) -> dict[str, Any]:
         "loss": gauge("learner", "loss"),
         "episode_return_mean": gauge("actor", "episode_return_mean"),
         "eval_return_mean": gauge("actor", "eval_return_mean"),
-        **_learner_evaluation(gauge),
-        "mario_distance_mean": gauge("actor", "mario_distance_mean"),  # null unless the actors play Mario
-        "mario_distance_max": gauge("actor", "mario_distance_max", "max"),
-        "mario_flag_rate": gauge("actor", "mario_flag_rate"),
+        **_learner_evaluation(live("learner"), gauge),
+        **_measures(live("actor"), gauge),
         "epsilon": {i["instance"]: i["gauges"].get("epsilon") for i in live("actor")},
         "exploration": _exploration(live("actor")),
     }
 
 
-def _learner_evaluation(gauge: Callable[..., float | None]) -> dict[str, Any]:
-    """The learner's last evaluation under its preset's protocol, with the env's labels for its measures."""
-    from flywheel.evaluation import MEASURES
+def _label(instances: list[dict[str, Any]], key: str) -> str | None:
+    """A label an instance's telemetry info carries (the first live instance that has one), else None."""
+    return next((i["info"][key] for i in instances if i["info"].get(key)), None)
 
-    success = gauge("learner", "eval_success_rate")
+
+def _measures(actors: list[dict[str, Any]], gauge: Callable[..., float | None]) -> dict[str, Any]:
+    """The env's own progress and success measures over the actors' last 100 episodes (flywheel.envs.measures),
+    level-start and restarted episodes apart, with the labels the actors' env declares; null for envs without."""
+    return {"progress_mean": gauge("actor", "episode_progress_mean"),
+            "progress_max": gauge("actor", "episode_progress_max", "max"),
+            "success_rate": gauge("actor", "episode_success_rate"),
+            "restarted_progress_mean": gauge("actor", "restarted_progress_mean"),
+            "restarted_success_rate": gauge("actor", "restarted_success_rate"),
+            "progress_label": _label(actors, "progress_label"), "success_label": _label(actors, "success_label")}
+
+
+def _learner_evaluation(learners: list[dict[str, Any]], gauge: Callable[..., float | None]) -> dict[str, Any]:
+    """The learner's last evaluation under its preset's protocol, with the labels of its env's measures (the
+    learner's telemetry info)."""
     return {"eval_version": gauge("learner", "eval_greedy_version", "max"),
-            "eval_return": gauge("learner", "eval_greedy_return"), "eval_success_rate": success,
+            "eval_return": gauge("learner", "eval_greedy_return"),
+            "eval_success_rate": gauge("learner", "eval_success_rate"),
             "eval_progress_mean": gauge("learner", "eval_progress_mean"),
             "eval_progress_median": gauge("learner", "eval_progress_median"),
-            "eval_success_label": MEASURES["success"][1] if success is not None else None,
-            "eval_progress_label": MEASURES["progress"][1] if success is not None else None}
+            "eval_success_label": _label(learners, "eval_success_label"),
+            "eval_progress_label": _label(learners, "eval_progress_label")}
 
 
 def _exploration(actors: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -2,9 +2,10 @@
 
 Every ``interval_s`` the learner writes its online network to a candidate file and a child process (spawned once, at
 a lower CPU priority than the actors, one torch thread) plays ``episodes`` episodes of it with
-flywheel/evaluation.py, the code ``flywheel bench mario`` evaluates with: greedy by default, or at ``epsilon`` after
-0..``noop_max`` NOOPs (Mario's preset: its evaluation protocol, since a greedy policy on a deterministic emulator
-plays one episode however many seeds it is given; a best.json scored another way is not compared with). Each round
+flywheel/evaluation.py, the code the benchmarks evaluate with: greedy by default, or at ``epsilon`` after
+0..``noop_max`` no-ops (an emulated game's preset: its evaluation protocol, since a greedy policy on a deterministic
+emulator plays one episode however many seeds it is given; a best.json scored another way is not compared with).
+The success rate and progress of each evaluation are the env's own measures (flywheel.envs.measures). Each round
 plays new seeds (``seed + episodes * k`` for round k), as ``flywheel bench sb3`` does. A candidate whose round beats
 the best so far is played once more on the next round's seeds before it is kept, and its score is the mean of both
 rounds: picking the maximum of many noisy rounds on the same few seeds keeps a policy that was lucky on those seeds
@@ -32,6 +33,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from flywheel.checkpoints import write_atomically
+from flywheel.envs.measures import Measures
 from flywheel.metrics_spec import GreedyEvalCounters, GreedyEvalGauges
 from flywheel.policy import BEST_FILE
 from flywheel.processes import die_with_parent
@@ -88,16 +90,19 @@ def _evaluate(env_id: str, candidate: str, seeds: list[int], max_steps: int | No
                     noop_max=noop_max, stall_steps=STALL_STEPS)
 
 
-def measures(records: list[dict[str, Any]]) -> dict[str, float]:
-    """The episodes' success rate and mean and median progress, where the env reports them (Mario: the flag and
-    the furthest x; flywheel/evaluation.py's ``score``); empty for envs that report neither."""
+def measures(records: list[dict[str, Any]], labels: Measures) -> dict[str, float]:
+    """The episodes' success rate and mean and median progress, those the env has (``labels``, its measures:
+    flywheel/evaluation.py's ``score``); empty for an env that has neither."""
     from flywheel.evaluation import score
 
-    row = score(records, 0.0)
-    if row["progress"] is None:
-        return {}
-    return {"success_rate": float(row["success"]["rate"]), "progress_mean": float(row["progress"]["mean"]),
-            "progress_median": float(row["progress"]["median"])}
+    row = score(records, 0.0, labels)
+    out: dict[str, float] = {}
+    if row["success"] is not None:
+        out["success_rate"] = float(row["success"]["rate"])
+    if row["progress"] is not None:
+        out["progress_mean"] = float(row["progress"]["mean"])
+        out["progress_median"] = float(row["progress"]["median"])
+    return out
 
 
 @dataclass
@@ -133,9 +138,27 @@ class BestKeeper:
         self.evaluations = 0
         self.failures = 0
         self.last: dict[str, Any] | None = None
+        self._measures: Measures | None = None  # the env's (flywheel.envs.measures), read once when first asked
         if not resumed:  # a new run in this folder: its best starts over, as its checkpoints do
             self._forget_best()
         self.best = self._read_best()
+
+    @property
+    def measures(self) -> Measures:
+        """The labels of the env's progress and success measures (none where the env cannot be described)."""
+        if self._measures is None:
+            from flywheel.evaluation import env_measures
+
+            try:
+                self._measures = env_measures(self.env_id)
+            except Exception as exc:  # an env that cannot be described has no labels; its evaluations fail alone
+                log.warning("learner: the measures of %s are unknown (%s)", self.env_id, exc)
+                self._measures = Measures()
+        return self._measures
+
+    def labels(self) -> dict[str, str]:
+        """The learner's telemetry info about its evaluations: ``eval_progress_label``, ``eval_success_label``."""
+        return {f"eval_{key}_label": label for key, label in self.measures.labels().items()}
 
     def _forget_best(self) -> None:
         old = [self.directory / name for name in (BEST_FILE, BEST_JSON) if (self.directory / name).exists()]
@@ -218,7 +241,7 @@ class BestKeeper:
                      "max_return": max(returns), "episodes": len(returns), "seeds": done.first_seeds + done.seeds,
                      "epsilon": self.epsilon, "noop_max": self.noop_max, "seconds": now - done.started,
                      "evaluated_at": time.time(),
-                     "ends": [r["end"] for r in records], **measures(records)}
+                     "ends": [r["end"] for r in records], **measures(records, self.measures)}
         better = self.best is None or mean > float(self.best["mean_return"])
         if better and not confirming:  # one round beat the best: the next seeds say whether it was luck
             log.info("learner: %s of weight version %d: mean return %.2f over %d episodes; playing it on %d more "

@@ -20,7 +20,6 @@ import torch
 from flywheel.nets import QNetwork, as_tensor, build_q_network
 from flywheel.settings import setting_default
 
-from .augment import random_shift
 from .losses import (
     LossTerms,
     categorical_td_loss,
@@ -61,9 +60,7 @@ class CoreConfig:
     target_update_interval: int = _default("target_update_interval")
     tau: float = _default("tau")
     double: bool = _default("double")
-    bootstrap_epsilon: float = _default("bootstrap_epsilon")
     dueling: bool = _default("dueling")
-    random_shift: int = _default("random_shift")
     munchausen: bool = _default("munchausen")
     munchausen_alpha: float = _default("munchausen_alpha")
     munchausen_tau: float = _default("munchausen_tau")
@@ -74,7 +71,6 @@ class CoreConfig:
     c51_atoms: int = _default("c51_atoms")
     c51_v_min: float = _default("c51_v_min")
     c51_v_max: float = _default("c51_v_max")
-    torso: str = _default("torso")
     huber_kappa: float = _default("huber_kappa")
     grad_accum_steps: int = _default("grad_accum_steps")
     precision: str = "fp32"  # fp32 | bf16 | fp16 (resolve "auto" with resolve_precision first)
@@ -168,7 +164,7 @@ class LearnerCore:
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cudnn.benchmark = True
         nets = [build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden,
-                                head=config.head, num_quantiles=config.num_quantiles, torso=config.torso,
+                                head=config.head, num_quantiles=config.num_quantiles,
                                 v_min=config.c51_v_min, v_max=config.c51_v_max, c51_atoms=config.c51_atoms)
                 for _ in range(2)]
         if (self.cuda or config.channels_last) and nets[0].kind != "mlp":
@@ -179,9 +175,6 @@ class LearnerCore:
         self.target.requires_grad_(False)
         self.name = self.online.name
         self.obs_shape, self.n_actions = self.online.obs_shape, self.online.n_actions
-        if config.random_shift and len(self.obs_shape) != 3:
-            raise ValueError(f"random_shift augments images; observations of shape {self.obs_shape} are not "
-                             "(channels, height, width)")
         self.params: list[torch.Tensor] = list(self.online.parameters())
         self.optimizer = self._adam()
         self.amp_dtype = AMP_DTYPES.get(config.precision)
@@ -269,11 +262,10 @@ class LearnerCore:
                                       entropy_tau=c.munchausen_tau, clip_low=c.munchausen_clip, kappa=c.huber_kappa)
         if c.head == "c51":
             assert self.target.support is not None
-            return categorical_td_loss(out, action, reward, discount, next_target, beside, self.target.support,
-                                       c.bootstrap_epsilon)
+            return categorical_td_loss(out, action, reward, discount, next_target, beside, self.target.support)
         if c.head == "quantile":
             return quantile_td_loss(out, action, reward, discount, next_target, beside, c.huber_kappa)
-        return q_td_loss(out, action, reward, discount, next_target, beside, c.huber_kappa, c.bootstrap_epsilon)
+        return q_td_loss(out, action, reward, discount, next_target, beside, c.huber_kappa)
 
     def _nets(self, obs: torch.Tensor, next_obs: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -306,10 +298,7 @@ class LearnerCore:
     def _forward_backward(self, b: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        obs, next_obs = b.obs, b.next_obs
-        if pad := self.config.random_shift:  # DrQ: s and s' shifted independently, outside the compiled loss
-            obs, next_obs = random_shift(obs, pad), random_shift(next_obs, pad)
-        loss, td_abs, q_taken, demo_stats = self._loss_fn(obs, b.action, b.reward, b.discount, next_obs, b.weight,
+        loss, td_abs, q_taken, demo_stats = self._loss_fn(b.obs, b.action, b.reward, b.discount, b.next_obs, b.weight,
                                                           b.is_demo)
         if demo_stats is not None:
             self.sums.add_demos(demo_stats)

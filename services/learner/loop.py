@@ -244,7 +244,8 @@ class LearnerLoop:
         gauges = {key: value for key, value in merged.items() if np.isfinite(value)}  # NaN: no value yet
         info = {"device": str(self.core.device), "network": self.core.name, "env_id": self.settings.env_id,
                 "state": "paused" if self.paused else "running", "precision": self.core.config.precision,
-                "compile": self.core.compile_state, "sample_path": self.sampler.path}
+                "compile": self.core.compile_state, "sample_path": self.sampler.path,
+                **(self.best.labels() if self.best is not None else {})}  # the labels of the eval_* measures
         self.telemetry.send(reported, gauges, info)
         self.last_gauges = gauges  # what was last reported; for tests and the CLI's progress line
         self.window.reset(now)

@@ -1,5 +1,5 @@
 """DQN loss terms as pure tensor functions: n-step double-DQN TD Huber, Munchausen-DQN, QR-DQN quantile Huber, C51
-cross-entropy, DQfD large margin; the q and C51 bootstraps may value an epsilon-greedy policy (expected SARSA).
+cross-entropy, DQfD large margin.
 
 Each term returns per-sample losses (the core applies importance weights and averages), so terms add up per row:
 the DQfD large-margin loss and behaviour cloning's cross-entropy apply to demonstration rows beside the TD loss.
@@ -28,32 +28,22 @@ def greedy_next(q_next_online: torch.Tensor | None, q_next_target: torch.Tensor)
     return chooser.argmax(dim=1, keepdim=True)
 
 
-def epsilon_greedy_next(next_target: torch.Tensor, best: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """What the target net's outputs on s' (B, A) or (B, A, N) give the epsilon-greedy policy around a* ``best``
-    (B, 1): (1 - epsilon) * out(a*) + epsilon * mean_a out(a), i.e. out(a*) itself at epsilon 0; (B,) or (B, N).
-
-    On Q-values it is expected SARSA's bootstrap (van Seijen et al., 2009); on C51's probabilities it is the
-    mixture's distribution. Q then values the policy that plays epsilon at random, as the evaluation does.
-    """
+def at_best(next_target: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
+    """The target net's outputs on s' (B, A) or (B, A, N) at the next actions ``best`` (B, 1): (B,) or (B, N)."""
     index = best.view(-1, 1, *([1] * (next_target.dim() - 2))).expand(-1, 1, *next_target.shape[2:])
-    greedy = next_target.gather(1, index).squeeze(1)
-    if epsilon == 0.0:
-        return greedy
-    return (1.0 - epsilon) * greedy + epsilon * next_target.mean(dim=1)
+    return next_target.gather(1, index).squeeze(1)
 
 
 def q_td_loss(q_all: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
-              q_next_target: torch.Tensor, q_next_online: torch.Tensor | None, kappa: float = 1.0,
-              epsilon: float = 0.0) -> LossTerms:
-    """Huber loss between Q(s, a) and r + discount * Q_target(s', a*); a* from the online net when given; with
-    ``epsilon`` > 0 the bootstrap is the epsilon-greedy policy's around a* (``epsilon_greedy_next``).
+              q_next_target: torch.Tensor, q_next_online: torch.Tensor | None, kappa: float = 1.0) -> LossTerms:
+    """Huber loss between Q(s, a) and r + discount * Q_target(s', a*); a* from the online net when given.
 
     ``discount`` already holds gamma^n (0 at episode ends), so n-step returns need nothing more here.
     """
     q_all, q_next_target = q_all.float(), q_next_target.float()
     q_taken = q_all.gather(1, action.unsqueeze(1)).squeeze(1)
     best = greedy_next(None if q_next_online is None else q_next_online.float(), q_next_target)
-    target = (reward + discount * epsilon_greedy_next(q_next_target, best, epsilon)).detach()
+    target = (reward + discount * at_best(q_next_target, best)).detach()
     td = target - q_taken
     per_sample = F.huber_loss(q_taken, target, reduction="none", delta=kappa)
     return LossTerms(per_sample=per_sample, td_abs=td.detach().abs(), q_taken=q_taken.detach())
@@ -137,12 +127,11 @@ def project_distribution(probs: torch.Tensor, reward: torch.Tensor, discount: to
 
 def categorical_td_loss(logits_all: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
                         logits_next_target: torch.Tensor, logits_next_online: torch.Tensor | None,
-                        support: torch.Tensor, epsilon: float = 0.0) -> LossTerms:
+                        support: torch.Tensor) -> LossTerms:
     """C51 (Bellemare et al., 2017): cross-entropy between the projected target distribution of
     r + discount * Z_target(s', a*) and the predicted distribution of Z(s, a); a* by the distributions' means
     (of the online net: double DQN, as in Rainbow). The priority is |mean target - mean prediction|, the TD error
-    of the Q-values, as for the other heads (Rainbow uses the cross-entropy itself). With ``epsilon`` > 0 the
-    next distribution is the epsilon-greedy policy's mixture around a* (``epsilon_greedy_next``).
+    of the Q-values, as for the other heads (Rainbow uses the cross-entropy itself).
     """
     logits_all, logits_next_target, support = logits_all.float(), logits_next_target.float(), support.float()
     n = logits_all.shape[2]
@@ -153,7 +142,7 @@ def categorical_td_loss(logits_all: torch.Tensor, action: torch.Tensor, reward: 
         q_next_online = None if logits_next_online is None else (
             torch.softmax(logits_next_online.float(), dim=2) * support).sum(dim=2)
         best = greedy_next(q_next_online, q_next_target)
-        p_next = epsilon_greedy_next(p_next_target, best, epsilon)
+        p_next = at_best(p_next_target, best)
         target = project_distribution(p_next, reward, discount, support)
         q_taken = (log_p.exp() * support).sum(dim=1)
         td_abs = ((target * support).sum(dim=1) - q_taken).abs()

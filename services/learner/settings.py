@@ -7,17 +7,19 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from flywheel.netspec import C51_ATOMS, Head, Torso
+from flywheel.netspec import NetworkSpec
+from flywheel.presets import DEFAULT_ENV
 from flywheel.settings import CommonSettings
 
 
-class LearnerSettings(CommonSettings):
-    """How the learner trains, where it gets batches, where it publishes weights and keeps checkpoints."""
+class LearnerSettings(CommonSettings, NetworkSpec):
+    """How the learner trains, where it gets batches, where it publishes weights and keeps checkpoints; the network
+    it trains is NetworkSpec's fields (dueling, hidden, head, num_quantiles, c51_atoms)."""
 
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_LEARNER_", extra="forbid", validate_default=True,
                                       env_ignore_empty=True)
 
-    env_id: str = Field("SuperMarioBros-1-1-v0", min_length=1, max_length=128,
+    env_id: str = Field(DEFAULT_ENV, min_length=1, max_length=128,
                         description="environment id; fixes the observation shape and number of actions")
     batch_size: int = Field(512, ge=1, le=65536, description="transitions per update (per sample request)")
     lr: float = Field(1e-4, gt=0, le=1, description="Adam learning rate")
@@ -31,10 +33,6 @@ class LearnerSettings(CommonSettings):
     target_update_interval: int = Field(2500, ge=1, le=10_000_000,
                                         description="copy online -> target network every K updates (when tau = 0)")
     tau: float = Field(0.0, ge=0, le=1, description="Polyak factor per update for the target network (0 = hard copies)")
-    dueling: bool = Field(True, description="dueling value/advantage head")
-    random_shift: int = Field(
-        0, ge=0, le=16, description="DrQ augmentation: shift each sampled image (s and s') by up to this many pixels "
-                                    "on each axis, edges replicated, before the update (0 = off; image envs only)")
     munchausen: bool = Field(
         False, description="Munchausen-DQN targets: a log-policy bonus on the taken action and a soft bootstrap from "
                            "the target network, in place of double DQN's (head q only)")
@@ -43,25 +41,12 @@ class LearnerSettings(CommonSettings):
                                                                   "policy of the target network")
     munchausen_clip: float = Field(-1.0, ge=-1000, lt=0, description="Munchausen: lower clip of tau * log pi")
     double: bool = Field(True, description="double DQN targets (online argmax, target evaluation)")
-    bootstrap_epsilon: float = Field(
-        0.0, ge=0, lt=1, description="the bootstrap values the epsilon-greedy policy of this epsilon around a*: "
-                                     "(1 - e) Q_t(s', a*) + e mean_a Q_t(s', a), expected SARSA, so the greedy "
-                                     "policy learns to survive its own random actions (0 = greedy, Q-learning; "
-                                     "heads q and c51)")
-    head: Head = Field("q", description="q: one value per action; quantile: QR-DQN quantiles; c51: a categorical "
-                       "distribution over c51_atoms atoms (actors must use the same head)")
-    num_quantiles: int = Field(51, ge=2, le=1024, description="quantiles per action of the quantile head")
-    c51_atoms: int = Field(C51_ATOMS, ge=2, le=1024, description="c51 head: atoms of the support (actors must use the "
-                           "same number)")
     c51_v_min: float = Field(-10.0, ge=-1e6, le=1e6, description="c51 head: the lowest atom's return (the actors "
                              "take the support with the weights)")
     c51_v_max: float = Field(10.0, ge=-1e6, le=1e6, description="c51 head: the highest atom's return")
-    torso: Torso = Field("auto", description="auto: chosen by the observation's shape (Nature CNN for images); "
-                         "strided: four 3x3 stride-2 convolutions for images (actors must use the same torso)")
     huber_kappa: float = Field(1.0, gt=0, le=1000, description="Huber threshold of the TD / quantile Huber loss")
     grad_accum_steps: int = Field(1, ge=1, le=1024,
                                   description="sampled batches whose gradients are summed per optimizer step")
-    hidden: int = Field(256, ge=8, le=8192, description="width of the MLP / small-CNN hidden layers")
     requests_in_flight: int = Field(4, ge=1, le=64, description="sample requests kept outstanding at the replay "
                                                                  "(up to twice as many batches are buffered)")
     batches_per_request: int = Field(
@@ -96,10 +81,10 @@ class LearnerSettings(CommonSettings):
     best_eval_seed: int = Field(1_000_000, ge=0, le=2**31 - 1, description="the evaluations' first seed")
     best_eval_max_steps: int = Field(0, ge=0, description="agent steps an evaluation episode is cut at (0: none)")
     best_eval_epsilon: float = Field(0.0, ge=0.0, le=1.0, description="the evaluations' exploration rate (0: "
-                                     "greedy; Mario's preset plays its evaluation protocol's 0.05)")
-    best_eval_noop_max: int = Field(0, ge=0, le=1000, description="each evaluation episode of a Mario env starts "
-                                    "with 0..N NOOPs drawn from its seed (0: none; Mario's preset 30, so that the "
-                                    "episodes of a deterministic emulator differ)")
+                                     "greedy; a preset may play its evaluation protocol's rate, e.g. 0.05)")
+    best_eval_noop_max: int = Field(0, ge=0, le=1000, description="each evaluation episode of an env that "
+                                    "takes no-op starts begins with 0..N NOOPs drawn from its seed (0: none; a preset "
+                                    "sets it for a deterministic emulator, so that its episodes differ)")
     resume: bool | Literal["auto"] = Field(
         False, description="start from the checkpoint in checkpoint_dir: true (it must exist), false (start fresh) "
                            "or auto (resume when one exists, else start fresh)")
@@ -124,7 +109,7 @@ class LearnerSettings(CommonSettings):
         "pinned", description="GPU only: how a host batch reaches the device: pinned = copied into a pinned ring "
                               "buffer, then sent asynchronously; direct = sent straight from the batch's own memory "
                               "(one host copy fewer; docs/LEARNER.md)")
-    seed: int | None = Field(None, ge=0, description="torch seed for network initialisation and augmentation "
+    seed: int | None = Field(None, ge=0, description="torch seed for network initialisation "
                                                      "(unset = random; flywheel run derives it from --seed)")
     demos_path: str | None = Field(None, description="demonstrations set (flywheel demos collect) to pretrain on "
                                                      "before RL starts (docs/DEMOS.md)")
@@ -184,13 +169,6 @@ class LearnerSettings(CommonSettings):
     def _munchausen_needs_q_head(self) -> LearnerSettings:
         if self.munchausen and self.head != "q":
             raise ValueError("munchausen needs head q (its soft bootstrap is over Q-values, not quantiles)")
-        return self
-
-    @model_validator(mode="after")
-    def _bootstrap_epsilon_needs_a_mixable_head(self) -> LearnerSettings:
-        if self.bootstrap_epsilon > 0 and (self.head == "quantile" or self.munchausen):
-            raise ValueError("bootstrap_epsilon needs head q or c51 without munchausen (quantiles of a mixture are "
-                             "not the mix of quantiles; Munchausen has its own soft bootstrap)")
         return self
 
     @model_validator(mode="after")

@@ -51,7 +51,7 @@ def network_spec(net: QNetwork) -> dict[str, Any]:
     """What flywheel.nets.build_q_network needs to rebuild ``net`` (kept in the metadata for flywheel.policy)."""
     return {"obs_shape": [int(d) for d in net.obs_shape], "n_actions": int(net.n_actions),
             "dueling": bool(net.dueling), "hidden": int(net.hidden), "head": str(net.head),
-            "num_quantiles": int(net.num_quantiles), "c51_atoms": int(net.c51_atoms), "torso": str(net.torso_kind)}
+            "num_quantiles": int(net.num_quantiles), "c51_atoms": int(net.c51_atoms)}
 
 
 def core_state(core: LearnerCore) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -109,7 +109,7 @@ def load_core_state(core: LearnerCore, tensors: dict[str, torch.Tensor], meta: d
     """Load what ``core_state`` made (this run keeps its own lr, eps and flags); StateError before any change."""
     if meta.get("network") != core.name:
         raise StateError(f"it is for network {meta.get('network')!r} but this learner builds {core.name!r}; "
-                         "check --env-id, --dueling, --hidden, --head, --num-quantiles, --c51-atoms and --torso")
+                         "check --env-id, --dueling, --hidden, --head, --num-quantiles and --c51-atoms")
     online, target = _net("online", core.online, tensors), _net("target", core.target, tensors)
     if core.online.support is not None and not torch.allclose(online["support"].float(), core.online.support.cpu()):
         saved = online["support"]

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ import zmq
 
 from flywheel import proto
 from flywheel.services.replay.client import ReplayClient
+from flywheel.settings import setting_default, shared_values
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket
 
 from .batches import ReadyBatch, SlotLease, spread_demos
@@ -240,22 +242,42 @@ class Feeder:
             self._flush_priorities(wait=True)
 
 
-def open_feeder(settings: LearnerSettings, core: LearnerCore, ctx: zmq.Context, faults: FaultCounter) -> Feeder:
-    """The replay client and sampling thread the learner samples through, from ``settings``; batches are checked
-    and staged by ``core``. Not started: set ``beta`` (it starts at ``beta_start``), then call ``start``."""
-    group = batches_per_request(settings.batches_per_request, settings.batch_size, core.obs_shape)
-    rows = settings.batch_size * group
+@dataclass(frozen=True)
+class FeedConfig:
+    """What the learner's data path takes of its settings (LearnerSettings' fields of the same names)."""
+
+    sample_endpoint: str = setting_default(LearnerSettings, "sample_endpoint")
+    sample_transport: Literal["auto", "shm", "tcp"] = setting_default(LearnerSettings, "sample_transport")
+    sample_packed: bool = setting_default(LearnerSettings, "sample_packed")
+    batch_size: int = setting_default(LearnerSettings, "batch_size")
+    batches_per_request: int = setting_default(LearnerSettings, "batches_per_request")
+    requests_in_flight: int = setting_default(LearnerSettings, "requests_in_flight")
+    request_timeout_s: float = setting_default(LearnerSettings, "request_timeout_s")
+    beta_start: float = setting_default(LearnerSettings, "beta_start")
+
+    @classmethod
+    def of(cls, settings: LearnerSettings) -> FeedConfig:
+        """The values of ``settings`` this config holds."""
+        return cls(**shared_values(settings, cls))
+
+
+def open_feeder(config: FeedConfig, core: LearnerCore, ctx: zmq.Context, faults: FaultCounter) -> Feeder:
+    """The replay client and sampling thread the learner samples through (``FeedConfig.of(learner_settings)``);
+    batches are checked and staged by ``core``. Not started: set ``beta`` (it starts at ``beta_start``), then call
+    ``start``."""
+    group = batches_per_request(config.batches_per_request, config.batch_size, core.obs_shape)
+    rows = config.batch_size * group
     # Up to 2 x requests_in_flight requests are outstanding or queued (the feeder's bound); on a CPU a reply's slot
     # is leased until it is trained on, so the one in training and one whose priorities wait come on top. Should
     # they all be taken, the replay answers over the socket instead (shm_slots_exhausted_total).
-    client = ReplayClient(settings.sample_endpoint, rows, inflight=settings.requests_in_flight,
-                          beta=settings.beta_start, transport=settings.sample_transport, ctx=ctx,
-                          limits=batch_limits(rows, core.obs_shape), slots=2 * settings.requests_in_flight + 2,
-                          request_timeout_s=settings.request_timeout_s, faults=faults,
-                          packed=settings.sample_packed, obs_shape=core.obs_shape)
+    client = ReplayClient(config.sample_endpoint, rows, inflight=config.requests_in_flight,
+                          beta=config.beta_start, transport=config.sample_transport, ctx=ctx,
+                          limits=batch_limits(rows, core.obs_shape), slots=2 * config.requests_in_flight + 2,
+                          request_timeout_s=config.request_timeout_s, faults=faults,
+                          packed=config.sample_packed, obs_shape=core.obs_shape)
     try:
-        return Feeder(ctx, client, faults, check=core.check_batch, stage=core.stager.stage, beta=settings.beta_start,
-                      train_batch=settings.batch_size, group=group, hold_shared=core.stager.keeps_views)
+        return Feeder(ctx, client, faults, check=core.check_batch, stage=core.stager.stage, beta=config.beta_start,
+                      train_batch=config.batch_size, group=group, hold_shared=core.stager.keeps_views)
     except BaseException:
         client.close()
         raise
@@ -326,7 +348,7 @@ def open_sockets(settings: LearnerSettings, core: LearnerCore, ctx: zmq.Context 
     faults = FaultCounter(SERVICE)
     opened: list[Feeder | ControlSubscriber | WeightsPublisher] = []
     try:
-        feeder = open_feeder(settings, core, context, faults)
+        feeder = open_feeder(FeedConfig.of(settings), core, context, faults)
         opened.append(feeder)
         control = ControlSubscriber(context, settings.control_endpoint, SERVICE, settings.instance, faults)
         opened.append(control)

@@ -89,8 +89,8 @@ class EnvContract:
 
 def env_contract(settings: ReplaySettings) -> EnvContract:
     """``num_actions``, and with ``env_id`` the action count, observation shape and dtype of the env registry's
-    spec (no env is built for Mario, Snake or MettaGrid ids), so that the first peer to send a batch cannot decide
-    what the replay stores. Raises ValueError with one line when the id is unknown or disagrees with
+    spec (read without building the env where the registry knows it), so that the first peer to send a batch cannot
+    decide what the replay stores. Raises ValueError with one line when the id is unknown or disagrees with
     ``num_actions``."""
     if not settings.env_id:
         return EnvContract(settings.num_actions)

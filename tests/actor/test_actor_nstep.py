@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flywheel.services.actor.nstep import Emitted, NStepAccumulator, NStepSchedule
+from flywheel.services.actor.nstep import Emitted, NStepAccumulator
 
 
 def max_q_of(obs: np.ndarray) -> np.ndarray:
@@ -27,15 +27,11 @@ def rows_of(emitted: list[Emitted]) -> list[Row]:
     return out
 
 
-def simulate(num_envs: int, n: int, gamma: float, steps: int, seed: int, p_end: float = 0.15,
-             n_at: list[int] | None = None) -> tuple[list[Row], list[Row]]:
-    """Drive the accumulator like ActorCore does and build the brute-force answer alongside.
-
-    ``n_at`` (annealing): the n given to ``set_n`` before each push; the window then holds ``n`` steps.
-    """
+def simulate(num_envs: int, n: int, gamma: float, steps: int, seed: int, p_end: float = 0.15
+             ) -> tuple[list[Row], list[Row]]:
+    """Drive the accumulator like ActorCore does and build the brute-force answer alongside."""
     rng = np.random.default_rng(seed)
-    n_at = n_at if n_at is not None else [n] * steps
-    acc = NStepAccumulator(num_envs, (2,), np.float32, n_at[0], gamma, capacity=n)
+    acc = NStepAccumulator(num_envs, (2,), np.float32, n, gamma)
     next_id = iter(range(1, 10**9))
     episode = np.arange(num_envs, dtype=np.float64)
     next_episode = num_envs
@@ -43,7 +39,6 @@ def simulate(num_envs: int, n: int, gamma: float, steps: int, seed: int, p_end: 
     history: list[list[list[tuple]]] = [[[]] for _ in range(num_envs)]  # env -> episodes -> steps
     emitted: list[Emitted] = []
     for step in range(steps):
-        acc.set_n(n_at[step])
         out = acc.finish(max_q_of(obs))
         if out is not None:
             emitted.append(out)
@@ -76,9 +71,9 @@ def simulate(num_envs: int, n: int, gamma: float, steps: int, seed: int, p_end: 
         for ep in env_history:
             ended = bool(ep) and (ep[-1][4] or ep[-1][5])
             for t in range(len(ep)):
-                # The entry leaves at the first later push where it is n - 1 steps old (n of that push),
+                # The entry leaves at the first later push where it is n - 1 steps old,
                 # or at its episode's last step.
-                leaves = [j for j in range(t, len(ep)) if j - t >= n_at[ep[j][7]] - 1 or (ended and j == len(ep) - 1)]
+                leaves = [j for j in range(t, len(ep)) if j - t >= n - 1 or (ended and j == len(ep) - 1)]
                 if not leaves:
                     continue  # not mature yet when the run stopped
                 k = leaves[0] - t + 1
@@ -156,68 +151,3 @@ def test_n_one_emits_every_step() -> None:
     np.testing.assert_allclose(out.priority, 1.0 + 0.99 * np.array([1.0, 2.0, 3.0]), rtol=1e-6)
     with pytest.raises(ValueError):
         NStepAccumulator(1, (2,), np.float32, 0, 0.99)
-
-
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("p_end", [0.0, 0.05, 0.3])
-def test_annealed_n_matches_brute_force_reference(seed: int, p_end: float) -> None:
-    """n falls 6 -> 2 over the run, as NStepSchedule does: no row lost, none twice, each with its own k."""
-    schedule = NStepSchedule(6, 2, 90)
-    n_at = [schedule.at(step) for step in range(120)]
-    assert n_at[0] == 6 and n_at[-1] == 2 and len(set(n_at)) == 5
-    got, expected = simulate(4, 6, 0.9, 120, seed, p_end=p_end, n_at=n_at)
-    assert_same_rows(got, expected)
-    if p_end == 0.0:  # the rows' discounts say how many steps each spans: every n of the schedule
-        assert {round(float(np.log(row[3]) / np.log(0.9))) for row in got} == {2, 3, 4, 5, 6}
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_n_changed_at_random_every_step_matches_reference(seed: int) -> None:
-    """n jumping anywhere in 1..5 between pushes (up and down) still emits each step once, correctly."""
-    n_at = [int(v) for v in np.random.default_rng(100 + seed).integers(1, 6, 150)]
-    got, expected = simulate(3, 5, 0.95, 150, seed, p_end=0.05, n_at=n_at)
-    assert_same_rows(got, expected)
-
-
-def test_fall_of_n_releases_waiting_rows_at_once_in_step_order() -> None:
-    acc = NStepAccumulator(1, (2,), np.float32, 4, 0.5, capacity=4)
-    no = np.array([False])
-    obs = [np.array([[i, 0]], dtype=np.float32) for i in range(5)]
-    for i in range(3):  # three steps wait for a fourth
-        assert acc.push(obs[i], np.array([i]), np.array([0.0]), np.array([1.0]), no, no, obs[i + 1]) is None
-        assert acc.finish(np.array([0.0])) is None
-    acc.set_n(2)
-    assert acc.push(obs[3], np.array([3]), np.array([0.0]), np.array([1.0]), no, no, obs[4]) is None
-    out = acc.finish(np.array([8.0]))
-    assert out is not None
-    np.testing.assert_array_equal(out.obs[:, 0], [0, 1, 2])  # oldest first: one stream's rows leave in order
-    np.testing.assert_allclose(out.reward, [1.875, 1.75, 1.5])  # 4, 3 and 2 rewards of 1 at gamma 0.5
-    np.testing.assert_allclose(out.discount, [0.0625, 0.125, 0.25])
-    np.testing.assert_allclose(out.priority, out.reward + out.discount * 8.0)
-    with pytest.raises(ValueError, match="capacity"):
-        acc.set_n(5)
-    with pytest.raises(ValueError, match="capacity"):
-        NStepAccumulator(1, (2,), np.float32, 5, 0.5, capacity=4)
-
-
-def test_schedule_values_and_refusals() -> None:
-    schedule = NStepSchedule(10, 3, 700)
-    assert [schedule.at(s) for s in (0, 49, 51, 350, 700, 10**9)] == [10, 10, 9, 7, 3, 3]  # 6.5 rounds up to 7
-    assert schedule.capacity == 10 and NStepSchedule(3, 10, 5).capacity == 10
-    assert NStepSchedule(5).at(10**6) == 5 and NStepSchedule(5).capacity == 5
-    for bad in ((0,), (3, 0, 10), (10, 3), (10, None, 5), (10, 3, -1)):
-        with pytest.raises(ValueError):
-            NStepSchedule(*bad)
-
-
-def test_settings_give_a_whole_schedule_or_refuse() -> None:
-    from pydantic import ValidationError
-
-    from flywheel.services.actor.settings import ActorSettings
-
-    assert ActorSettings(n_step=10).n_step_schedule() == NStepSchedule(10)
-    annealed = ActorSettings(n_step=10, n_step_final=3, n_step_anneal_steps=300_000).n_step_schedule()
-    assert annealed == NStepSchedule(10, 3, 300_000) and annealed.at(150_000) == 7
-    for half in ({"n_step_final": 3}, {"n_step_anneal_steps": 1000}):
-        with pytest.raises(ValidationError, match="n_step_final > 0 and n_step_anneal_steps > 0"):
-            ActorSettings(**half)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import get_args
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ import zmq
 from pydantic import ValidationError
 
 from flywheel.envs import StartStateConfig, StartStatesUnsupported, env_spec
-from flywheel.envs.start_states import CHOICES, StartStateCurriculum
+from flywheel.envs.start_states import StartStateCurriculum
 from flywheel.services.actor.core import ActorCore, build_core
 from flywheel.services.actor.policy import build_policy
 from flywheel.services.actor.report import StepRate, actor_report
@@ -81,7 +80,8 @@ def test_restarted_episodes_are_kept_out_of_the_level_start_stats(played: ActorC
     assert restarts.episodes >= 2 and stats.episodes >= 4
     assert len(restarts.recent) == stats.episodes + restarts.episodes
     assert sum(restarts.recent) == restarts.episodes
-    assert len(stats.returns) == len(stats.distances) == stats.episodes  # level-start episodes only
+    assert len(stats.returns) == len(stats.measured.progress) == stats.episodes  # level-start episodes only
+    assert len(restarts.measured.progress) == restarts.episodes
     assert len(restarts.returns) == restarts.episodes and min(restarts.start_progress) > 40  # x past the start
 
 
@@ -94,6 +94,9 @@ def test_telemetry_reports_the_curriculum(played: ActorCore) -> None:
     assert gauges["start_state_progress_mean"] > 40
     assert gauges["start_states_kept"] == 2  # pool 1 on each of the 2 env slots
     assert "restarted_return_mean" in gauges
+    # the training distance of restarted episodes, shown apart from the level-start episodes'
+    assert gauges["restarted_progress_mean"] > 40 and 0 <= gauges["restarted_success_rate"] <= 1
+    assert gauges["episode_progress_mean"] > 0 and gauges["episode_progress_max"] >= gauges["episode_progress_mean"]
 
 
 def test_without_the_curriculum_nothing_is_wrapped_or_reported() -> None:
@@ -102,15 +105,14 @@ def test_without_the_curriculum_nothing_is_wrapped_or_reported() -> None:
         assert not any(isinstance(env, StartStateCurriculum) for env in core.vec.envs)  # type: ignore[attr-defined]
         counters, gauges = report(core)
         assert "restarted_episodes_total" not in counters
-        assert not {"start_state_share_actual", "start_states_kept"} & set(gauges)
+        assert not {"start_state_share_actual", "start_states_kept", "restarted_progress_mean"} & set(gauges)
     finally:
         core.close()
 
 
 @pytest.mark.parametrize(("name", "value"), [("start_state_share", 1.5), ("start_state_share", -0.5),
                                              ("start_state_margin", -1.0), ("start_state_margin", float("nan")),
-                                             ("start_state_window", 0), ("start_state_pool", 0),
-                                             ("start_state_choice", "random")])
+                                             ("start_state_window", 0), ("start_state_pool", 0)])
 def test_settings_validation(name: str, value: float) -> None:
     with pytest.raises(ValidationError, match=name):
         ActorSettings(**{name: value})
@@ -120,15 +122,6 @@ def test_settings_give_the_curriculum_only_when_on() -> None:
     assert ActorSettings().start_states() is None  # default: off
     on = ActorSettings(start_state_share=0.25, start_state_margin=64, start_state_window=5, start_state_pool=3)
     assert on.start_states() == StartStateConfig(share=0.25, margin=64.0, window=5, pool=3)
-    uniform = ActorSettings(start_state_share=0.25, start_state_choice="uniform").start_states()
-    assert uniform == StartStateConfig(share=0.25, choice="uniform")
-    ends = ActorSettings(start_state_share=0.25, start_state_choice="ends").start_states()
-    assert ends == StartStateConfig(share=0.25, choice="ends")
-
-
-def test_the_settings_offer_every_choice_the_curriculum_knows() -> None:
-    annotation = ActorSettings.model_fields["start_state_choice"].annotation
-    assert get_args(annotation) == CHOICES
 
 
 def test_an_env_that_cannot_save_state_stops_the_actor_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,6 +22,7 @@ def _bench(out: Path, workdir: Path, *opts: str) -> int:
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.system
 def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     workdir = tmp_path / "kept"

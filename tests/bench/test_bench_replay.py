@@ -131,6 +131,7 @@ def test_a_packing_replay_labels_its_tcp_rows_and_sets_packed_beside_unpacked_fr
     assert "over tcp (its ReplayClient" in unpacked[0].case
 
 
+@pytest.mark.system
 def test_the_learner_tcp_rows_sit_beside_the_ceiling_zeromq_alone_measures_for_real() -> None:
     runs = {"learner_tcp": [_run(100, 50)], "zmq_tcp": [_run(125, 80)], "cpprb": [_run(100, 100)]}
     rows = sampling_rows(1_000_000, [0, 1], runs)
@@ -185,6 +186,7 @@ def test_rates_refuse_an_empty_interval() -> None:
         rates(10, 0.0, 1.0)
 
 
+@pytest.mark.system
 def test_cpu_seconds_add_up_every_process_of_a_side() -> None:
     spin = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
     child = subprocess.Popen([sys.executable, "-c", spin])
@@ -208,6 +210,7 @@ def test_cpu_seconds_add_up_every_process_of_a_side() -> None:
         cpu_seconds([child.pid])
 
 
+@pytest.mark.system
 def test_pin_process_moves_every_thread_not_only_the_main_one() -> None:
     code = ("import threading, time, sys\n"
             "for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
@@ -253,6 +256,7 @@ class LinePeer(PeerProcess):
         super().__init__([sys.executable, "-c", LINE_PEER, json.dumps(config)])
 
 
+@pytest.mark.system
 def test_a_peer_process_answers_in_turns_with_cpu_seconds_and_can_be_pinned() -> None:
     peer = LinePeer({"fill": 5_000})
     try:
@@ -268,6 +272,7 @@ def test_a_peer_process_answers_in_turns_with_cpu_seconds_and_can_be_pinned() ->
     assert peer.proc.returncode == 0
 
 
+@pytest.mark.system
 def test_a_failing_peer_is_a_one_line_error_and_an_optional_one_only_a_note() -> None:
     with pytest.raises(BenchError, match=r"line peer failed \(exit 1\): \[.KeyError: .fill..\]"):
         LinePeer({})
@@ -282,6 +287,7 @@ def test_a_failing_peer_is_a_one_line_error_and_an_optional_one_only_a_note() ->
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.system
 def test_synchronous_sampling_counts_the_replay_and_the_client(tmp_path: Path) -> None:
     """A real replay with CartPole rows, sampled through shared memory with one request in flight (the update
     sent before the next request): batches arrive, every update is applied, and a killed replay's segments and
@@ -307,6 +313,7 @@ def test_synchronous_sampling_counts_the_replay_and_the_client(tmp_path: Path) -
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.system
 def test_the_learner_data_path_samples_over_the_asked_path_and_its_priorities_are_applied(tmp_path: Path) -> None:
     """The learner service's own data path (ReplayClient + Feeder thread + CPU staging, built from LearnerSettings)
     in a pinned process against a real replay holding small Mario-shaped data: batches arrive through shared

@@ -80,6 +80,7 @@ def test_a_label_must_start_its_line(tmp_path: Path) -> None:
     ("## Sampling\n\nSee `results/gone.json`.\n", "section 'Sampling': cites results/gone.json, but there is no"),
     ("## Sampling\n\nFast.\n", "section 'Sampling': cites no results/ file and has no label line"),
 ])
+@pytest.mark.system
 def test_the_script_refuses_to_write_and_says_why_in_one_line(tmp_path: Path, text: str, message: str) -> None:
     sections = _suite(tmp_path, text)
     done = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(sections)], capture_output=True, text=True,
@@ -195,6 +196,7 @@ def test_a_measured_tables_cells_are_figures(tmp_path: Path) -> None:
     assert assemble.check_docs(root) == []
 
 
+@pytest.mark.system
 def test_the_script_refuses_a_made_up_figure_in_a_section(tmp_path: Path) -> None:
     sections = _suite(tmp_path, "## Inserts\n\nRaw result: [results/kept.json](results/kept.json). It took 12.5 s.\n")
     done = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(sections)], capture_output=True, text=True,

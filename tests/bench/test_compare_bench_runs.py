@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.system
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compare_bench_runs.py"
 MACHINE = {"cpu_model": "AMD EPYC", "cpus": 2}
 

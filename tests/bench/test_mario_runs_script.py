@@ -63,6 +63,7 @@ def run_script(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.system
 def test_the_script_tables_each_run_and_each_side(tmp_path: Path) -> None:
     seeds = range(300_000, 300_020)
     without = [_bench_result(tmp_path / f"off{i}.json", 900.0 + 100 * i, 0, seeds) for i in range(3)]
@@ -84,6 +85,7 @@ def test_the_script_tables_each_run_and_each_side(tmp_path: Path) -> None:
     assert single.returncode == 0 and "| one | 1 | 1,950 (one run: no interval) |" in single.stdout
 
 
+@pytest.mark.system
 def test_the_script_refuses_what_it_cannot_compare(tmp_path: Path) -> None:
     a = _bench_result(tmp_path / "a.json", 1000.0, 0, range(100, 110))
     b = _bench_result(tmp_path / "b.json", 1000.0, 0, range(200, 210))
@@ -96,6 +98,7 @@ def test_the_script_refuses_what_it_cannot_compare(tmp_path: Path) -> None:
     assert "broken.json" in run_script("--side", "x", str(broken)).stderr
 
 
+@pytest.mark.system
 def test_the_script_takes_one_deploy_of_a_run_and_compose_result(tmp_path: Path) -> None:
     seeds = range(300_000, 300_010)
 

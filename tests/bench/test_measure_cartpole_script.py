@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.system
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "measure_cartpole_target.py"
 
 

@@ -53,3 +53,6 @@ def test_mario_rows_use_the_evaluation_distances() -> None:
     assert result.rows[0].flywheel == 600.0 and result.rows[0].peer == 310.0 and result.rows[0].met is True
     assert result.rows[1].flywheel == 520.0 and result.rows[1].peer == 400.0
     assert any("expert's own mean distance: 650" in note for note in result.notes)
+    fresh = SuiteResult(suite="demos", title="t")  # a collection of this build: the env's progress measure
+    demos._mario_rows(fresh, sides, 8.0, ["replay.demo_ratio=0.25"], {"all": {"mean_progress": 640.0}})
+    assert any("expert's own mean distance: 640" in note for note in fresh.notes)

@@ -9,11 +9,12 @@ import pytest
 
 from flywheel.cli import main
 from flywheel.demos.collect import collect, play_episode, resolve_workers
-from flywheel.demos.experts import PolicyError, build_policy, checkpoint_policy
+from flywheel.demos.experts import PolicyError, build_policy, checkpoint_policy, platformer_expert
 from flywheel.demos.format import DemoFileError, DemoSet
 from flywheel.envs import make_env
 
 
+@pytest.mark.system
 def test_cartpole_collection_with_two_workers_makes_one_valid_set(tmp_path: Path) -> None:
     out = tmp_path / "cartpole"
     summary = collect("CartPole-v1", 4, out, workers="2", show_progress=False)
@@ -43,15 +44,19 @@ def test_snake_expert_beats_random() -> None:
     assert expert_food >= 15 and expert_food > 3 * random_food
 
 
-def test_mario_expert_runs_right() -> None:
+def test_the_platformer_expert_runs_right_on_mario() -> None:
+    """Chosen by the env's NES action set (right+A+B and right+B), not by its name."""
     env = make_env("SuperMarioBros-1-1-v0", seed=0)
     policy = build_policy("expert", "SuperMarioBros-1-1-v0", env, 0)
     observations, actions, rewards, _, info = play_episode(env, policy, 0)
     assert observations.shape[1:] == (4, 84, 84) and observations.dtype == np.uint8
     assert info["x_pos"] > 250 and rewards.sum() > 0
     env.close()
+    with pytest.raises(PolicyError, match=r"needs right\+A\+B and right\+B"):
+        platformer_expert(["NOOP", "right", "A"])
 
 
+@pytest.mark.system
 def test_bad_requests_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match="--workers"):
         resolve_workers("0", 3)

@@ -270,7 +270,7 @@ def test_transitions_flow_over_curve_with_the_deployments_high_water_marks(prese
                     pass
         assert received == 20, (f"{received} of 20 messages ({sent} sent) reached a CURVE PULL with RCVHWM="
                                 f"{rcvhwm}: the ZAP handler's user id stalls the pipe (flywheel/zap.py "
-                                "ZapHandler.answer: reply with an empty user id)")
+                                "ZapHandler.curve_user_id: an empty user id there)")
     finally:
         ctx.destroy(linger=0)
 

@@ -68,6 +68,7 @@ def compose_model(*args: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", list(COMBINATIONS))
+@pytest.mark.system
 def test_docker_compose_config_accepts_the_files(name: str) -> None:
     model = compose_model(*COMBINATIONS[name])
     services = set(model["services"])
@@ -91,6 +92,7 @@ def test_docker_compose_config_accepts_the_files(name: str) -> None:
         assert spec["depends_on"]["curve-keys"]["condition"] == "service_completed_successfully", service
 
 
+@pytest.mark.system
 def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
     broken = tmp_path / "compose.yml"
     broken.write_text("services:\n  actor:\n    image: x\n    depends_on:\n      gateway:\n"
@@ -99,6 +101,7 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
     assert result.returncode != 0 and "condition" in result.stderr
 
 
+@pytest.mark.system
 def test_the_actor_service_is_scale_safe() -> None:
     """As Compose resolves it: no name, hostname or host port that two replicas would fight over."""
     for name, args in COMBINATIONS.items():
@@ -110,6 +113,7 @@ def test_the_actor_service_is_scale_safe() -> None:
         assert actor.get("network_mode") is None, f"{name}: replicas need their own network namespace"
 
 
+@pytest.mark.system
 def test_the_bench_compose_stack_seeds_the_learner_and_the_replay(tmp_path: Path) -> None:
     """`flywheel bench mario --opt deploy=compose --opt train_seed=K`: the variables ComposeStack sets, as Compose
     resolves the shipped file for the learner and the replay (empty without a seed: each service stays unseeded)."""
@@ -180,6 +184,7 @@ def hadolint(dockerfile: Path) -> list[dict[str, Any]]:
     return json.loads(result.stdout or "[]")
 
 
+@pytest.mark.system
 def test_hadolint_passes_every_dockerfile() -> None:
     dockerfiles = sorted(DOCKER.glob("Dockerfile*"))
     assert dockerfiles
@@ -188,6 +193,7 @@ def test_hadolint_passes_every_dockerfile() -> None:
         assert not findings, "\n".join(f"{dockerfile.name}:{f['line']} {f['code']} {f['message']}" for f in findings)
 
 
+@pytest.mark.system
 def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python:latest\nRUN apt-get install curl\nRUN cd /src && pip install flask\n")
@@ -209,6 +215,7 @@ def strict_ok(paths: list[Path]) -> tuple[bool, str]:
     return code == 0 and "WARN" not in output and "ERROR" not in output, output
 
 
+@pytest.mark.system
 def test_kubernetes_validate_strict_accepts_k8s() -> None:
     manifests = sorted(K8S.glob("*.yaml"))
     ok, output = strict_ok(manifests)
@@ -238,6 +245,7 @@ def strategic_merge(base: object, patch: object) -> object:
     return patch
 
 
+@pytest.mark.system
 def test_the_gpu_patch_makes_a_valid_gpu_learner_and_the_base_asks_for_none(tmp_path: Path) -> None:
     """`kubectl apply -f k8s` schedules on a CPU-only cluster; k8s/gpu/learner-gpu.yaml opts the learner into a GPU."""
     docs = [d for f in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
@@ -256,6 +264,7 @@ def test_the_gpu_patch_makes_a_valid_gpu_learner_and_the_base_asks_for_none(tmp_
     assert ok, output
 
 
+@pytest.mark.system
 def test_kubernetes_validate_strict_fails_unknown_kinds_and_fields(tmp_path: Path) -> None:
     unknown_kind = tmp_path / "kind.yaml"
     unknown_kind.write_text("apiVersion: v1\nkind: Deploymint\nmetadata:\n  name: x\n  namespace: flywheel\n")
@@ -276,11 +285,13 @@ def promtool_check(config: Path) -> subprocess.CompletedProcess[str]:
     return run([exe, "check", "config", str(config)], cwd=config.parent)
 
 
+@pytest.mark.system
 def test_promtool_accepts_the_compose_prometheus_config() -> None:
     result = promtool_check(PROMETHEUS)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.system
 def test_promtool_accepts_the_kubernetes_prometheus_config(tmp_path: Path) -> None:
     """The ConfigMap as Prometheus sees it: every key a file in one folder (rule files included)."""
     data = k8s_objects("ConfigMap")["prometheus-config"]["data"]
@@ -290,6 +301,7 @@ def test_promtool_accepts_the_kubernetes_prometheus_config(tmp_path: Path) -> No
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.system
 def test_promtool_rejects_a_broken_config(tmp_path: Path) -> None:
     broken = tmp_path / "prometheus.yml"
     broken.write_text("global:\n  scrape_interval: 5 seconds\nscrape_configs: []\n")

@@ -254,16 +254,17 @@ def test_flywheel_run_picks_the_atari_preset(tmp_path: Path, monkeypatch: pytest
     from flywheel import presets
 
     assert presets.name_for_env("ALE/Pong-v5?size=42", "uint8") == "atari"
-    assert {k: atari.env["actor"][k] for k in ("GAMMA", "N_STEP")} == {"GAMMA": "0.99", "N_STEP": "3"}
-    assert {k: float(atari.env["learner"][k]) for k in ("LR", "ADAM_EPS", "BATCH_SIZE", "TARGET_UPDATE_INTERVAL")} == {
-        "LR": 0.0000625, "ADAM_EPS": 0.00015, "BATCH_SIZE": 32, "TARGET_UPDATE_INTERVAL": 2000}
-    assert {k: atari.env["replay"][k] for k in ("CAPACITY", "MIN_SIZE_TO_SAMPLE", "SAMPLES_PER_INSERT")} == {
-        "CAPACITY": "100000", "MIN_SIZE_TO_SAMPLE": "20000",
-        "SAMPLES_PER_INSERT": presets.load("pixel").as_variables("replay")["SAMPLES_PER_INSERT"]}
+    assert atari.env["learner"]["PRESET"] == "atari"  # each child reads it; the plan's settings are what they get
+    actor, learner, replay = (atari.settings[s] for s in ("actor", "learner", "replay"))
+    assert (actor.gamma, actor.n_step) == (0.99, 3)
+    assert (learner.lr, learner.adam_eps, learner.batch_size, learner.target_update_interval) == (
+        0.0000625, 0.00015, 32, 2000)
+    assert (replay.capacity, replay.min_size_to_sample, replay.samples_per_insert) == (
+        100_000, 20_000, presets.load("pixel").section("replay")["samples_per_insert"])
     assert atari.env["actor"]["ENV_ID"] == "BreakoutNoFrameskip-v4"  # training settings: the env's defaults
     assert atari.actor_extra[0]["EVAL_ENVS"] == "1"  # actor-0's greedy env (evaluation settings, see above)
     mario = plan(run_module.DEFAULT_ENV)
-    assert mario.env["actor"]["GAMMA"] == "0.9" and mario.env["learner"]["LR"] == "0.00025"  # Mario keeps its own
+    assert mario.settings["actor"].gamma == 0.9 and mario.settings["learner"].lr == 0.00025  # Mario keeps its own
 
 
 def test_vector_reports_games_not_lives_and_clips() -> None:

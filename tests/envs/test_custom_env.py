@@ -67,6 +67,7 @@ def test_never_arriving_is_truncated_at_minus_half() -> None:
     assert truncated and not terminated and total == pytest.approx(NEVER_ARRIVES)
 
 
+@pytest.mark.system
 def test_subprocess_workers_import_the_module_themselves() -> None:
     """Spawned env workers start from a bare interpreter: the id alone must make them import the module."""
     vec = make_vector_env(CORRIDOR, 4, seed=3, mode="subprocess", workers=2, groups=1)
@@ -108,11 +109,13 @@ def test_an_id_the_module_did_not_register() -> None:
     (("actor", "--env-id", "no_such_package_xyz:MyEnv-v0"), "cannot import module 'no_such_package_xyz'"),
     (("run", "--env", "flywheel.examples.corridor:Nope-v0"), "unknown environment id 'Nope-v0'"),
 ])
+@pytest.mark.system
 def test_the_cli_says_it_in_one_line(args: tuple[str, ...], expected: str) -> None:
     line = _one_line(_flywheel(*args))
     assert line.startswith("error: flywheel ") and expected in line
 
 
+@pytest.mark.system
 def test_flywheel_run_learns_the_corridor(tmp_path: Path) -> None:
     """A real ``flywheel run`` on the example env: the greedy return climbs from -0.5 to near the optimum."""
     ckpt = tmp_path / "ckpt"

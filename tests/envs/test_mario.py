@@ -53,6 +53,7 @@ def test_spec_reset_and_step(env11: MarioEnv) -> None:
     assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8 and obs.std() > 0
     assert set(INFO_KEYS) <= set(info)
     assert (info["world"], info["stage"], info["flag_get"]) == (1, 1, False)
+    assert (info["progress"], info["success"]) == (float(info["x_pos"]), False)  # its measures (flywheel.envs.measures)
     obs2, reward, terminated, truncated, info = env11.step(RIGHT_B)
     assert obs2.shape == (4, 84, 84) and obs2.dtype == np.uint8
     np.testing.assert_array_equal(obs2[:3], obs[1:])  # stack shifts by one frame
@@ -60,6 +61,7 @@ def test_spec_reset_and_step(env11: MarioEnv) -> None:
     for key in ("x_pos", "world", "stage", "score", "time", "life"):
         assert type(info[key]) is int, key
     assert type(info["flag_get"]) is bool
+    assert info["progress"] == float(info["x_pos"]) and info["success"] is False and "end" not in info
 
 
 def test_x_pos_passes_255_without_uint8_wrap(env11: MarioEnv) -> None:

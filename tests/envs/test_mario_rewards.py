@@ -75,7 +75,8 @@ def test_real_death_gets_the_penalty_and_other_steps_only_the_scale() -> None:
     finally:
         env.close()
     reward, terminated, info = steps[-1]
-    assert terminated and not info["flag_get"]
+    assert terminated and not info["flag_get"] and not info["success"]
+    assert info["end"] == "clock" and info["time"] == 0  # standing still, Mario dies when the level clock runs out
     assert info["raw_reward"] <= -15  # the library's own death penalty is in the raw sum
     assert reward == pytest.approx((info["raw_reward"] - 50.0) * 0.1)
     for reward, _, info in steps[:-1]:

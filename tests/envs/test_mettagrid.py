@@ -70,6 +70,7 @@ def test_slot_count_must_fill_whole_simulations_and_single_env_is_refused() -> N
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.system
 def test_subprocess_keeps_simulations_whole_and_equals_inprocess() -> None:
     from test_vector import run_both  # same directory (pytest puts it on sys.path)
 

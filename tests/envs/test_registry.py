@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from flywheel.envs import EnvSpec, UnknownEnvironmentError, env_spec, known_env_ids, make_env, preprocessing
+from flywheel.envs.measures import Measures
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -80,7 +81,8 @@ def test_known_env_ids_cover_both_families() -> None:
 
 
 def test_mario_env_spec_is_cheap_and_option_aware() -> None:
-    assert env_spec("SuperMarioBros-1-1-v0") == EnvSpec("SuperMarioBros-1-1-v0", (4, 84, 84), "uint8", 7)
+    assert env_spec("SuperMarioBros-1-1-v0") == EnvSpec("SuperMarioBros-1-1-v0", (4, 84, 84), "uint8", 7,
+                                                        measures=Measures("furthest x", "flag"))
     assert env_spec("SuperMarioBros-v0", actions="right_only").n_actions == 5
     assert env_spec("SuperMarioBros-v0", actions="complex", stack=2).obs_shape == (2, 84, 84)
     with pytest.raises(ValueError, match="actions must be one of"):

@@ -97,66 +97,6 @@ def test_a_kept_state_is_replaced_once_it_has_been_kept_for_window_episodes() ->
         wrapped.close()
 
 
-def test_uniform_choice_keeps_states_spread_between_the_level_start_and_the_frontier() -> None:
-    env = make_env(MARIO, max_episode_steps=150)
-    config = StartStateConfig(share=0.0, margin=50.0, window=1, pool=1, choice="uniform")
-    wrapped = StartStateCurriculum(env, config, MARIO)
-    try:
-        wrapped.reset(seed=3)
-        frontier = max(play(wrapped)[0])  # the same scripted game every time: the frontier stays here
-        kept_at = []
-        for _ in range(8):
-            wrapped.reset()
-            point = wrapped.keep_at
-            assert point is not None and LEVEL_START_X < point <= frontier
-            xs, kept = play(wrapped)
-            saved_at = kept.index(True)  # the first step at or past the drawn point
-            assert xs[saved_at] >= point and (saved_at == 0 or xs[saved_at - 1] < point)
-            assert wrapped.kept[0].progress == xs[saved_at]  # one state, replaced every episode (window 1)
-            kept_at.append(xs[saved_at])
-        assert len(set(kept_at)) >= 4 and min(kept_at) < frontier - 200  # frontier choice: only past frontier - 50
-        wrapped.config = StartStateConfig(share=1.0, window=1, pool=1, choice="uniform")
-        _, info = wrapped.reset()
-        assert info["restarted"] and info["start_progress"] == kept_at[-1]
-        assert wrapped.keep_at is None or wrapped.keep_at > kept_at[-1]  # a restart keeps only ahead of its start
-    finally:
-        wrapped.close()
-
-
-def walk_right(t: int) -> int:
-    """Hold right (the "simple" action 1): Mario walks into the first Goomba, a little before the jumper dies."""
-    return 1
-
-
-def test_ends_choice_keeps_states_just_before_where_recent_episodes_ended() -> None:
-    env = make_env(MARIO, max_episode_steps=150)
-    config = StartStateConfig(share=0.0, margin=50.0, window=2, pool=1, choice="ends")
-    wrapped = StartStateCurriculum(env, config, MARIO)
-    try:
-        wrapped.reset(seed=3)
-        points, kept_at = set(), []
-        for episode in range(8):  # the jumper and the walker take turns: two different ends in the window
-            script = run_and_jump if episode % 2 == 0 else walk_right
-            point, ends = wrapped.keep_at, set(wrapped.recent)
-            assert (point is None) == (episode == 0)  # no end yet in the first episode
-            assert point is None or point in {end - 50.0 for end in ends}
-            xs, kept = play(wrapped, script=script)
-            if any(kept):
-                assert point is not None
-                saved_at = kept.index(True)  # the first step at or past the drawn point
-                assert xs[saved_at] >= point and (saved_at == 0 or xs[saved_at - 1] < point)
-                assert wrapped.kept[0].progress == xs[saved_at] < point + 50.0  # just before an episode's end
-                points.add(point)
-                kept_at.append(xs[saved_at])
-            wrapped.reset()
-        assert len(points) == 2 and len(set(wrapped.recent)) == 2  # both ends were drawn, states kept before each
-        wrapped.config = StartStateConfig(share=1.0, margin=50.0, window=2, pool=1, choice="ends")
-        _, info = wrapped.reset()
-        assert info["restarted"] and info["start_progress"] == kept_at[-1]
-    finally:
-        wrapped.close()
-
-
 def test_the_level_start_is_rebuilt_exactly_when_no_emulator_holds_it() -> None:
     env = make_env(MARIO)
     assert isinstance(env, MarioEnv)
@@ -210,6 +150,7 @@ def test_vector_marks_restarted_episodes() -> None:
         vec.close()
 
 
+@pytest.mark.system
 def test_subprocess_workers_run_the_curriculum() -> None:
     vec = make_vector_env(f"{MARIO}?max_episode_steps=150", 1, seed=3, mode="subprocess", workers=1, groups=1,
                           start_states=StartStateConfig(share=1.0, margin=50.0, window=1))
@@ -283,7 +224,6 @@ def test_which_ids_can_keep_start_states_is_known_from_the_id(env_id: str, refus
     ({"share": 1.5}, "share must be a number in"), ({"share": -0.1}, "share must be"),
     ({"margin": float("inf")}, "margin must be a finite"), ({"margin": -1}, "margin must be"),
     ({"window": 0}, "window must be an integer >= 1"), ({"pool": 2.5}, "pool must be an integer"),
-    ({"choice": "random"}, "choice must be one of frontier, uniform, ends, got 'random'"),
 ])
 def test_config_validation(values: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -28,7 +28,7 @@ MIB = 1 << 20
 def piece(index: int, count: int, total: int, *, clip: int = 1, nbytes: int | None = None,
           instance: str = "actor-0", version: int = 7) -> proto.ClipChunk:
     n = min(SIZE, total - index * SIZE) if nbytes is None else nbytes
-    return proto.ClipChunk(instance, clip, index, count, total, version, "CartPole-v1", 50.0, 20, 19.0, 19, -1, False,
+    return proto.ClipChunk(instance, clip, index, count, total, version, "CartPole-v1", 50.0, 20, 19.0, 19, -1.0, False,
                            time.time(), np.full(n, index % 251, np.uint8))
 
 

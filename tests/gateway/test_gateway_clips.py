@@ -25,7 +25,7 @@ def chunk(data: bytes, index: int, count: int, *, clip: int = 1, version: int = 
     size = proto.CLIP_CHUNK_BYTES
     raw = np.frombuffer(data, dtype=np.uint8)[index * size:(index + 1) * size]
     return proto.ClipChunk(instance, clip, index, count, len(data) if total is None else total, version,
-                           "CartPole-v1", 50.0, 20, 19.0, 19, -1, False, time.time(), raw)
+                           "CartPole-v1", 50.0, 20, 19.0, 19, -1.0, False, time.time(), raw)
 
 
 def test_pieces_in_any_order_make_the_clip_and_bad_ones_are_refused() -> None:
@@ -34,7 +34,7 @@ def test_pieces_in_any_order_make_the_clip_and_bad_ones_are_refused() -> None:
     assert clips.add(chunk(data, 2, 3)) is None and clips.add(chunk(data, 0, 3)) is None
     whole = clips.add(chunk(data, 1, 3))
     assert whole is not None and whole.data == data and clips.newest is whole and clips.received == 1
-    assert whole.info()["bytes"] == len(data) and whole.info()["x_pos"] is None and whole.weight_version == 7
+    assert whole.info()["bytes"] == len(data) and whole.info()["progress"] is None and whole.weight_version == 7
     clips.add(chunk(data, 0, 3, clip=2, version=8))
     with pytest.raises(ClipRejected, match="disagrees"):
         clips.add(chunk(data, 1, 3, clip=2, version=9))
@@ -68,6 +68,7 @@ class Acting:
         self.acting = msg
 
 
+@pytest.mark.system
 def test_an_actor_films_cartpole_and_the_live_page_plays_it(tmp_path: Path) -> None:
     proc, url, telemetry = start_gateway(gateway_env(), tmp_path / "gw.log")
     ctx = zmq.Context()

@@ -8,6 +8,7 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 from gateway_helpers import gateway_env, http_get, tel, wait_for
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -15,6 +16,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from flywheel import proto
 from flywheel.processes import launch
 from flywheel.services.gateway.server import listen_socket
+
+pytestmark = pytest.mark.system
 
 
 def _rows(folder: Path) -> list[dict[str, str]]:

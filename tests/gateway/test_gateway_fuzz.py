@@ -59,6 +59,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.system
 def test_api_against_its_schema(case: schemathesis.Case) -> None:
     response = case.call_and_validate(headers=AUTH)
     SEEN[(case.path, response.status_code)] += 1
@@ -79,6 +80,7 @@ def test_the_fuzzing_reached_both_sides_of_control() -> None:
             assert codes & {400, 422}, f"no refused {name}: {codes}"
 
 
+@pytest.mark.system
 def test_openapi_documents_every_command_with_examples(live_gateway: str) -> None:
     import json
 

@@ -29,12 +29,14 @@ HUGE = 1.7e308
 MAX_ABS_VALUE = 2.0**53  # the largest magnitude the gateway keeps (beyond it floats stop counting by one)
 NAN, INF = float("nan"), float("inf")
 GAUGES = ("exploration_slots", "epsilon", "epsilon_min", "epsilon_max", "weight_version", "episode_return_mean",
-          "eval_return_mean", "mario_distance_mean", "mario_distance_max", "mario_flag_rate", "size_transitions",
+          "eval_return_mean", "episode_progress_mean", "episode_progress_max", "episode_success_rate",
+          "restarted_progress_mean", "restarted_success_rate", "size_transitions",
           "capacity_transitions", "data_wait_ratio", "loss", "policy_lag_versions", "env_steps_per_second",
           "updates_per_second")
 COUNTERS = ("env_steps_total", "episodes_total", "updates_total", "transitions_sent_total",
             "transitions_received_total", "samples_total")
 HOSTILE = (HUGE, -HUGE, 1e308, -1e308, NAN, INF, -INF, 2.0**64, -(2.0**63), MAX_ABS_VALUE, 5e-324, -0.0)
+LABEL = "<img src=x onerror=\"document.title=1\">\u202e \U0001f600"  # an env's label as a hostile peer sends it
 
 
 def get_all(client: Any) -> dict[str, Any]:
@@ -95,12 +97,12 @@ def test_a_clip_with_infinite_numbers_is_refused(gateway, zctx) -> None:
     push = zctx.socket(zmq.PUSH)
     push.connect(service.endpoints["telemetry"])
     base = dict(instance="actor-0", clip=1, index=0, count=1, total_bytes=10, weight_version=3, env_id="x",
-                fps=30.0, frames=2, episode_return=1.0, length=1, x_pos=-1, flag=False, time=time.time())
+                fps=30.0, frames=2, episode_return=1.0, length=1, progress=-1.0, success=False, time=time.time())
     bad = [dict(base, episode_return=INF), dict(base, fps=-INF, clip=2), dict(base, time=INF, clip=3),
-           dict(base, episode_return=HUGE, clip=4)]
+           dict(base, episode_return=HUGE, clip=4), dict(base, progress=HUGE, clip=5)]
     for fields in bad:
         push.send_multipart(proto.encode(proto.ClipChunk(**fields, data=np.zeros(10, np.uint8))))
-    wait_for(lambda: service.faults.counts["telemetry:clip_value"] == 4, what="4 clips refused")
+    wait_for(lambda: service.faults.counts["telemetry:clip_value"] == 5, what="5 clips refused")
     assert service.clips.newest is None and client.get("/clip").status_code == 404
     push.send_multipart(proto.encode(proto.ClipChunk(**base, data=np.zeros(10, np.uint8))))
     wait_for(lambda: service.clips.newest is not None, what="a good clip")
@@ -143,6 +145,7 @@ def test_any_telemetry_values_keep_every_view_up(gateway, zctx, tmp_path_factory
         push.close(0)
 
 
+@pytest.mark.system  # starts a browser / promtool
 def test_the_live_page_renders_hostile_telemetry(tmp_path: Path) -> None:
     proc, url, telemetry = start_gateway(gateway_env(FLYWHEEL_GATEWAY_HISTORY_INTERVAL_S="0.1"), tmp_path / "gw.log")
     ctx = zmq.Context()
@@ -156,7 +159,9 @@ def test_the_live_page_renders_hostile_telemetry(tmp_path: Path) -> None:
             for r in reporters:
                 r.send({"env_steps_total": HUGE, "episodes_total": 3.0},
                        {"exploration_slots": HUGE, "epsilon": 0.25, "weight_version": -HUGE,
-                        "episode_return_mean": 12.5, "eval_return_mean": INF}, {"env_id": "</td><script>"})
+                        "episode_return_mean": 12.5, "eval_return_mean": INF, "episode_progress_mean": 40.0,
+                        "episode_progress_max": HUGE, "episode_success_rate": -INF},
+                       {"env_id": "</td><script>", "progress_label": LABEL, "success_label": "</b>" * 60})
             learner.send({"updates_total": 1e308}, {"weight_version": HUGE, "loss": NAN})
             return len(json.loads(http_get(url + "/history")[1])["points"]) >= 3
 
@@ -165,6 +170,10 @@ def test_the_live_page_renders_hostile_telemetry(tmp_path: Path) -> None:
         page = rendered(tmp_path, url + "/")  # the page's error line is empty: every poll succeeded
         assert page.by_id["episode_return_mean"] == "12.5" and page.by_id["weight_version"] == "-"
         assert {r[5] for r in page.rows if r[0] == "actor"} == {"0.2500"}
+        # an env's labels are text, never markup: shown as sent, the values out of range left out
+        assert page.by_id["progress_title"] == LABEL + " mean" and page.by_id["progress_mean"] == "40"
+        assert page.by_id["progress_max"] == "-" and page.by_id["success_rate"] == "-"
+        assert page.by_id["success_title"] == "</b>" * 60 + " rate"
         for r in (*reporters, learner):
             r.close()
     finally:
@@ -174,6 +183,7 @@ def test_the_live_page_renders_hostile_telemetry(tmp_path: Path) -> None:
     assert "Traceback" not in (tmp_path / "gw.log").read_text()
 
 
+@pytest.mark.system  # starts a browser / promtool
 def test_promtool_accepts_metrics_with_hostile_values_and_info(gateway, zctx) -> None:
     client, service = gateway
     push = zctx.socket(zmq.PUSH)

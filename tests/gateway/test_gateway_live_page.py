@@ -1,8 +1,9 @@
 """The live page at / rendered by headless Chromium (Debian's package) against a gateway fed telemetry over ZeroMQ.
 
 The DOM after the page's script ran must show the live numbers, the learning curve must have points, and the
-screenshot must show the curve drawn (its colour is in the image). When the actors report Super Mario Bros
-distances and flags, /history carries them and a second chart shows them; without them that chart stays hidden.
+screenshot must show the curve drawn (its colour is in the image). When the actors report their env's progress and
+success measures (here as a platformer names them: furthest x and flag), /history carries them and cards and a second
+chart show them under the env's labels, restarted episodes apart; without them they stay hidden.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ from gateway_helpers import gateway_env, http_get, start_gateway, wait_for
 
 from flywheel.transport import TelemetryReporter
 
+pytestmark = pytest.mark.system
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CURVE_BGR = np.array([255, 166, 88])  # #58a6ff, the return line
-DISTANCE_BGR = np.array([221, 212, 86])  # #56d4dd, the Mario chart's mean distance line
-FLAGS_BGR = np.array([65, 179, 227])  # #e3b341, its flag rate line
+PROGRESS_BGR = np.array([221, 212, 86])  # #56d4dd, the measures chart's mean progress line
+RESTARTED_BGR = np.array([186, 120, 247])  # #f778ba, its restarted episodes' progress line
+SUCCESS_BGR = np.array([65, 179, 227])  # #e3b341, its success rate line
+LABELS = {"progress_label": "furthest x", "success_label": "flag"}  # what the actors' env calls its measures
 
 
 class Texts(HTMLParser):
@@ -74,15 +79,15 @@ class Texts(HTMLParser):
 
 @pytest.fixture
 def fed_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A gateway fed telemetry; ``indirect`` parameter True: the actors report Mario distances and flags too."""
-    mario = bool(getattr(request, "param", False))
+    """A gateway fed telemetry; ``indirect`` parameter True: the actors report their env's measures too."""
+    measured = bool(getattr(request, "param", False))
     log = tmp_path / "gateway.log"
     proc, url, telemetry = start_gateway(gateway_env(FLYWHEEL_GATEWAY_HISTORY_INTERVAL_S="0.2"), log)
     ctx = zmq.Context()
     try:
         wait_for(lambda: _up(url), timeout=30, what=f"gateway on {url}")
         stop = threading.Event()
-        feeder = threading.Thread(target=feed, args=(ctx, telemetry, stop, mario),
+        feeder = threading.Thread(target=feed, args=(ctx, telemetry, stop, measured),
                                   daemon=True)
         feeder.start()
         wait_for(lambda: len(json.loads(http_get(f"{url}/history")[1])["points"]) >= 6, timeout=20,
@@ -96,10 +101,11 @@ def fed_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]
         proc.wait(timeout=15)
 
 
-def feed(ctx: zmq.Context, endpoint: str, stop: threading.Event, mario: bool = False) -> None:
+def feed(ctx: zmq.Context, endpoint: str, stop: threading.Event, measured: bool = False) -> None:
     """Telemetry of a system whose returns climb, every 0.2 s until stopped (through TelemetryReporter, as the
-    services send it): 1000 env steps per actor, 900 inserts and 3600 samples per step. With ``mario`` the
-    actors' Mario gauges climb too, then hold: distance means 660 and 680, maxima twice that, flag rates 0.1, 0.3."""
+    services send it): 1000 env steps per actor, 900 inserts and 3600 samples per step. With ``measured`` the
+    actors' env measures climb too, then hold: progress means 660 and 680, maxima twice that, success rates 0.1 and
+    0.3; actor-1 also restarts episodes at kept start states, whose progress is its mean + 500 and success rate 0.5."""
     actors = [TelemetryReporter(ctx, endpoint, "actor", f"actor-{i}") for i in range(2)]
     replay = TelemetryReporter(ctx, endpoint, "replay", "replay-0")
     learner = TelemetryReporter(ctx, endpoint, "learner", "learner-0")
@@ -107,13 +113,15 @@ def feed(ctx: zmq.Context, endpoint: str, stop: threading.Event, mario: bool = F
     while not stop.is_set():
         returns = 10.0 * min(step, 11)  # climbs, then holds at 110 (and 132 for the greedy runs)
         for i, actor in enumerate(actors):
-            distance = 60.0 * min(step, 11) + 20 * i
-            extra = {"mario_distance_mean": distance, "mario_distance_max": 2 * distance,
-                     "mario_flag_rate": min(step, 11) / 110 + 0.2 * i} if mario else {}
+            progress = 60.0 * min(step, 11) + 20 * i
+            extra = {"episode_progress_mean": progress, "episode_progress_max": 2 * progress,
+                     "episode_success_rate": min(step, 11) / 110 + 0.2 * i} if measured else {}
+            if measured and i == 1:
+                extra.update(restarted_progress_mean=progress + 500, restarted_success_rate=0.5)
             actor.send({"env_steps_total": 1000.0 * step, "episodes_total": 2.0 * step},
                        {"epsilon": [0.4, 0.0007][i], "weight_version": 40 + i,
                         "episode_return_mean": returns + i, "eval_return_mean": 1.2 * returns, **extra},
-                       {"env_id": "SuperMarioBros-1-1-v0" if mario else "CartPole-v1"})
+                       {"env_id": "SuperMarioBros-1-1-v0", **LABELS} if measured else {"env_id": "CartPole-v1"})
         replay.send({"transitions_received_total": 900.0 * step, "samples_total": 3600.0 * step},
                     {"size_transitions": 1234.0, "capacity_transitions": 5000.0})
         learner.send({"updates_total": 20.0 * step}, {"weight_version": 42, "loss": 0.125, "data_wait_ratio": 0.25})
@@ -188,7 +196,7 @@ def test_live_page_shows_live_numbers_and_a_curve(fed_gateway: str, tmp_path: Pa
     points = int(page.attrs["curve"]["data-points"] or 0)
     assert points >= 5, f"the curve has {points} points"
     assert f"{points} points" in t["curve_info"]
-    assert "hidden" in page.attrs["mario_panel"] and t["mario_distance"] == "- / -"  # no Mario: no Mario chart
+    assert "hidden" in page.attrs["measures_panel"] and t["progress_mean"] == "-"  # no measures: no cards, no chart
     rows = {(r[0], r[1]): r for r in page.rows}
     assert set(rows) == {("actor", "actor-0"), ("actor", "actor-1"), ("replay", "replay-0"),
                          ("learner", "learner-0")}
@@ -198,35 +206,44 @@ def test_live_page_shows_live_numbers_and_a_curve(fed_gateway: str, tmp_path: Pa
     image = screenshot(tmp_path, fed_gateway + "/", "live-page.png")
     curve_pixels = colour_pixels(image, CURVE_BGR)
     assert curve_pixels > 200, f"the return curve is not in the screenshot ({curve_pixels} pixels of its colour)"
-    assert colour_pixels(image, DISTANCE_BGR) < 20, "a Mario chart drawn for a run without Mario"
+    assert colour_pixels(image, PROGRESS_BGR) < 20, "a measures chart drawn for an env without measures"
     points = json.loads(http_get(fed_gateway + "/history")[1])["points"]
-    assert points and all(p["distance_mean"] is None and p["flag_rate"] is None for p in points)
+    assert points and all(p["progress_mean"] is None and p["success_rate"] is None for p in points)
+    summary = json.loads(http_get(fed_gateway + "/status")[1])["summary"]
+    assert summary["progress_label"] is None and summary["success_label"] is None
 
 
-@pytest.mark.parametrize("fed_gateway", [True], indirect=True, ids=["mario"])
-def test_live_page_charts_mario_distance_and_flags(fed_gateway: str, tmp_path: Path) -> None:
-    """Mario actors: /history and /status carry distance and flag rate, and the page charts them over time."""
+@pytest.mark.parametrize("fed_gateway", [True], indirect=True, ids=["measured"])
+def test_live_page_charts_the_envs_measures_under_its_labels(fed_gateway: str, tmp_path: Path) -> None:
+    """Actors whose env declares measures: /history and /status carry progress and success rate (restarted
+    episodes apart), and the page shows them under the env's labels and charts them over time."""
     def held() -> list[dict[str, object]]:
         points = json.loads(http_get(fed_gateway + "/history")[1])["points"]
-        return points if points[-1]["distance_mean"] == 670 else []
+        return points if points[-1]["progress_mean"] == 670 else []
 
-    points = wait_for(held, timeout=20, what="the Mario gauges to climb and hold")
+    points = wait_for(held, timeout=20, what="the measures to climb and hold")
     last = points[-1]
-    assert last["distance_max"] == 1360 and last["flag_rate"] == pytest.approx(0.2)
-    climbing = [p["distance_mean"] for p in points if p["distance_mean"] is not None]
+    assert last["progress_max"] == 1360 and last["success_rate"] == pytest.approx(0.2)
+    assert last["restarted_progress_mean"] == 1180
+    climbing = [p["progress_mean"] for p in points if p["progress_mean"] is not None]
     assert len(climbing) >= 5 and climbing == sorted(climbing) and climbing[0] < climbing[-1], climbing
     summary = json.loads(http_get(fed_gateway + "/status")[1])["summary"]
-    assert (summary["mario_distance_mean"], summary["mario_distance_max"]) == (670, 1360)
-    assert summary["mario_flag_rate"] == pytest.approx(0.2)
+    assert (summary["progress_mean"], summary["progress_max"], summary["restarted_progress_mean"]) == (670, 1360, 1180)
+    assert summary["success_rate"] == pytest.approx(0.2) and summary["restarted_success_rate"] == 0.5
+    assert (summary["progress_label"], summary["success_label"]) == ("furthest x", "flag")
 
     page = rendered(tmp_path, fed_gateway + "/")
     t = page.by_id
-    assert "hidden" not in page.attrs["mario_panel"]
-    assert t["mario_distance"] == "670 / 1360" and t["mario_flag_rate"] == "20.0 %"
-    charted = int(page.attrs["mario"]["data-points"] or 0)
-    assert charted >= 5 and f"{charted} points" in t["mario_info"], t["mario_info"]
+    assert "hidden" not in page.attrs["measures_panel"] and "hidden" not in page.attrs["legend_restarted_item"]
+    assert (t["progress_title"], t["progress_mean"]) == ("furthest x mean (level start / restarted)", "670 / 1180")
+    assert (t["progress_max_title"], t["progress_max"]) == ("furthest x max", "1360")
+    assert (t["success_title"], t["success_rate"]) == ("flag rate (level start / restarted)", "20.0 % / 50.0 %")
+    assert t["measures_title"] == "furthest x and flag rate over time"
+    assert t["legend_restarted"] == "furthest x of restarted episodes (mean)"
+    charted = int(page.attrs["measures"]["data-points"] or 0)
+    assert charted >= 5 and f"{charted} points" in t["measures_info"], t["measures_info"]
 
-    image = screenshot(tmp_path, fed_gateway + "/", "live-page-mario.png")
-    for name, bgr in (("distance", DISTANCE_BGR), ("flag rate", FLAGS_BGR)):
+    image = screenshot(tmp_path, fed_gateway + "/", "live-page-measures.png")
+    for name, bgr in (("progress", PROGRESS_BGR), ("restarted progress", RESTARTED_BGR), ("success rate", SUCCESS_BGR)):
         pixels = colour_pixels(image, bgr)
-        assert pixels > 200, f"the Mario {name} line is not in the screenshot ({pixels} pixels of its colour)"
+        assert pixels > 200, f"the {name} line is not in the screenshot ({pixels} pixels of its colour)"

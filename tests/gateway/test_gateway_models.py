@@ -38,9 +38,9 @@ def _record(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
     return seen
 
 
-def _clip(x_pos: int) -> proto.ClipChunk:
+def _clip(progress: float) -> proto.ClipChunk:
     data = np.frombuffer(b"\x00\x00\x00\x18ftypmp42" * 10, dtype=np.uint8)
-    return proto.ClipChunk("a-0", 1, 0, 1, len(data), 7, "SuperMarioBros-1-1-v3", 30.0, 120, 640.5, 119, x_pos,
+    return proto.ClipChunk("a-0", 1, 0, 1, len(data), 7, "SuperMarioBros-1-1-v3", 30.0, 120, 640.5, 119, progress,
                            True, time.time(), data)
 
 
@@ -56,7 +56,7 @@ def test_every_json_route_serves_its_view_byte_for_byte(gateway: tuple[TestClien
     service.registry.update(tel("actor", "a-1", 1, {"env_steps_total": 50}, {"epsilon": 0.01}))
     service.registry.update(tel("replay", "r-0", 1, {"transitions_received_total": 150}, {"size_transitions": 150}))
     service.leases.handle(proto.LeaseRequest("a-0"))  # a-1 holds none: its "lease" key stays out
-    assert service.clips.add(_clip(x_pos=1234)) is not None
+    assert service.clips.add(_clip(progress=1234.0)) is not None
     service.sweep(wall=time.time())
     for command, args in (("set_lr", {"lr": 1e-4}), ("set_publish_interval", {"updates": 50.0}),
                           ("checkpoint", {"tag": "t-1"})):

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 from conftest import gateway_settings
 from fastapi.testclient import TestClient
@@ -23,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "deploy" / "prometheus"
 GRAFANA = ROOT / "deploy" / "grafana"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+
+pytestmark = pytest.mark.system  # runs promtool (Debian's prometheus package)
 
 
 def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -156,20 +156,23 @@ def test_curve_point_from_live_instances() -> None:
     reg.update(tel("actor", "a-0", counters={"env_steps_total": 100, "episodes_total": 3},
                    gauges={"episode_return_mean": 10.0, "eval_return_mean": 20.0}))
     reg.update(tel("actor", "a-1", counters={"env_steps_total": 50, "episodes_total": 1},
-                   gauges={"episode_return_mean": 30.0, "mario_distance_mean": float("nan")}))
+                   gauges={"episode_return_mean": 30.0, "episode_progress_mean": float("nan")}))
     reg.update(tel("learner", "l-0", counters={"updates_total": 7}, gauges={"weight_version": 4}))
     point = curve_point(reg, clock(), 1e9)
     assert point == {"t": 1e9, "env_steps": 150, "episodes": 4, "return_mean": 20.0, "eval_return_mean": 20.0,
-                     "distance_mean": None, "distance_max": None, "flag_rate": None, "updates": 7,
-                     "weight_version": 4}
-    # Mario actors: distance is the mean of the actors' rolling means and the max of their maxima; flags a mean
+                     "progress_mean": None, "progress_max": None, "success_rate": None,
+                     "restarted_progress_mean": None, "updates": 7, "weight_version": 4}
+    # an env with measures: progress is the mean of the actors' rolling means and the max of their maxima, the
+    # success rate a mean; restarted episodes' progress apart, from the actors that report it
     reg.update(tel("actor", "a-0", seq=2, counters={"env_steps_total": 200, "episodes_total": 5},
-                   gauges={"mario_distance_mean": 400.0, "mario_distance_max": 900.0, "mario_flag_rate": 0.1}))
+                   gauges={"episode_progress_mean": 400.0, "episode_progress_max": 900.0,
+                           "episode_success_rate": 0.1, "restarted_progress_mean": 1500.0}))
     reg.update(tel("actor", "a-1", seq=2, counters={"env_steps_total": 60, "episodes_total": 2},
-                   gauges={"mario_distance_mean": 600.0, "mario_distance_max": 3161.0, "mario_flag_rate": 0.3}))
+                   gauges={"episode_progress_mean": 600.0, "episode_progress_max": 3161.0,
+                           "episode_success_rate": 0.3}))
     point = curve_point(reg, clock(), 1e9 + 1)
-    assert point is not None and point["distance_mean"] == 500.0 and point["distance_max"] == 3161.0
-    assert point["flag_rate"] == pytest.approx(0.2)
+    assert point is not None and point["progress_mean"] == 500.0 and point["progress_max"] == 3161.0
+    assert point["success_rate"] == pytest.approx(0.2) and point["restarted_progress_mean"] == 1500.0
     clock.t += 6
     assert curve_point(reg, clock(), 1e9 + 6) is None  # everyone went silent
 

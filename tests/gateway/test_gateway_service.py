@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 import zmq
 from conftest import gateway_settings
@@ -66,6 +68,59 @@ def test_telemetry_shows_in_metrics_and_status(gateway, zctx) -> None:
     assert spread["actors"]["a-1"] == {"min": 0.005, "max": 0.2, "slots": 4}
     assert status["gateway"]["control_enabled"] is True
     for r in [*reporters, learner]:
+        r.close()
+
+
+def test_status_shows_the_envs_measures_under_its_own_labels(gateway, zctx, caplog) -> None:
+    """An env's progress and success measures: level-start and restarted episodes apart, named as the actors' and
+    the learner's telemetry info name them; a clip's measures under those labels in the log and in /clip."""
+    client, service = gateway
+    caplog.set_level(logging.INFO, logger="flywheel.gateway")
+    endpoint = service.endpoints["telemetry"]
+    actors = [TelemetryReporter(zctx, endpoint, "actor", f"a-{i}") for i in range(2)]
+    learner = TelemetryReporter(zctx, endpoint, "learner", "l-0")
+    labels = {"progress_label": "cells visited", "success_label": "goal"}
+    assert client.get("/status").json()["summary"]["progress_label"] is None  # no actor yet: no measures
+
+    def send_all() -> bool:
+        actors[0].send({}, {"episode_progress_mean": 6.0, "episode_progress_max": 9.0, "episode_success_rate": 0.25,
+                            "restarted_progress_mean": 11.0, "restarted_success_rate": 0.5}, labels)
+        actors[1].send({}, {"episode_progress_mean": 8.0, "episode_progress_max": 12.0,
+                            "episode_success_rate": 0.75}, labels)
+        learner.send({}, {"eval_success_rate": 0.5, "eval_progress_mean": 7.5},
+                     {"eval_progress_label": "cells visited", "eval_success_label": "goal"})
+        return service.registry.received >= 6 and len(service.registry.instances) == 3
+
+    wait_for(send_all, what="telemetry from two actors and a learner")
+    summary = client.get("/status").json()["summary"]
+    assert {k: summary[k] for k in ("progress_mean", "progress_max", "success_rate", "restarted_progress_mean",
+                                    "restarted_success_rate", "progress_label", "success_label")} == {
+        "progress_mean": 7.0, "progress_max": 12.0, "success_rate": 0.5, "restarted_progress_mean": 11.0,
+        "restarted_success_rate": 0.5, "progress_label": "cells visited", "success_label": "goal"}
+    assert (summary["eval_success_rate"], summary["eval_progress_mean"], summary["eval_success_label"],
+            summary["eval_progress_label"]) == (0.5, 7.5, "goal", "cells visited")
+
+    def both_charted() -> dict[str, Any] | None:  # a curve point taken after both actors reported
+        points = client.get("/history").json()["points"]
+        last = points[-1] if points else {}
+        return last if last.get("progress_max") == 12.0 and last.get("restarted_progress_mean") is not None else None
+
+    point = wait_for(both_charted, what="a curve point of both actors")
+    assert (point["progress_mean"], point["success_rate"], point["restarted_progress_mean"]) == (7.0, 0.5, 11.0)
+
+    push = zctx.socket(zmq.PUSH)
+    push.connect(endpoint)
+    push.send_multipart(proto.encode(proto.ClipChunk(
+        instance="a-0", clip=1, index=0, count=1, total_bytes=10, weight_version=3, env_id="measured:Grid-v0",
+        fps=30.0, frames=2, episode_return=1.0, length=1, progress=14.0, success=True, time=time.time(),
+        data=np.zeros(10, np.uint8))))
+    wait_for(lambda: service.clips.newest is not None, what="the clip")
+    clip = client.get("/clip").json()
+    assert (clip["progress"], clip["success"]) == (14.0, True)
+    assert any(r.getMessage() == "clip from a-0: weights v3, 2 frames, return 1.0, cells visited 14, goal (0 KiB)"
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    push.close(0)
+    for r in [*actors, learner]:
         r.close()
 
 

@@ -6,12 +6,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 import zmq
 
 from flywheel import __version__, proto
 from flywheel.transport import ProcessStats, TelemetryReporter
 
 
+@pytest.mark.system
 def test_process_stats_count_children_and_stay_monotonic() -> None:
     stats = ProcessStats()
     counters, gauges = stats.sample()

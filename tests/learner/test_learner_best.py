@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from flywheel.envs.measures import Measures
 from flywheel.metrics_spec import GreedyEvalCounters, GreedyEvalGauges
 from flywheel.policy import Policy, PolicyError
 from flywheel.services.learner.best import BEST_JSON, CANDIDATE_FILE, BestKeeper, measures
@@ -33,6 +34,7 @@ def evaluate_now(keeper: BestKeeper, core: LearnerCore, version: int) -> None:
         keeper.tick(time.monotonic(), core, version)
 
 
+@pytest.mark.system
 def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path) -> None:
     core = cartpole_core()
     set_policy(core, right_when_leaning_right=True)
@@ -71,6 +73,7 @@ def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path
     again.close()
 
 
+@pytest.mark.system
 def test_a_failed_evaluation_is_counted_and_the_learner_goes_on(tmp_path: Path) -> None:
     core = cartpole_core()
     keeper = BestKeeper(tmp_path, "NoSuchEnv-v0", interval_s=3600, episodes=1, seed=0)
@@ -83,6 +86,7 @@ def test_a_failed_evaluation_is_counted_and_the_learner_goes_on(tmp_path: Path) 
     assert keeper.best is None and not (tmp_path / "best.safetensors").exists()
 
 
+@pytest.mark.system
 def test_a_fresh_learner_in_the_folder_starts_its_best_over(tmp_path: Path) -> None:
     core = cartpole_core()
     set_policy(core, right_when_leaning_right=True)
@@ -112,6 +116,7 @@ def test_an_unreadable_best_json_is_said_once_and_the_next_evaluation_sets_the_b
         Policy.load(tmp_path, which="newest")
 
 
+@pytest.mark.system
 def test_a_round_that_beats_the_best_is_played_again_and_kept_only_if_both_rounds_do(tmp_path: Path,
                                                                                     caplog: pytest.LogCaptureFixture
                                                                                     ) -> None:
@@ -159,6 +164,7 @@ def mario_walker() -> LearnerCore:
 
 
 @pytest.mark.parametrize(("epsilon", "noop_max", "alike"), [(0.0, 0, True), (0.05, 30, False)])
+@pytest.mark.system
 def test_mario_episodes_are_one_episode_played_greedily_and_differ_on_the_evaluation_protocol(
         tmp_path: Path, epsilon: float, noop_max: int, alike: bool) -> None:
     keeper = BestKeeper(tmp_path, "SuperMarioBros-1-1-v0", interval_s=3600, episodes=4, seed=300,
@@ -197,7 +203,15 @@ def test_the_evaluation_protocol_settings_are_validated_at_start() -> None:
 
 
 def test_an_evaluation_reports_the_success_rate_and_progress_where_the_env_has_them() -> None:
-    records = [{"x_pos_max": x, "flag": flag, "return": 1.0} for x, flag in ((3161, True), (722, False),
+    records = [{"progress": x, "success": flag, "return": 1.0} for x, flag in ((3161, True), (722, False),
                                                                                (1400, False), (3161, True))]
-    assert measures(records) == {"success_rate": 0.5, "progress_mean": 2111.0, "progress_median": 2280.5}
-    assert measures([{"x_pos_max": None, "flag": False, "return": 1.0}]) == {}  # an env with no progress measure
+    both = Measures(progress="cells visited", success="goal")  # the labels of the env's own measures
+    assert measures(records, both) == {"success_rate": 0.5, "progress_mean": 2111.0, "progress_median": 2280.5}
+    assert measures(records, Measures(success="goal")) == {"success_rate": 0.5}  # only the measures it declares
+    assert measures([{"progress": None, "success": False, "return": 1.0}], Measures()) == {}  # an env with none
+
+
+def test_the_learner_names_its_evaluation_measures_with_the_env_labels(tmp_path: Path) -> None:
+    mario = BestKeeper(tmp_path / "m", "SuperMarioBros-1-1-v0", interval_s=3600, episodes=1, seed=0)
+    assert mario.labels() == {"eval_progress_label": "furthest x", "eval_success_label": "flag"}
+    assert BestKeeper(tmp_path / "c", "CartPole-v1", interval_s=3600, episodes=1, seed=0).labels() == {}

@@ -230,32 +230,3 @@ def test_c51_network_forward_is_the_distribution_mean() -> None:
         assert logits.shape == (6, 4, 51)
         torch.testing.assert_close(net(x), (torch.softmax(logits, 2) * net.support).sum(2))
         assert ((net(x) > -2.0) & (net(x) < 6.0)).all()
-
-
-def test_epsilon_greedy_bootstrap_mixes_the_greedy_value_with_the_mean() -> None:
-    """Expected SARSA's target: (1 - e) * Q_t(s', a*) + e * mean_a Q_t(s', a); a* still from the online net."""
-    q_all = torch.tensor([[1.0, 2.0, 0.0]])
-    q_next_target = torch.tensor([[4.0, 1.0, -2.0]])  # mean 1.0
-    q_next_online = torch.tensor([[0.0, 5.0, 0.0]])  # double DQN: a* = 1, worth 1.0 to the target net
-    case = {"q_all": q_all, "action": torch.tensor([1]), "reward": torch.tensor([0.5]),
-            "discount": torch.tensor([0.5]), "q_next_target": q_next_target}
-    greedy = q_td_loss(**case, q_next_online=None, epsilon=0.2)  # a* = 0: 0.5 + 0.5 * (0.8 * 4 + 0.2 * 1) = 2.2
-    torch.testing.assert_close(greedy.td_abs, torch.tensor([0.2]))
-    double = q_td_loss(**case, q_next_online=q_next_online, epsilon=0.2)  # 0.5 + 0.5 * (0.8 + 0.2) = 1.0
-    torch.testing.assert_close(double.td_abs, torch.tensor([1.0]))
-    torch.testing.assert_close(q_td_loss(**case, q_next_online=None, epsilon=0.0).td_abs, torch.tensor([0.5]))
-
-
-def test_epsilon_greedy_c51_bootstrap_projects_the_mixture() -> None:
-    """C51 with epsilon: the next distribution is (1 - e) p(a*) + e mean_a p(a), still a distribution, and the
-    target's mean is expected SARSA's."""
-    support = torch.linspace(-2.0, 2.0, 5)
-    probs_next = torch.tensor([[[0.0, 0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0, 0.0]]])  # Q_t: a0 = 2, a1 = -2
-    logits_next = torch.log(probs_next.clamp(min=1e-9))
-    logits_all = torch.zeros(1, 2, 5)
-    terms = categorical_td_loss(logits_all, torch.tensor([0]), torch.tensor([0.0]), torch.tensor([1.0]),
-                                logits_next, None, support, epsilon=0.5)
-    # a* = 0; mixture = 0.75 * atom 2 + 0.25 * atom -2: mean 1.0; prediction uniform, mean 0
-    torch.testing.assert_close(terms.td_abs, torch.tensor([1.0]), atol=1e-5, rtol=0)
-    expected = -(torch.tensor([0.25, 0.0, 0.0, 0.0, 0.75]) * torch.log(torch.full((5,), 0.2))).sum()
-    torch.testing.assert_close(terms.per_sample, expected.view(1), atol=1e-4, rtol=0)

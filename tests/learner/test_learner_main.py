@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 from learner_helpers import SPEC, first_weights_then_stop
 
@@ -14,6 +15,7 @@ from flywheel.services.learner.main import main
 from flywheel.services.learner.settings import LearnerSettings
 
 
+@pytest.mark.system
 def test_sigterm_leaves_a_checkpoint_and_exits_zero(tmp_path: Path) -> None:
     run = first_weights_then_stop(tmp_path)  # version 1 at start (and repeated); slow imports when busy
     assert run.weights.version == 1 and run.weights.network == "mlp-4-2-dueling"
@@ -146,23 +148,6 @@ def test_munchausen_settings_reach_the_core_and_need_the_q_head() -> None:
         LearnerSettings(munchausen=True, head="quantile")
     with pytest.raises(ValidationError, match="munchausen_clip"):
         LearnerSettings(munchausen_clip=0.5)
-
-
-def test_bootstrap_epsilon_reaches_the_core_and_needs_a_mixable_head() -> None:
-    import pytest
-    import torch
-    from pydantic import ValidationError
-
-    from flywheel.services.learner.startup import core_config
-
-    config = core_config(LearnerSettings(device="cpu", bootstrap_epsilon=0.05, head="c51"), torch.device("cpu"))
-    assert (config.bootstrap_epsilon, config.head) == (0.05, "c51")
-    with pytest.raises(ValidationError, match="bootstrap_epsilon needs head q or c51"):
-        LearnerSettings(bootstrap_epsilon=0.05, head="quantile")
-    with pytest.raises(ValidationError, match="bootstrap_epsilon needs head q or c51"):
-        LearnerSettings(bootstrap_epsilon=0.05, munchausen=True)
-    with pytest.raises(ValidationError, match="bootstrap_epsilon"):
-        LearnerSettings(bootstrap_epsilon=1.0)
 
 
 def test_an_lr_schedule_needs_both_its_settings() -> None:

@@ -36,35 +36,6 @@ def test_names_follow_the_contract() -> None:
         build_q_network((4,), 2, head="c51", c51_atoms=1)
 
 
-def test_the_strided_torso_keeps_a_3x3_map_at_42x42_and_is_named_for_it() -> None:
-    net = build_q_network((4, 42, 42), 7, torso="strided")
-    assert net.name == "strided-4x42x42-7-dueling" and net.kind == "strided"
-    assert net.torso(torch.zeros(1, 4, 42, 42)).shape == (1, 32 * 3 * 3)  # 42 -> 21 -> 11 -> 6 -> 3
-    assert build_q_network((4, 42, 42), 7).torso(torch.zeros(1, 4, 42, 42)).shape == (1, 64)  # Nature: 1x1x64
-    assert net(torch.zeros(5, 4, 42, 42, dtype=torch.uint8)).shape == (5, 7)
-    convs = 21 * 21 * 32 * (4 * 9) + 11 * 11 * 32 * (32 * 9) + 6 * 6 * 32 * (32 * 9) + 3 * 3 * 32 * (32 * 9)
-    assert forward_macs(net) == convs + 288 * 512 + 512 * 7 + 512 * 1
-    assert network_name((4, 42, 42), 7, True, head="quantile", num_quantiles=51,
-                        torso="strided") == "strided-4x42x42-7-dueling-qr51"
-    assert build_q_network((3, 11, 11), 5, torso="strided").name == "strided-3x11x11-5-dueling"
-    with pytest.raises(ValueError, match="torso strided needs image observations"):
-        build_q_network((4,), 2, torso="strided")
-    with pytest.raises(ValueError, match="unknown torso 'impala'"):
-        build_q_network((4, 42, 42), 7, torso="impala")
-
-
-def test_an_actor_with_the_nature_torso_refuses_strided_weights() -> None:
-    learner = build_q_network((4, 42, 42), 7, torso="strided")
-    msg = proto.decode(proto.encode(weights_message(learner, 1, learner.name)), expect=proto.Weights)
-    with pytest.raises(WeightsMismatch, match="strided-4x42x42"):
-        load_weights(build_q_network((4, 42, 42), 7), msg, "nature-4x42x42-7-dueling")
-    twin = build_q_network((4, 42, 42), 7, torso="strided")
-    load_weights(twin, msg, twin.name)
-    x = torch.randint(0, 256, (2, 4, 42, 42), dtype=torch.uint8)
-    with torch.no_grad():
-        torch.testing.assert_close(twin(x), learner(x))
-
-
 def test_an_actor_takes_the_c51_support_with_the_learners_weights() -> None:
     learner = build_q_network((4,), 2, head="c51", v_min=-5.0, v_max=25.0)
     msg = proto.decode(proto.encode(weights_message(learner, 3, learner.name)), expect=proto.Weights)
@@ -211,26 +182,6 @@ def test_mismatches_raise_before_touching_the_net() -> None:
     assert issubclass(WeightsMismatch, ValueError)
 
 
-def test_the_learner_refuses_the_strided_torso_on_vector_observations_with_one_line(caplog) -> None:
-    from flywheel.services.learner.main import main
-    from flywheel.services.learner.settings import LearnerSettings
-
-    assert main(LearnerSettings(env_id="CartPole-v1", device="cpu", torso="strided")) == 2
-    assert any("torso strided needs image observations" in r.getMessage() and "(4,)" in r.getMessage()
-               for r in caplog.records)
-
-
-def test_an_unknown_torso_setting_is_refused_when_the_settings_are_read() -> None:
-    from pydantic import ValidationError
-
-    from flywheel.services.actor.settings import ActorSettings
-    from flywheel.services.learner.settings import LearnerSettings
-
-    for settings in (LearnerSettings, ActorSettings):
-        with pytest.raises(ValidationError, match="'auto' or 'strided'"):
-            settings(torso="impala")
-
-
 def test_an_unknown_head_setting_is_refused_when_the_settings_are_read() -> None:
     from pydantic import ValidationError
 
@@ -240,3 +191,26 @@ def test_an_unknown_head_setting_is_refused_when_the_settings_are_read() -> None
     for settings in (LearnerSettings, ActorSettings):
         with pytest.raises(ValidationError, match="'q', 'quantile' or 'c51'"):
             settings(head="c101")
+
+
+def test_the_network_is_one_record_of_the_learners_and_the_actors_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dueling, hidden, head, num_quantiles and c51_atoms are written once (NetworkSpec) and read by both settings
+    classes under the variable names users set (FLYWHEEL_LEARNER_HIDDEN, FLYWHEEL_ACTOR_HEAD, ...)."""
+    from flywheel.netspec import NETWORK_FIELDS, NetworkSpec
+    from flywheel.services.actor.settings import ActorSettings
+    from flywheel.services.learner.settings import LearnerSettings
+
+    assert NETWORK_FIELDS == ("dueling", "hidden", "head", "num_quantiles", "c51_atoms")
+    for cls in (LearnerSettings, ActorSettings):
+        assert issubclass(cls, NetworkSpec)
+        for name in NETWORK_FIELDS:
+            own, record = cls.model_fields[name], NetworkSpec.model_fields[name]
+            assert (own.annotation, own.default, own.description) == (record.annotation, record.default,
+                                                                       record.description)
+    monkeypatch.setenv("FLYWHEEL_LEARNER_HIDDEN", "64")
+    monkeypatch.setenv("FLYWHEEL_ACTOR_HEAD", "c51")
+    monkeypatch.setenv("FLYWHEEL_ACTOR_C51_ATOMS", "21")
+    assert LearnerSettings().network() == NetworkSpec(hidden=64)
+    assert ActorSettings().network() == NetworkSpec(head="c51", c51_atoms=21)
+    net = build_q_network((4,), 2, **LearnerSettings().network().model_dump())
+    assert net.name == "mlp-4-2-dueling-h64"

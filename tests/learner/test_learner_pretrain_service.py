@@ -17,6 +17,7 @@ from flywheel.services.learner.main import main
 from flywheel.services.learner.settings import LearnerSettings
 
 
+@pytest.mark.system
 def test_service_publishes_the_cloned_policy_after_pretraining(tmp_path: Path) -> None:
     demos = write_cartpole_demos(tmp_path / "demos")
     run = first_weights_then_stop(

@@ -45,6 +45,7 @@ def _first_version_then_stop(folder: Path) -> tuple[int, str]:
     return run.weights.version, run.err
 
 
+@pytest.mark.system
 def test_auto_starts_fresh_in_an_empty_folder_and_resumes_after_a_restart(tmp_path: Path) -> None:
     first, err = _first_version_then_stop(tmp_path)
     assert first == 1
@@ -60,6 +61,7 @@ def test_auto_starts_fresh_in_an_empty_folder_and_resumes_after_a_restart(tmp_pa
     assert second > saved >= first, "a resumed learner publishes above every version the last run sent"
 
 
+@pytest.mark.system
 def test_a_learner_that_died_before_its_first_checkpoint_restarts_above_what_it_published(tmp_path: Path) -> None:
     """The supervisor (or compose) restarts a learner killed before any checkpoint: it published up to version 57,
     noted in weights-versions.json as it went, so the new one starts at 58 rather than 1 (actors refuse 1..57)."""

@@ -20,7 +20,7 @@ from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.loop import LearnerLoop
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.staging import BatchStager
-from flywheel.services.learner.transport import open_feeder, open_sockets
+from flywheel.services.learner.transport import FeedConfig, open_feeder, open_sockets
 from flywheel.services.replay.core import ReplayConfig, ReplayCore
 from flywheel.services.replay.shm import SHM_DIR, ShmSlots
 from flywheel.services.replay.transport import ReplayServer
@@ -145,7 +145,7 @@ def test_cpu_learner_trains_on_views_of_the_shared_slot_and_hands_it_back_after_
             instance="learner-test", env_id="pixels-test", batch_size=16, requests_in_flight=2,
             sample_endpoint=endpoint, sample_transport="shm", control_endpoint="inproc://learner-control")
         core = LearnerCore(OBS, 2, CoreConfig(lr=1e-3))
-        feeder = open_feeder(settings, core, ctx, FaultCounter("learner"))
+        feeder = open_feeder(FeedConfig.of(settings), core, ctx, FaultCounter("learner"))
         feeder.start()
         try:
             leased = None

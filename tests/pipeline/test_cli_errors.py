@@ -5,14 +5,18 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from pipeline_helpers import clean_env
 
+pytestmark = pytest.mark.system
+
 
 def flywheel(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flywheel", *args], env=clean_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory() as cwd:  # a refused run leaves nothing (a run lock) in the checkout
+        return subprocess.run([sys.executable, "-m", "flywheel", *args], env=clean_env(), capture_output=True,
+                              text=True, timeout=timeout, cwd=cwd)
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -58,6 +58,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
                           text=True, timeout=timeout)
 
 
+@pytest.mark.system
 def test_bare_boolean_flag_works_and_negative_flag_takes_no_value() -> None:
     result = run_cli("learner", "--no-resume", "true")
     assert result.returncode == 2 and "--no-resume takes no value" in result.stderr
@@ -66,6 +67,7 @@ def test_bare_boolean_flag_works_and_negative_flag_takes_no_value() -> None:
     assert result.returncode == 2 and len(lines) == 1 and "--resume" in lines[0] and "auto, true or false" in lines[0]
 
 
+@pytest.mark.system
 def test_version_prints_the_package_version_and_exits_zero() -> None:
     result = run_cli("--version")
     assert result.returncode == 0, result.stderr
@@ -89,6 +91,7 @@ def test_json_formatter_writes_one_object_per_line_with_the_traceback() -> None:
     assert "Traceback" in entry["exc_info"] and "bad\nthing" in entry["exc_info"]
 
 
+@pytest.mark.system
 def test_a_service_started_with_log_format_json_writes_json_lines(tmp_path: Path) -> None:
     log = tmp_path / "gateway.log"
     any_port = "tcp://127.0.0.1:0"

@@ -13,6 +13,8 @@ import pytest
 
 from flywheel.testing.run import clean_env
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 NOT_IN_THE_CORE = ("nes-py", "gym-super-mario-bros", "gym", "ale-py", "imageio-ffmpeg", "pygame",
                    "opencv-python-headless", "mettagrid", "wandb", "onnx", "onnxruntime", "pytest")

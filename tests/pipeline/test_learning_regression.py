@@ -24,6 +24,8 @@ from pipeline_helpers import clean_env
 
 from flywheel.processes import launch
 
+pytestmark = pytest.mark.slow
+
 TARGET = 400.0  # greedy evaluation return (mean of actor 0's last greedy episodes); CartPole-v1 caps at 500
 # Measured on the 2-core machine (the CartPole preset, seeds below): greedy 400 at 210,624, 217,264, 180,592 and
 # 225,376 env steps (load 8-10, 53-78 s), and at 204,112 and 202,272 (quiet, ~40 s). One CI run collapsed after

@@ -10,12 +10,15 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode (the importnb plugin's too)
 from pipeline_helpers import clean_env, get_json, wait_until
 
 from flywheel.processes import launch
 from flywheel.testing.run import launcher_endpoints
+
+pytestmark = pytest.mark.system
 
 
 def test_sigint_stops_every_child_and_leaves_checkpoints(tmp_path: Path) -> None:

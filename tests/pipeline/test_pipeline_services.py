@@ -6,9 +6,12 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from pipeline_helpers import clean_env, get_json, get_text, metric_values, start, wait_until
 
 from flywheel.testing.reported import GATEWAY_HTTP, GATEWAY_UP, LEARNER_WEIGHTS, REPLAY_TCP, reported
+
+pytestmark = pytest.mark.system
 
 
 def test_four_services_train_cartpole_end_to_end(tmp_path: Path) -> None:

@@ -24,6 +24,8 @@ import pytest
 from flywheel.testing.polling import wait_until
 from flywheel.testing.run import clean_env, tail
 
+pytestmark = pytest.mark.system
+
 ACTOR_INSTANCE = "far-actor"
 STATUS_PROBE = ("import json, sys, urllib.request\n"
                 "try:\n"

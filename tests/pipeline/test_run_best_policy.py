@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from pipeline_helpers import clean_env
 from test_run_folder_runs import flywheel_run
+
+pytestmark = pytest.mark.system
 
 
 def test_a_run_keeps_its_best_policy_and_play_takes_it(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode (the importnb plugin's too)
 from pipeline_helpers import clean_env
 
+pytestmark = pytest.mark.system
+
 
 def flywheel(*args: str | Path, timeout: float = 240, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "flywheel", *map(str, args)], env=clean_env(**env),
@@ -44,8 +46,11 @@ def test_run_json_holds_the_env_every_service_and_the_versions(
     assert saved["flags"]["actors"] == 1 and saved["flags"]["envs_per_actor"] == 4
     services = saved["services"]
     assert set(services) == {"gateway", "replay", "learner", "actor"}
-    assert services["replay"]["CAPACITY"] == "100000" and services["replay"]["MIN_SIZE_TO_SAMPLE"] == "200"
-    assert services["learner"]["LR"] == "0.001" and services["learner"]["BATCH_SIZE"] == "128"  # --set, preset
+    assert services["replay"]["MIN_SIZE_TO_SAMPLE"] == "200" and services["replay"]["PRESET"] == "vector"
+    assert services["learner"]["LR"] == "0.001" and "BATCH_SIZE" not in services["learner"]  # --set; the preset
+    settings = saved["settings"]  # what each service ran with: the preset read
+    assert settings["replay"]["capacity"] == 100_000 and settings["replay"]["min_size_to_sample"] == 200
+    assert settings["learner"]["lr"] == 0.001 and settings["learner"]["batch_size"] == 128
     assert services["actor"]["N_STEP"] == "2" and services["actor"]["ENV_ID"] == "CartPole-v1"
     assert services["learner"]["CHECKPOINT_DIR"] == str(folder.resolve() / "learner")
     assert "CONTROL_TOKEN" not in services["gateway"]  # secrets stay out

@@ -130,6 +130,7 @@ def test_take_points_the_arguments_at_the_chosen_folder(tmp_path: Path, capsys: 
         assert args.checkpoint_dir == ckpt and args.resume is True
 
 
+@pytest.mark.system
 def test_a_live_lock_refuses_every_mode_and_names_the_pid(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     make_run(ckpt)
@@ -152,6 +153,7 @@ def test_a_live_lock_refuses_every_mode_and_names_the_pid(tmp_path: Path) -> Non
         assert chosen.path == ckpt and (ckpt / LOCK_FILE).read_text().strip() == str(os.getpid())
 
 
+@pytest.mark.system
 def test_a_numbered_folder_a_live_run_is_starting_in_is_skipped(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     make_run(ckpt)

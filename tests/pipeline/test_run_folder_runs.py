@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from pipeline_helpers import clean_env, wait_until
 
 from flywheel.processes import launch
 from flywheel.runfolder import LOCK_FILE
+
+pytestmark = pytest.mark.system
 
 CHEAP = ["--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2", "--base-port", "0", "--http-port", "0",
          "--no-video", "--progress-interval", "1", "--set", "replay.min_size_to_sample=200"]

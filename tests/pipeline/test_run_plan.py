@@ -151,3 +151,53 @@ def test_target_return_stops_on_the_actors_greedy_return_or_the_learners_kept_be
     best = target_reached({"greedy_return": 300.0, "best_return": 500.0, "best_version": 711, "env_steps": 99}, 475)
     assert best is not None and "kept best policy (v711) scored 500.0" in best
     assert "reached the target 475 at 99 env steps" in best  # the phrase tests/pipeline/test_learning_regression reads
+
+
+# -- the progress line ----------------------------------------------------------------------------------------------
+
+def test_the_progress_line_shows_the_envs_measures_under_its_own_labels() -> None:
+    """The labels come from the actors' telemetry (the env's measures): level-start episodes, restarted ones apart;
+    an env without measures shows none."""
+    summary = {"env_steps": 5000.0, "env_steps_per_second": 100.0, "updates": 10.0, "updates_per_second": 1.0,
+               "return": 1.0, "greedy_return": None, "epsilon_min": 0.01, "epsilon_max": 0.4, "replay_size": 100.0,
+               "weight_version": 3.0, "actors_up": 2.0, "progress_mean": 1820.0, "progress_label": "furthest x",
+               "restarted_progress_mean": 2400.0}
+    assert run_module.progress_line(5.0, summary).endswith("| actors 2 | furthest x 1,820 (restarted 2,400)")
+    alone = run_module.progress_line(5.0, {**summary, "restarted_progress_mean": None})
+    assert alone.endswith("| actors 2 | furthest x 1,820")
+    plain = run_module.progress_line(5.0, {**summary, "progress_label": None, "progress_mean": None})
+    assert plain.endswith("| actors 2") and "restarted" not in plain
+
+
+# -- a run.json of an earlier version -------------------------------------------------------------------------------
+
+def test_a_run_json_that_sets_a_removed_setting_resumes_without_it_saying_so_in_one_line(
+        plans: list[Plan], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Settings removed after their trials lost (learner.torso, learner.bootstrap_epsilon, actor.n_step_final, ...)
+    may be in a run.json written before: --resume leaves each out with one line; the rest of the run comes back."""
+    import json
+
+    from pydantic import ValidationError
+
+    from flywheel import runconfig
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({
+        "format": "flywheel-run", "env_id": "CartPole-v1", "flags": {"env": "CartPole-v1", "actors": 1},
+        "overrides": ["learner.torso=strided", "learner.lr=0.002", "actor.n_step_final=3",
+                      "actor.start_state_choice=ends"],
+        "services": {"replay": {"CAPACITY": "100000"}}}))
+    args = build_parser().parse_args(["run", "--resume", "--checkpoint-dir", str(folder), "--base-port", "0",
+                                      "--http-port", "0"])
+    saved = runconfig.apply_saved(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("flywheel run --resume: ignoring ") for line in lines)
+    assert "learner.torso=strided" in lines[0] and "has no setting 'torso'" in lines[0]
+    assert args.set == ["learner.lr=0.002"] and args.env == "CartPole-v1" and args.actors == 1
+    plan = make_plan(args)
+    plans.append(plan)
+    assert plan.settings["learner"].lr == 0.002
+    runconfig.check_plan(saved, plan, folder)  # the vector preset's capacity, as the saved run had it
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):  # told one directly, it refuses
+        settings_class("learner")(torso="strided")

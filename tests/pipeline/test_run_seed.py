@@ -21,7 +21,7 @@ RUN = ["run", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "4", 
        "--no-video", "--base-port", "0", "--http-port", "0", "--progress-interval", "1",
        "--set", f"replay.min_size_to_sample={FIRST}"]
 COLUMNS = ("obs", "action", "reward", "discount", "next_obs")
-pytestmark = pytest.mark.timeout(600)  # three short runs at once
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]  # three short runs at once
 
 
 def _start(folder: Path, *seed: str) -> subprocess.Popen[str]:

@@ -87,6 +87,7 @@ def _child(service: str, name: str, tmp_path: Path) -> Child:
     return Child(service, name, subprocess.Popen([sys.executable, "-c", "pass"]), tmp_path / f"{name}.log")
 
 
+@pytest.mark.system
 def test_restart_values_resume_only_from_this_runs_checkpoints(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     learner, replay = _child("learner", "learner-0", tmp_path), _child("replay", "replay-0", tmp_path)
@@ -114,6 +115,7 @@ def test_restart_values_resume_only_from_this_runs_checkpoints(tmp_path: Path) -
     assert plan.env["learner"]["RESUME"] == "false"  # the plan itself is left alone
 
 
+@pytest.mark.system
 def test_supervisor_restarts_real_processes_then_gives_up(tmp_path: Path) -> None:
     """Children that exit with code 1 after 0.2 s: restarted twice with backoff, the third exit is returned."""
     started: list[str] = []
@@ -144,6 +146,7 @@ def test_supervisor_restarts_real_processes_then_gives_up(tmp_path: Path) -> Non
     assert (tmp_path / "actor-0.log").read_text().count("restarted") == 2  # a marker line per restart
 
 
+@pytest.mark.system
 def test_no_restart_while_the_run_is_stopping(tmp_path: Path) -> None:
     def start(service: str, name: str, values: dict[str, str], log_dir: Path) -> Child:
         return Child(service, name, subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]),
@@ -160,6 +163,7 @@ def test_no_restart_while_the_run_is_stopping(tmp_path: Path) -> None:
     children[0].proc.wait(timeout=30)
 
 
+@pytest.mark.system
 def test_supervisor_reports_to_a_curve_gateway_with_the_actors_keys(tmp_path: Path) -> None:
     """With --curve-keys-dir the gateway's telemetry socket is a CURVE server: the run connects as a client."""
     from flywheel import keyfiles, security
@@ -273,6 +277,7 @@ def kill_and_wait_for_restart(run: FlywheelRun, name: str, sig: int = signal.SIG
 
 
 @pytest.mark.timeout(360)  # the run's start-up counts here
+@pytest.mark.system
 def test_killed_actor_is_restarted_and_acts_again(run: FlywheelRun) -> None:
     run.wait_for(lambda: counter(run, "learner-0", "updates_total"), 120, "the first learner updates")
     kill_and_wait_for_restart(run, "actor-0")
@@ -284,6 +289,7 @@ def test_killed_actor_is_restarted_and_acts_again(run: FlywheelRun) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.system
 def test_killed_learner_resumes_from_its_checkpoint_with_higher_weight_versions(run: FlywheelRun) -> None:
     ckpt = run.workdir / "checkpoints" / "learner" / "learner.safetensors"
     run.wait_for(ckpt.exists, 60, "a learner checkpoint")
@@ -306,6 +312,7 @@ def test_killed_learner_resumes_from_its_checkpoint_with_higher_weight_versions(
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.system
 def test_killed_replay_restores_its_checkpoint_and_feeds_the_learner_again(run: FlywheelRun) -> None:
     manifest = run.workdir / "checkpoints" / "replay" / "replay" / "manifest.json"
     run.wait_for(manifest.exists, 60, "a replay checkpoint")
@@ -319,6 +326,7 @@ def test_killed_replay_restores_its_checkpoint_and_feeds_the_learner_again(run: 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.system
 def test_killed_gateway_comes_back_and_shows_the_restarts(run: FlywheelRun) -> None:
     kill_and_wait_for_restart(run, "gateway-0")
     restarts = run.wait_for(lambda: (r := supervisor_restarts(run)).get("gateway-0") and r, 60,
@@ -334,6 +342,7 @@ def test_killed_gateway_comes_back_and_shows_the_restarts(run: FlywheelRun) -> N
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.system
 def test_stopped_replay_resumes_without_a_restart(run: FlywheelRun) -> None:
     pid = run.wait_for(lambda: pid_of(run, "replay-0"), 30, "the replay")
     before = supervisor_restarts(run)
@@ -351,6 +360,7 @@ def test_stopped_replay_resumes_without_a_restart(run: FlywheelRun) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.system
 def test_a_child_that_keeps_dying_stops_the_run_with_its_log_tail(run: FlywheelRun) -> None:
     """With --max-restarts 3 (actor-0 may have been restarted before), its fourth exit stops the run, which
     still stops the others in order (their final checkpoints) and exits non-zero."""

@@ -283,7 +283,8 @@ def clip_chunks(draw: st.DrawFn) -> ClipChunk:
     data = draw(hnp.arrays(np.uint8, st.integers(1, 300)))
     total = draw(st.integers(len(data), count * CLIP_CHUNK_BYTES))
     return ClipChunk(draw(text), draw(int64), index, count, total, draw(int64), draw(text), draw(finite),
-                     draw(int64), draw(finite), draw(int64), draw(int64), draw(st.booleans()), draw(finite), data)
+                     draw(int64), draw(finite), draw(int64), draw(st.floats(allow_nan=False, allow_infinity=False)),
+                     draw(st.booleans()), draw(finite), data)  # progress: finite (validate refuses inf)
 
 
 STRATEGIES: dict[str, st.SearchStrategy[Message]] = {
@@ -408,9 +409,9 @@ def test_peek_kind_reads_only_the_header() -> None:
     lambda: PriorityUpdate(np.arange(3), np.ones(2, np.float32)),
     lambda: Weights(-1, "n"), lambda: LeaseReply("a", 3, 3, 1.0), lambda: LeaseReply("a", -1, 3, 1.0),
     lambda: _clip(index=2, count=2), lambda: _clip(data=np.zeros(CLIP_CHUNK_BYTES + 1, np.uint8)),
-    lambda: _clip(total_bytes=3 * CLIP_CHUNK_BYTES),
+    lambda: _clip(total_bytes=3 * CLIP_CHUNK_BYTES), lambda: _clip(progress=float("inf")),
 ], ids=["batch", "empty", "obs-shape", "obs-dtype", "priority", "bs0", "bs-big", "beta", "prio", "wver",
-        "lease-hi", "lease-neg", "clip-index", "clip-piece", "clip-total"])
+        "lease-hi", "lease-neg", "clip-index", "clip-piece", "clip-total", "clip-progress"])
 def test_encode_validates(make: Callable[[], Message]) -> None:
     with pytest.raises(BadShape):
         encode(make())
@@ -496,6 +497,17 @@ def test_version_mismatch() -> None:
     for version in (0, 2, -1, 2**64 - 1, True, "1", 1.0, None, [1]):
         with pytest.raises(VersionMismatch):
             decode(with_header(frames, {**header, "v": version}))
+
+
+def test_a_changed_message_has_its_own_version_and_the_others_keep_theirs() -> None:
+    """ClipChunk changed its measures fields (version 2): a version-1 piece is refused, other kinds still speak 1."""
+    clip = encode(_clip(progress=1820.0, success=True))
+    assert header_of(clip)["v"] == ClipChunk.VERSION == 2 and header_of(encode(LeaseRequest("a")))["v"] == 1
+    got = decode(clip, expect=ClipChunk)
+    assert isinstance(got, ClipChunk) and (got.progress, got.success) == (1820.0, True)
+    with pytest.raises(VersionMismatch, match="clip_chunk: schema version 1, this build speaks 2"):
+        decode(with_header(clip, {**header_of(clip), "v": 1}))
+    assert all(cls.VERSION == SCHEMA_VERSION for kind, cls in MESSAGE_TYPES.items() if kind != "clip_chunk")
 
 
 @pytest.mark.parametrize(("arrays", "error"), [

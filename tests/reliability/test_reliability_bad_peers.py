@@ -22,7 +22,7 @@ from flywheel.testing.cluster import Cluster
 from flywheel.testing.weights import WeightsWatcher
 from flywheel.transport import make_socket
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 TOKEN = "reliability-test-token-0123456789"
 VALID_BATCHES, ROWS = 40, 16
 

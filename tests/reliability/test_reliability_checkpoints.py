@@ -21,7 +21,7 @@ from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.replay import checkpoint as replay_checkpoint
 from flywheel.testing.cluster import Cluster, pid_alive
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 
 # Runs in a child process: writes one checkpoint and dies by SIGKILL at the named point.
 LEARNER_WRITER = r"""

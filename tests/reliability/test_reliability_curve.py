@@ -27,7 +27,7 @@ from flywheel.testing.cluster import Cluster
 from flywheel.testing.weights import WeightsWatcher
 from flywheel.transport import bind, connect, make_socket
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.system]  # every test starts `flywheel keys` (keys_dir)
 MARKER = "plaintext-marker-4f2a"
 
 

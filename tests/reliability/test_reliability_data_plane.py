@@ -89,6 +89,7 @@ def test_a_reachable_plaintext_bind_is_refused_unless_allowed(plain: None, tmp_p
     ("learner", ["--env-id", "CartPole-v1", "--weights-bind", "tcp://0.0.0.0:0"], "FLYWHEEL_LEARNER_"),
     ("gateway", ["--http-port", "0", "--telemetry-endpoint", "tcp://*:0"], "FLYWHEEL_GATEWAY_"),
 ])
+@pytest.mark.system
 def test_a_service_binding_every_interface_without_keys_refuses_to_start(
         service: str, flags: list[str], variable: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "flywheel", service, *flags], env=clean_env(),
@@ -152,6 +153,7 @@ def test_queued_messages_counts_an_oversized_message_and_goes_on(pair: tuple[zmq
     assert [type(e) for e in refused] == [MessageTooLarge] and refused[0].fault == "oversized"
 
 
+@pytest.mark.system
 def test_the_replay_and_gateway_refuse_a_thousand_part_message_and_keep_serving(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, settings={"replay": {"MAX_MESSAGE_MB": "16", "MIN_SIZE_TO_SAMPLE": "64"}})
     cluster.add("gateway")

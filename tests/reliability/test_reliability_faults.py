@@ -16,7 +16,7 @@ from pipeline_helpers import get_text, metric_values
 
 from flywheel.testing.faults import fault_cluster, run_faults
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(420)]
 
 
 def test_kill_nine_each_service_in_turn_and_restart(tmp_path: Path) -> None:

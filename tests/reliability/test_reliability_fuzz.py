@@ -49,6 +49,7 @@ def test_raw_messages_are_sometimes_valid() -> None:
     assert valid >= 10 and refused >= 10, (valid, refused)
 
 
+@pytest.mark.system
 def test_fuzz_every_socket_and_route_of_live_services(tmp_path: Path) -> None:
     figures = run_fuzz(tmp_path, examples=EXAMPLES, http_examples=HTTP_EXAMPLES, seed=11)
     assert figures.crashed == []

@@ -114,6 +114,26 @@ def test_the_user_id_is_given_only_on_identity_sockets_and_never_stalls_one() ->
         ctx.term()
 
 
+def test_a_plain_peer_on_an_identity_socket_is_unnamed() -> None:
+    """A NULL (plain, local) connection to an identity socket passes ZAP with no User-Id, so it reads as a plain
+    local peer (``key_role`` "*"), not as a key named "anonymous" (pyzmq's name for it, an actor's by key_role)."""
+    ctx = zmq.Context()
+    try:
+        ZapHandler(ctx, frozenset({zmq.curve_keypair()[0]}))
+        pull = ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.RCVHWM, 2)
+        pull.setsockopt(zmq.ZAP_DOMAIN, IDENTITY_DOMAIN)  # a ZAP domain: libzmq asks ZAP about NULL peers too
+        pull.bind("tcp://127.0.0.1:0")
+        push = ctx.socket(zmq.PUSH)
+        push.connect(pull.getsockopt(zmq.LAST_ENDPOINT).decode())
+        push.send(b"m")
+        assert pull.poll(10_000), "a plain peer passes"
+        frame = pull.recv(copy=False)
+        assert security.peer_key(frame) == "" and security.key_role(security.peer_key(frame)) == "*"
+    finally:
+        ctx.destroy(linger=0)
+
+
 def _report(service: str, instance: str, seq: int, gauges: dict[str, float],
             info: dict[str, str] | None = None) -> list[Any]:
     return proto.encode(proto.Telemetry(service=service, instance=instance, seq=seq, time=time.time(),
@@ -125,6 +145,7 @@ def _rejected(cluster: Cluster, fault: str) -> float:
     return sum(v for label, v in found.items() if 'socket="telemetry"' in label and f'fault="{fault}"' in label)
 
 
+@pytest.mark.system
 def test_an_actor_key_cannot_speak_for_the_learner_nor_stop_the_run(keys_dir: Path, tmp_path: Path) -> None:
     """A real gateway on CURVE: reports claiming to be the learner (or the replay) from an actor's key, or from a
     joined host's, are refused and counted as ``identity``; /status's summary does not move and the run's stop
@@ -185,6 +206,7 @@ def test_an_actor_key_cannot_speak_for_the_learner_nor_stop_the_run(keys_dir: Pa
     assert all(code == 0 for code in codes.values()), codes
 
 
+@pytest.mark.system
 def test_a_plain_local_peer_speaks_for_any_service(tmp_path: Path) -> None:
     """Without CURVE (``flywheel run`` on one host) reports are local and trusted, as before."""
     cluster = Cluster(tmp_path / "run")

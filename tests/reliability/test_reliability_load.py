@@ -11,7 +11,7 @@ import pytest
 from flywheel.services.learner.sampling import batches_per_request
 from flywheel.testing.load import MAX_PENDING, load_cluster, run_load, summarize
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(420)]
 
 
 def test_eight_actors_against_a_slow_learner_stay_bounded(tmp_path: Path) -> None:

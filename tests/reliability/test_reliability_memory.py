@@ -23,7 +23,7 @@ from flywheel.testing.reported import GATEWAY_HTTP, GATEWAY_UP, reported
 from flywheel.testing.run import clean_env
 from flywheel.transport import TELEMETRY_MAX_BYTES, make_socket
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 # Address space, not memory: a healthy idle gateway maps about 490 MiB with OpenBLAS held to one thread (OpenBLAS
 # reserves buffers per core, which RLIMIT_AS counts though they are never touched; a container's memory limit
 # counts resident pages only), and each worker thread reserves a 64 MiB malloc arena and an 8 MiB stack.

@@ -100,6 +100,7 @@ class Payload:
         return open, (str(self.marker), "w")
 
 
+@pytest.mark.system
 def test_a_pickle_disguised_as_the_learner_checkpoint_is_refused_without_running(tmp_path: Path) -> None:
     core = LearnerCore((4,), 2, CoreConfig(hidden=16), torch.device("cpu"))
     marker = tmp_path / "pwned"

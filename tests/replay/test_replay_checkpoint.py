@@ -236,6 +236,7 @@ def _dead_pid() -> int:
     return child.pid
 
 
+@pytest.mark.system
 def test_a_starting_replay_sweeps_what_killed_writers_left(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                            ) -> None:
     settings = ReplaySettings(capacity=16, min_size_to_sample=1, checkpoint_dir=tmp_path, seed=0)
@@ -261,6 +262,7 @@ def test_a_starting_replay_sweeps_what_killed_writers_left(tmp_path: Path, caplo
     assert all(path.name in line for path in leftovers) and busy.name not in line
 
 
+@pytest.mark.system
 def test_the_sweep_counts_an_unreaped_writer_as_dead(tmp_path: Path) -> None:
     """A writer killed with its replay is an orphan zombie until a reaper gets to it (1-2 s here): it writes no more."""
     checkpoint.save(filled_state(3), tmp_path)
@@ -274,6 +276,7 @@ def test_the_sweep_counts_an_unreaped_writer_as_dead(tmp_path: Path) -> None:
     finally:
         zombie.wait()
 
+@pytest.mark.system
 def test_the_start_up_sweep_keeps_the_fallback_of_a_save_killed_between_renames(tmp_path: Path) -> None:
     settings = ReplaySettings(capacity=16, min_size_to_sample=1, checkpoint_dir=tmp_path, seed=0)
     checkpoint.save(filled_state(6), tmp_path)

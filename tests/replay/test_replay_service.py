@@ -18,6 +18,8 @@ from flywheel.demos import DemoWriter
 from flywheel.processes import launch
 from flywheel.services.replay.client import ReplayClient
 
+pytestmark = pytest.mark.system
+
 
 def endpoints(tmp_path: Path) -> dict[str, str]:
     sock = Path(f"/tmp/fw-replay-{os.getpid()}-{tmp_path.name[-20:]}")  # ipc paths must stay short

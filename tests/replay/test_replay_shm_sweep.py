@@ -20,6 +20,7 @@ def _dead_pid() -> int:
     return child.pid
 
 
+@pytest.mark.system
 def test_a_starting_replay_sweeps_segments_of_dead_replays_and_keeps_live_ones(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     dead, parent = _dead_pid(), os.getppid()

@@ -1,4 +1,4 @@
-"""CPU variants of the learner's update, side by side: eager, channels-last, inductor, smaller inputs, torsos."""
+"""CPU variants of the learner's update, side by side: eager, channels-last, inductor, smaller inputs."""
 
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ from flywheel.services.learner.core import CoreConfig, LearnerCore
 
 BATCH = 32  # the pixel preset's CPU batch
 N_ACTIONS = 7  # Mario's simple action set
-# (key, label, input side, channels_last, compile, torso); the first is the baseline every other is divided by
+# (key, label, input side, channels_last, compile); the first is the baseline every other is divided by
 VARIANTS = (
-    ("eager84", "eager, 84x84", 84, False, False, "auto"),
-    ("cl84", "channels-last, 84x84", 84, True, False, "auto"),
-    ("compile84", "inductor, 84x84", 84, False, True, "auto"),
-    ("clcompile84", "inductor + channels-last, 84x84 (the pixel preset)", 84, True, True, "auto"),
-    ("clcompile64", "inductor + channels-last, 64x64 input", 64, True, True, "auto"),
-    ("clcompile42", "inductor + channels-last, 42x42 input", 42, True, True, "auto"),
-    ("strided42", "inductor + channels-last, 42x42 input, strided torso", 42, True, True, "strided"),
+    ("eager84", "eager, 84x84", 84, False, False),
+    ("cl84", "channels-last, 84x84", 84, True, False),
+    ("compile84", "inductor, 84x84", 84, False, True),
+    ("clcompile84", "inductor + channels-last, 84x84 (the pixel preset)", 84, True, True),
+    ("clcompile64", "inductor + channels-last, 64x64 input", 64, True, True),
+    ("clcompile42", "inductor + channels-last, 42x42 input", 42, True, True),
 )
 
 
@@ -40,8 +39,8 @@ def cpu_variant_rows(runs: int, updates: int, progress: Callable[[str], None]) -
     rng = np.random.default_rng(0)
     cores: dict[str, tuple[LearnerCore, proto.SampleBatch]] = {}
     notes: list[str] = []
-    for key, label, side, channels_last, compiled, torso in VARIANTS:
-        config = CoreConfig(lr=1e-4, compile=compiled, channels_last=channels_last, torso=torso)
+    for key, label, side, channels_last, compiled in VARIANTS:
+        config = CoreConfig(lr=1e-4, compile=compiled, channels_last=channels_last)
         core = LearnerCore((4, side, side), N_ACTIONS, config, "cpu")
         batch = _batch(side, rng)
         start = time.perf_counter()
@@ -66,10 +65,9 @@ def cpu_variant_rows(runs: int, updates: int, progress: Callable[[str], None]) -
         progress(f"CPU variants run {run + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items()))
     base = VARIANTS[0][0]
     rows = []
-    for key, label, *_, torso in VARIANTS[1:]:
+    for key, label, *_ in VARIANTS[1:]:
         ratios = [a / b for a, b in zip(rates[key], rates[base], strict=True)]
-        net = "Nature CNN" if torso == "auto" else "strided CNN"
-        rows.append(Row(case=f"{net}, batch {BATCH}, CPU: {label}", metric="updates/s", unit="1/s",
+        rows.append(Row(case=f"Nature CNN, batch {BATCH}, CPU: {label}", metric="updates/s", unit="1/s",
                         flywheel=median(rates[key]), peer=median(rates[base]), peer_name="eager, 84x84",
                         flywheel_runs=rates[key], peer_runs=rates[base]))
         notes.append(f"{label}: median per-run ratio to eager 84x84 {median(ratios):.3f}")

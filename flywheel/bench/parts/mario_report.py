@@ -6,6 +6,7 @@ import statistics
 from typing import Any
 
 from flywheel.bench.parts.plots import pyplot, save_figure
+from flywheel.bench.parts.records import flag, furthest_x, stall_rule
 from flywheel.bench.parts.scale import ScaleModel, scale_table
 from flywheel.bench.runner import BenchContext, Row, SuiteResult, _cpu_model
 from flywheel.envs import split_env_id
@@ -24,13 +25,17 @@ A3C_ANCHORS = ((0.58e6, 1670.0, "A3C: greedy x_pos ~1,670"), (1.01e6, FLAG_X, "A
 
 
 def _x(records: list[dict[str, Any]]) -> list[float]:
-    return [float(r["x_pos_max"] or 0) for r in records]
+    return [furthest_x(r) for r in records]
+
+
+def _flags(records: list[dict[str, Any]]) -> list[bool]:
+    return [flag(r) for r in records]
 
 
 def _stall_rule(records: list[dict[str, Any]]) -> tuple[list[float], list[bool]]:
     """What the 250-step stall rule keeps of each episode (flywheel.evaluation records it beside the plain one)."""
-    return ([float(r.get("x_pos_max_stall_rule", r["x_pos_max"]) or 0) for r in records],
-            [bool(r.get("flag_stall_rule", r["flag"])) for r in records])
+    kept = [stall_rule(r) for r in records]
+    return [x for x, _ in kept], [got for _, got in kept]
 
 
 def _describe(s: dict[str, Any]) -> str:
@@ -153,13 +158,13 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
                                               f"{trained} vs a random policy")
     result.method = (f"one run{'s' if len(deploys) > 1 else ''}; each checkpoint and the random policy play the same "
                      f"{len(seeds)} seeds (mean furthest x_pos, 95% bootstrap CI of the mean)")
-    rnd = stats(_x(random_records), [r["flag"] for r in random_records])
+    rnd = stats(_x(random_records), _flags(random_records))
     random_entry = {"summary": rnd, "stall_rule": stats(*_stall_rule(random_records))}
     for c in checkpoints:
-        c["summary"] = stats(_x(c["episodes"]), [r["flag"] for r in c["episodes"]])
+        c["summary"] = stats(_x(c["episodes"]), _flags(c["episodes"]))
         c["stall_rule"] = stats(*_stall_rule(c["episodes"]))
         if c.get("episodes_also") is not None:
-            c["summary_also"] = stats(_x(c["episodes_also"]), [r["flag"] for r in c["episodes_also"]])
+            c["summary_also"] = stats(_x(c["episodes_also"]), _flags(c["episodes_also"]))
         s = c["summary"]
         prefix = f"{c.get('deploy', 'run')}: " if len(deploys) > 1 else ""
         result.rows.append(Row(
@@ -170,7 +175,7 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
     kept = [c for c in checkpoints if c.get("best", {}).get("episodes")]
     for c in kept:
         b = c["best"]
-        b["summary"] = stats(_x(b["episodes"]), [r["flag"] for r in b["episodes"]])
+        b["summary"] = stats(_x(b["episodes"]), _flags(b["episodes"]))
         b["stall_rule"] = stats(*_stall_rule(b["episodes"]))
         result.rows.append(Row(
             case=f"{c.get('deploy', 'run')}: kept best at {c['minute']:g} min (weight version {b['weight_version']}; "

@@ -39,7 +39,7 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
     import zmq
 
     from flywheel.services.learner.core import CoreConfig, LearnerCore
-    from flywheel.services.learner.transport import open_feeder
+    from flywheel.services.learner.transport import FeedConfig, open_feeder
     from flywheel.transport import FaultCounter
 
     if cpus and hasattr(os, "sched_setaffinity"):
@@ -49,7 +49,7 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
     core = LearnerCore(obs_shape, n_actions, CoreConfig(), "cpu")  # its check_batch and stager, as the service's
     ctx = zmq.Context()
     faults = FaultCounter("learner")
-    feeder = open_feeder(settings, core, ctx, faults)  # beta_start, the annealed beta at update 0
+    feeder = open_feeder(FeedConfig.of(settings), core, ctx, faults)  # beta_start: the annealed beta at update 0
     rng = np.random.default_rng(0)
     clock = SideClock([os.getpid(), *side_pids])
     counts = {"batches": 0, "rows": 0}

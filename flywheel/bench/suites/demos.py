@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flywheel.bench.parts.plots import pyplot, save_figure
+from flywheel.bench.parts.records import furthest_x
 from flywheel.bench.parts.time_to_target import flywheel_time_to_target
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, median
 from flywheel.envs import env_spec
@@ -126,8 +127,8 @@ def _mario_run(ctx: BenchContext, workdir: Path, label: str, minutes: float, set
                     snap = run.snapshot()
                     if snap is None:
                         continue
-                    rolling = [g["mario_distance_mean"] for g in snap.gauges.get("actor", [])
-                               if g.get("mario_distance_mean") is not None]
+                    rolling = [g["episode_progress_mean"] for g in snap.gauges.get("actor", [])
+                               if g.get("episode_progress_mean") is not None]
                     out.update(steps=snap.total("actor", "env_steps_total"),
                                updates=snap.total("learner", "updates_total"),
                                rolling=float(np.mean(rolling)) if rolling else None)
@@ -150,11 +151,11 @@ def evaluate_network(ctx: BenchContext, label: str, net: QNetwork, episodes: int
     from flywheel.policy import Policy
 
     def report(record: dict[str, Any]) -> None:
-        ctx.progress(f"Mario {label}: evaluation seed {record['seed']}: distance {record['x_pos_max']}")
+        ctx.progress(f"Mario {label}: evaluation seed {record['seed']}: distance {furthest_x(record):.0f}")
 
     records = evaluate(MARIO, range(EVAL_SEED, EVAL_SEED + episodes), checkpoint=Policy(net, MARIO),
                        epsilon=EVAL_EPSILON, stall_steps=0, noop_max=0, progress=report)
-    return [float(r["x_pos_max"]) for r in records]
+    return [furthest_x(r) for r in records]
 
 
 def run(ctx: BenchContext) -> SuiteResult:
@@ -244,7 +245,8 @@ def _mario_rows(result: SuiteResult, sides: list[dict[str, Any]], minutes: float
         result.rows.append(Row(case=f"Mario 1-1 after {minutes:g} min", metric="actors' rolling mean distance",
                                unit="x_pos", flywheel=side["with"]["rolling"], peer=side["without"]["rolling"],
                                peer_name="without demos"))
-    expert = collection["all"].get("mean_distance") if collection else None
+    expert = (collection["all"].get("mean_progress", collection["all"].get("mean_distance"))  # older: the latter
+              if collection else None)
     result.notes += [
         f"Mario: one `flywheel run --env {MARIO} --actors 2` per side for {minutes:g} min of wall clock (pixel "
         f"preset); with demos adds --set {' --set '.join(with_sets)}. Then the newest weights (with v"

@@ -35,6 +35,7 @@ from typing import Any
 from flywheel import presets
 from flywheel.bench.parts.mario_report import plot, summarize
 from flywheel.bench.parts.mario_state import MarioState
+from flywheel.bench.parts.records import furthest_x
 from flywheel.bench.runner import BenchContext, BenchError, SuiteResult
 from flywheel.run import DEFAULT_ENV, default_actors
 from flywheel.testing.compose import ComposeStack
@@ -95,10 +96,10 @@ def _point(run: Training, snap: Snapshot) -> dict[str, Any]:
     learner = (snap.gauges.get("learner") or [{}])[0]
     return {
         **snap.progress_point(run.started),
-        "distance": snap.per_actor("mario_distance_mean"),
-        "distance_max_by_actor": snap.per_actor("mario_distance_max"),
-        "distance_max": max((g.get("mario_distance_max") or 0.0 for g in snap.actors()), default=0.0),
-        "flag_rate": snap.per_actor("mario_flag_rate"),
+        "distance": snap.per_actor("episode_progress_mean"),
+        "distance_max_by_actor": snap.per_actor("episode_progress_max"),
+        "distance_max": max((g.get("episode_progress_max") or 0.0 for g in snap.actors()), default=0.0),
+        "flag_rate": snap.per_actor("episode_success_rate"),
         "loss": learner.get("loss"), "machine_cpu_s": _machine_cpu_seconds(),
     }
 
@@ -245,7 +246,7 @@ def _evaluate(ctx: BenchContext, env_id: str, name: str, checkpoint: str | None,
 
     def report(r: dict[str, Any]) -> None:
         done.append(1)
-        ctx.progress(f"{name}: episode {len(done)}/{len(seeds)} (seed {r['seed']}): x_pos {r['x_pos_max']}, "
+        ctx.progress(f"{name}: episode {len(done)}/{len(seeds)} (seed {r['seed']}): x {furthest_x(r):.0f}, "
                      f"{r['length']} steps, {r['end']}")
 
     return evaluate(env_id, seeds, checkpoint=checkpoint, epsilon=epsilon, workers=workers,
