@@ -69,6 +69,7 @@ def test_api_against_its_schema(case: schemathesis.Case) -> None:
         assert response.json()["error"], "a 4xx must say why"
 
 
+@pytest.mark.system  # reads what the fuzzing above (system) saw: runs with it
 def test_the_fuzzing_reached_both_sides_of_control() -> None:
     """Positive examples were accepted and negative ones refused, for every command (the fuzz test ran first)."""
     from flywheel.services.gateway.control import COMMANDS
