@@ -163,7 +163,8 @@ def rate(work: float, seconds: float) -> float:
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on."""
     info: dict[str, Any] = {
-        "platform": platform.platform(),
+        # os.uname, not platform.platform(): that one runs `uname -p` in a child process
+        "platform": "-".join((os.uname().sysname, os.uname().release, os.uname().machine)),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "cpu_model": _cpu_model(),

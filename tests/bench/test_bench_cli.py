@@ -39,7 +39,6 @@ def tiny_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     sys.modules.pop("flywheel.bench.suites.zz_tiny", None)
 
 
-@pytest.mark.system  # the result names the CPU (platform.processor() runs uname -p)
 def test_suite_runs_and_writes_results(tiny_suite: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "results"
     assert main(["bench", tiny_suite, "--runs", "2", "--quick", "--opt", "size=5", "--out", str(out)]) == 0
