@@ -13,7 +13,7 @@ TORCH_INDEX ?=
 ARGS ?=
 # pytest-xdist workers for make test and test-fast: 0 runs every test in pytest's own process, N in N worker
 # processes, each test file on one worker (--dist loadfile: a module's shared fixture starts once)
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

@@ -25,7 +25,7 @@ def package_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flywheel.run import add_run_flags
+    from flywheel.runplan import add_run_flags
 
     parser = argparse.ArgumentParser(prog="flywheel", description="Distributed Ape-X deep Q-learning over ZeroMQ.")
     parser.add_argument("--version", action="version", version=f"flywheel {package_version()}")

@@ -15,6 +15,7 @@ from flywheel.netspec import (  # noqa: F401  (re-exported: flywheel.nets is whe
     HEADS,
     NATURE_MIN_SIDE,
     Head,
+    QNetworkBase,
     WeightsMismatch,
     check_spec,
     check_support,
@@ -25,7 +26,7 @@ from flywheel.netspec import (  # noqa: F401  (re-exported: flywheel.nets is whe
 )
 
 
-class QNetwork(nn.Module):
+class QNetwork(nn.Module, QNetworkBase):
     """Maps a batch of observations (uint8 pixels or float32 vectors) to (B, n_actions) float32 Q-values.
 
     With ``head="quantile"`` (QR-DQN) the last layers produce ``num_quantiles`` return quantiles per action;
@@ -39,24 +40,13 @@ class QNetwork(nn.Module):
                  head: str = "q", num_quantiles: int = 51, v_min: float = -10.0,
                  v_max: float = 10.0, c51_atoms: int = C51_ATOMS) -> None:
         super().__init__()
-        check_spec(tuple(obs_shape), n_actions, head, num_quantiles, c51_atoms)
-        check_support(v_min, v_max)
-        self.obs_shape = tuple(int(d) for d in obs_shape)
-        self.n_actions = int(n_actions)
-        self.dueling = bool(dueling)
-        self.hidden = int(hidden)
-        self.head = head
-        self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
-        self.c51_atoms = int(c51_atoms) if head == "c51" else C51_ATOMS
-        self.per_action = outputs_per_action(head, num_quantiles, c51_atoms)
+        self._specify(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head, num_quantiles=num_quantiles,
+                      c51_atoms=c51_atoms, v_min=v_min, v_max=v_max)
         self.support: torch.Tensor | None
         if head == "c51":
             self.register_buffer("support", torch.linspace(float(v_min), float(v_max), self.per_action))
         else:
             self.support = None
-        self.name = network_name(self.obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
-                                 num_quantiles=self.num_quantiles, c51_atoms=self.c51_atoms)
-        self.kind = network_kind(self.obs_shape)
         if self.kind == "nature":
             c = self.obs_shape[0]
             self.torso: nn.Module = nn.Sequential(

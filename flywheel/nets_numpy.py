@@ -7,19 +7,10 @@ import math
 import numpy as np
 
 from flywheel import proto
-from flywheel.netspec import (
-    C51_ATOMS,
-    check_spec,
-    check_support,
-    check_weights,
-    mlp_parameter_shapes,
-    network_kind,
-    network_name,
-    outputs_per_action,
-)
+from flywheel.netspec import C51_ATOMS, QNetworkBase, check_weights, mlp_parameter_shapes
 
 
-class NumpyQNetwork:
+class NumpyQNetwork(QNetworkBase):
     """The forward pass of ``flywheel.nets.QNetwork`` for the "mlp" kind, in float32 NumPy.
 
     Same parameters (the state_dict keys and shapes of the torch network), same name, same outputs up to float
@@ -32,23 +23,12 @@ class NumpyQNetwork:
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool = True, hidden: int = 256,
                  head: str = "q", num_quantiles: int = 51, seed: int | None = None, v_min: float = -10.0,
                  v_max: float = 10.0, c51_atoms: int = C51_ATOMS) -> None:
-        obs_shape = tuple(int(d) for d in obs_shape)
-        check_spec(obs_shape, n_actions, head, num_quantiles, c51_atoms=c51_atoms)
-        check_support(v_min, v_max)
-        if network_kind(obs_shape) != "mlp":
-            raise ValueError(f"NumpyQNetwork covers vector observations only; {obs_shape} needs flywheel.nets.QNetwork")
-        self.obs_shape = obs_shape
-        self.n_actions = int(n_actions)
-        self.dueling = bool(dueling)
-        self.hidden = int(hidden)
-        self.head = head
-        self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
-        self.c51_atoms = int(c51_atoms) if head == "c51" else C51_ATOMS
-        self.per_action = outputs_per_action(head, num_quantiles, c51_atoms)
-        self.name = network_name(obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
-                                 num_quantiles=self.num_quantiles, c51_atoms=self.c51_atoms)
-        self.kind = "mlp"
-        self.shapes = mlp_parameter_shapes(obs_shape, self.n_actions, dueling=self.dueling, hidden=self.hidden,
+        self._specify(obs_shape, n_actions, dueling=dueling, hidden=hidden, head=head, num_quantiles=num_quantiles,
+                      c51_atoms=c51_atoms, v_min=v_min, v_max=v_max)
+        if self.kind != "mlp":
+            raise ValueError(f"NumpyQNetwork covers vector observations only; {self.obs_shape} needs "
+                             "flywheel.nets.QNetwork")
+        self.shapes = mlp_parameter_shapes(self.obs_shape, self.n_actions, dueling=self.dueling, hidden=self.hidden,
                                            outputs_per_action=self.per_action, support=head == "c51")
         rng = np.random.default_rng(seed)
         params: dict[str, np.ndarray] = {}

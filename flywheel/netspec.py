@@ -1,5 +1,6 @@
-"""Q-network names, kinds, parameter shapes and weights checks, shared by the torch and NumPy networks (no torch),
-and the one network record (:class:`NetworkSpec`) the learner and its actors both build from."""
+"""Q-network names, kinds, parameter shapes and weights checks, shared by the torch and NumPy networks (no torch) with
+their common base (:class:`QNetworkBase`), and the one network record (:class:`NetworkSpec`) the learner and its
+actors both build from."""
 
 from __future__ import annotations
 
@@ -114,6 +115,39 @@ def mlp_parameter_shapes(obs_shape: tuple[int, ...], n_actions: int, *, dueling:
     if support:
         shapes["support"] = (outputs_per_action,)
     return shapes
+
+
+class QNetworkBase:
+    """What the torch and the NumPy Q-networks both are: the checked spec each was built with, its kind, name and
+    outputs per action (set by ``_specify``)."""
+
+    obs_shape: tuple[int, ...]
+    n_actions: int
+    dueling: bool
+    hidden: int
+    head: str
+    num_quantiles: int  # 1 unless the head is "quantile"
+    c51_atoms: int  # C51_ATOMS unless the head is "c51"
+    per_action: int
+    kind: str
+    name: str
+
+    def _specify(self, obs_shape: tuple[int, ...], n_actions: int, *, dueling: bool, hidden: int, head: str,
+                 num_quantiles: int, c51_atoms: int, v_min: float, v_max: float) -> None:
+        """Check the spec (ValueError for a network that cannot be built) and record it."""
+        check_spec(tuple(obs_shape), n_actions, head, num_quantiles, c51_atoms)
+        check_support(v_min, v_max)
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.n_actions = int(n_actions)
+        self.dueling = bool(dueling)
+        self.hidden = int(hidden)
+        self.head = head
+        self.num_quantiles = int(num_quantiles) if head == "quantile" else 1
+        self.c51_atoms = int(c51_atoms) if head == "c51" else C51_ATOMS
+        self.per_action = outputs_per_action(head, num_quantiles, c51_atoms)
+        self.kind = network_kind(self.obs_shape)
+        self.name = network_name(self.obs_shape, self.n_actions, self.dueling, hidden=self.hidden, head=head,
+                                 num_quantiles=self.num_quantiles, c51_atoms=self.c51_atoms)
 
 
 def check_weights(msg: proto.Weights, expected_name: str, shapes: dict[str, tuple[int, ...]]) -> None:

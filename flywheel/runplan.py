@@ -9,9 +9,10 @@ import secrets
 import shutil
 import subprocess
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,33 +31,33 @@ SEED_MAX = 2**31 - 1  # --seed: 0..SEED_MAX (what every env library takes)
 CHILD_SEED_BOUND = 2**30  # a child's seed, below this: env slot i takes seed + i, the greedy env seed + 10,000
 FIRST_WEIGHTS_WAIT_S = 60  # actors wait this long for the learner's first weights (a learner starts in seconds)
 SEEDED = ("replay", "learner", "actor")  # the services flywheel run hands a seed (the gateway draws nothing)
+_N = TypeVar("_N", int, float)
+
+
+def _number(text: str, kind: Callable[[str], _N], what: str) -> _N:
+    """A flag's value read as ``kind`` (int or float), or argparse's error saying it must be ``what``."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    value = _number(text, int, "a whole number")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    value = _number(text, float, "a number of seconds")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
     return value
 
 
 def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    value = _number(text, int, "a whole number")
     if not 0 <= value <= SEED_MAX:
         raise argparse.ArgumentTypeError(f"must be within 0..{SEED_MAX}, got {value}")
     return value

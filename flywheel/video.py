@@ -58,13 +58,9 @@ class Episode:
 
     def seen(self, info: dict[str, Any]) -> None:
         """Take one step's (or the reset's) info: the furthest progress, and success once reached."""
-        from flywheel.envs.measures import SUCCESS, progress_in
+        from flywheel.envs.measures import measures_so_far
 
-        progress = progress_in(info)
-        if progress is not None:
-            self.progress = progress if self.progress is None else max(self.progress, progress)
-        if SUCCESS in info:
-            self.success = bool(self.success) or bool(info[SUCCESS])
+        self.progress, self.success = measures_so_far(info, self.progress, self.success)
 
 
 class VideoWriter:

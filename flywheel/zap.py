@@ -100,13 +100,13 @@ class ZapHandler(Authenticator):
             while True:
                 with self._watch_lock:
                     fresh = self._watch[len(monitors):]
-                for address in fresh:
-                    mon = self.context.socket(zmq.PAIR)
-                    mon.setsockopt(zmq.LINGER, 0)
-                    mon.connect(address)
-                    poller.register(mon, zmq.POLLIN)
-                    monitors.append(mon)
                 try:
+                    for address in fresh:  # the context may end while a socket was being watched
+                        mon = self.context.socket(zmq.PAIR)
+                        mon.setsockopt(zmq.LINGER, 0)
+                        mon.connect(address)
+                        poller.register(mon, zmq.POLLIN)
+                        monitors.append(mon)
                     events = dict(poller.poll(1000))
                     if self.zap_socket in events:
                         request = self.zap_socket.recv_multipart()

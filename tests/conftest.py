@@ -4,8 +4,9 @@ Every test starts without a preset: settings built in the test process take thei
 test names a preset (tests/test_presets.py does); `flywheel run` passes its preset's values to its children.
 
 Tiers (CONTRIBUTING.md): a test marked ``system`` starts processes (a service, `flywheel run`, a CLI, pip, Docker, a
-browser, a network namespace) or needs a Debian package; one marked ``slow`` is a learning run or an install that
-takes minutes; every other test is in the fast tier (`make test-fast`), which a venv alone runs in a few minutes.
+browser, a network namespace) or needs a Debian package; one marked ``slow`` is a learning run, an install or an
+emulator played for thousands of frames; every other test is in the fast tier (`make test-fast`), which a venv alone
+runs in a few minutes.
 So that the tiers stay true, a test with neither mark that starts a process (a subprocess, os.system, os.posix_spawn
 or a multiprocessing process; a bare os.fork, as the replay's checkpoint child, is not counted) fails, naming what
 it started, in its setup, call or teardown.

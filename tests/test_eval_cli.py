@@ -10,31 +10,20 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+from checkpoint_helpers import learner_checkpoint
 
 from flywheel.bench.parts import mario_report
 from flywheel.cli import main
 from flywheel.evaluation import evaluate
-from flywheel.services.learner.checkpoint import save_checkpoint
-from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.stats import summarize
 
 MARIO = "SuperMarioBros-1-1-v0"
 INTERVAL = r"-?[\d,.]+ \(-?[\d,.]+--?[\d,.]+\)"  # "21.4 (18.2-25.0)"
 
 
-def _checkpoint(folder: Path, env_id: str, obs_shape: tuple[int, ...], n_actions: int) -> Path:
-    """An untrained learner's checkpoint written by the learner's own code, laid out as flywheel run does."""
-    torch.manual_seed(0)
-    core = LearnerCore(obs_shape, n_actions, CoreConfig())
-    core.env_id = env_id  # type: ignore[attr-defined]  # what services/learner/main.py sets
-    save_checkpoint(folder / "learner", core, weight_version=4)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def cartpole(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _checkpoint(tmp_path_factory.mktemp("cartpole"), "CartPole-v1", (4,), 2)
+    return learner_checkpoint(tmp_path_factory.mktemp("cartpole"), "CartPole-v1", (4,), 2, weight_version=4)
 
 
 def flywheel_eval(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -73,7 +62,7 @@ def test_mario_rows_equal_the_bench_on_the_same_checkpoint_and_seeds(tmp_path: P
     """flywheel bench mario evaluates a checkpoint folder with flywheel.evaluation (seeds from 100000, 0..30
     no-ops) and reports mario_report's summary of the furthest x and flags: flywheel eval gives the same figures.
     Two short episodes: a stall rule of 60 steps (the same on both sides) keeps them short."""
-    folder = _checkpoint(tmp_path / "run", MARIO, (4, 84, 84), 7)
+    folder = learner_checkpoint(tmp_path / "run", MARIO, (4, 84, 84), 7, weight_version=4)
     out = tmp_path / "eval.json"
     result = flywheel_eval(folder, "--episodes", "2", "--epsilon", "0.5", "--stall-steps", "60", "--workers", "1",
                            "--json", out)

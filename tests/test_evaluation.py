@@ -62,6 +62,7 @@ def test_noop_starts_and_the_stall_rule_figure_kept_beside_the_plain_one() -> No
         evaluate(MARIO, [1], noop_max=-1)
 
 
+@pytest.mark.slow  # thousands of emulator frames
 def test_a_policy_object_plays_as_its_checkpoint_folder(tmp_path: Path) -> None:
     folder = _noop_checkpoint(tmp_path)
     from_folder = evaluate(MARIO, [5, 6], checkpoint=str(folder), epsilon=0.5, stall_steps=60)
@@ -72,6 +73,7 @@ def test_a_policy_object_plays_as_its_checkpoint_folder(tmp_path: Path) -> None:
     assert [r["length"] for r in random] != [r["length"] for r in from_policy]
 
 
+@pytest.mark.slow  # thousands of emulator frames
 def test_the_defaults_are_the_protocol_no_stall_rule_and_the_presets_no_op_starts(tmp_path: Path) -> None:
     """Before, an episode was cut after 250 steps without progress and began with no no-ops unless asked."""
     assert [default_noop_max(e) for e in (MARIO, "CartPole-v1", "SuperMarioBros-v0")] == [30, 0, 0]

@@ -16,13 +16,12 @@ import onnxruntime
 import pytest
 import torch
 import yaml
+from checkpoint_helpers import learner_checkpoint
 
 from flywheel.envs import make_env
 from flywheel.evaluation import evaluate
 from flywheel.export import ExportError, export_onnx, export_torchscript
 from flywheel.policy import Policy
-from flywheel.services.learner.checkpoint import save_checkpoint
-from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.stats import summarize
 
 MARIO = "SuperMarioBros-1-1-v0"
@@ -30,24 +29,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:D
 Runner = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # a batch -> (q_values, actions)
 
 
-def _checkpoint(folder: Path, env_id: str, obs_shape: tuple[int, ...], n_actions: int, seed: int = 0,
-                **config: object) -> Path:
-    """A learner checkpoint written by the learner's own code, laid out as flywheel run does (DIR/learner/)."""
-    torch.manual_seed(seed)
-    core = LearnerCore(obs_shape, n_actions, CoreConfig(**config))  # type: ignore[arg-type]
-    core.env_id = env_id  # type: ignore[attr-defined]  # what services/learner/main.py sets
-    save_checkpoint(folder / "learner", core, weight_version=5)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def cartpole(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _checkpoint(tmp_path_factory.mktemp("cartpole"), "CartPole-v1", (4,), 2)
+    return learner_checkpoint(tmp_path_factory.mktemp("cartpole"), "CartPole-v1", (4,), 2)
 
 
 @pytest.fixture(scope="module")
 def mario(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _checkpoint(tmp_path_factory.mktemp("mario"), MARIO, (4, 84, 84), 7)
+    return learner_checkpoint(tmp_path_factory.mktemp("mario"), MARIO, (4, 84, 84), 7)
 
 
 def real_observations(env_id: str, count: int) -> np.ndarray:
@@ -131,7 +120,7 @@ def test_torchscript_module_matches_the_policy(env_id: str, cartpole: Path, mari
 
 
 def test_a_qr_dqn_head_without_dueling_exports_its_mean_q(tmp_path: Path) -> None:
-    folder = _checkpoint(tmp_path, "CartPole-v1", (4,), 2, head="quantile", num_quantiles=11, dueling=False)
+    folder = learner_checkpoint(tmp_path, "CartPole-v1", (4,), 2, head="quantile", num_quantiles=11, dueling=False)
     policy = Policy.load(folder)
     assert policy.network.endswith("-qr11")
     obs = real_observations("CartPole-v1", 9)
@@ -140,8 +129,8 @@ def test_a_qr_dqn_head_without_dueling_exports_its_mean_q(tmp_path: Path) -> Non
 
 
 def test_a_c51_head_exports_its_mean_q_with_the_checkpoints_support(tmp_path: Path) -> None:
-    folder = _checkpoint(tmp_path, "CartPole-v1", (4,), 2, head="c51", c51_atoms=21, c51_v_min=-3.0,
-                         c51_v_max=30.0)
+    folder = learner_checkpoint(tmp_path, "CartPole-v1", (4,), 2, head="c51", c51_atoms=21, c51_v_min=-3.0,
+                                c51_v_max=30.0)
     policy = Policy.load(folder)  # built with the default support, then the checkpoint's loaded over it
     assert policy.network.endswith("-c21") and float(policy.net.support[-1]) == 30.0
     obs = real_observations("CartPole-v1", 9)
@@ -212,7 +201,7 @@ def test_cli_writes_a_model_card_folder(cartpole: Path, tmp_path: Path) -> None:
 def test_cli_which_picks_best_or_latest(cartpole: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(cartpole, run)
-    other = _checkpoint(tmp_path / "other", "CartPole-v1", (4,), 2, seed=1)
+    other = learner_checkpoint(tmp_path / "other", "CartPole-v1", (4,), 2, seed=1)
     shutil.copyfile(other / "learner" / "learner.safetensors", run / "learner" / "best.safetensors")
     obs = real_observations("CartPole-v1", 9)
     for which, flags in (("best", ()), ("latest", ("--which", "latest"))):

@@ -6,71 +6,33 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq.auth
+from join_helpers import Served, joined_actor, run_keys, serving
 
 from flywheel import remote, security
 from flywheel import run as run_module
 from flywheel.cli import build_parser, main
 from flywheel.registry import settings_class
-from flywheel.settings import SettingsError, settings_from_args
+from flywheel.settings import SettingsError
 from flywheel.testing.ports import free_port_block
 
 BASE = free_port_block(91)
 
 
-@dataclass
-class Served:
-    """What the loopback server answers at /join: a document (or raw bytes), a status and headers; and the count."""
-
-    url: str
-    document: dict[str, Any] = field(default_factory=dict)
-    body: bytes | None = None
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
-    requests: int = 0
-
-
 @pytest.fixture
 def served() -> Iterator[Served]:
-    state = Served("")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            state.requests += 1
-            body = state.body if state.body is not None else json.dumps(state.document).encode()
-            self.send_response(state.status if self.path == "/join" else 404)
-            for name, value in {"Content-Type": "application/json", **state.headers}.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield state
-    server.shutdown()
-    server.server_close()
+    with serving() as state:
+        yield state
 
 
 @pytest.fixture
 def keys(tmp_path: Path) -> Path:
-    """The run's keys (flywheel keys generate), with a client folder clients/far for the joining host."""
-    folder = tmp_path / "keys"
-    assert main(["keys", "generate", str(folder), "--client", "far"]) == 0
-    return folder
+    return run_keys(tmp_path / "keys")
 
 
 @pytest.fixture
@@ -92,16 +54,9 @@ def _public(folder: Path) -> bytes:
     return zmq.auth.load_certificate(folder / "server.key")[0]
 
 
-def _actor(argv: list[str], keys: Path | None) -> Any:
-    own = ["--curve-keys-dir", str(keys / "clients" / "far")] if keys is not None else []
-    args = build_parser().parse_args(["actor", *argv, *own])
-    settings = settings_from_args(settings_class("actor"), args, "actor")
-    return remote.joined_settings(settings, args, "actor")
-
-
 def _refused(served: Served, keys: Path, match: str, *argv: str) -> str:
     with pytest.raises(SettingsError, match=match) as info:
-        _actor(["--join", served.url, *argv], keys)
+        joined_actor(["--join", served.url, *argv], keys)
     assert "\n" not in str(info.value)
     return str(info.value)
 
@@ -110,7 +65,7 @@ def test_a_genuine_document_is_accepted_and_the_key_used_is_this_hosts(genuine: 
                                                                      keys: Path) -> None:
     assert genuine["server_key"] == _public(keys).decode()  # written for the actor to check, with no secret
     assert set(genuine["actor"]) <= remote.TRAINING | remote.CHECKED and str(keys) not in json.dumps(genuine)
-    settings = _actor(["--join", served.url], keys)
+    settings = joined_actor(["--join", served.url], keys)
     assert settings.env_id == "CartPole-v1" and settings.gamma == 0.97
     assert settings.transitions_endpoint == f"tcp://127.0.0.1:{BASE}"
     used = security.keys_from_settings(settings, "actor")
@@ -158,7 +113,7 @@ def test_a_module_env_id_is_refused_and_nothing_imported(genuine: dict[str, Any]
         genuine["env_id"] = f"{name}:Probe-v0"
     _refused(served, keys, "names a module to import.*give --env-id yourself")
     with caplog.at_level(logging.WARNING, logger="flywheel.actor"):  # the user's own env id: the module's ignored
-        settings = _actor(["--join", served.url, "--env-id", "CartPole-v1"], keys)
+        settings = joined_actor(["--join", served.url, "--env-id", "CartPole-v1"], keys)
     assert settings.env_id == "CartPole-v1" and "a module: id; yours is used" in caplog.text
     assert name not in sys.modules and not marker.exists()
 
@@ -193,7 +148,7 @@ def test_this_hosts_own_choices_are_ignored_with_one_warning(genuine: dict[str, 
     genuine["actor"].update({"INSTANCE": "the-learner", "LOG_FORMAT": "json", "EVAL_ENVS": "1"})
     genuine["added_later"] = [1]
     with caplog.at_level(logging.WARNING, logger="flywheel.actor"):
-        settings = _actor(["--join", served.url, "--instance", "far-1"], keys)
+        settings = joined_actor(["--join", served.url, "--instance", "far-1"], keys)
     assert settings.instance == "far-1" and settings.log_format == "text" and settings.eval_envs == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "actor.INSTANCE" in warnings[0] and "added_later" in warnings[0], warnings
@@ -201,7 +156,7 @@ def test_this_hosts_own_choices_are_ignored_with_one_warning(genuine: dict[str, 
 
 def test_joining_without_this_hosts_keys_is_refused_before_asking(genuine: dict[str, Any], served: Served) -> None:
     with pytest.raises(SettingsError, match="needs this host's CURVE keys, never the network's") as info:
-        _actor(["--join", served.url], None)
+        joined_actor(["--join", served.url], None)
     assert "\n" not in str(info.value) and served.requests == 0
 
 
@@ -215,7 +170,7 @@ def test_redirects_other_schemes_and_oversized_answers_are_refused(genuine: dict
     served.body = b"[" * 100_000  # deeper than the JSON parser recurses
     _refused(served, keys, "cannot read")
     with pytest.raises(SettingsError, match="must look like http://HOST:PORT"):
-        _actor(["--join", "file:///etc/passwd"], keys)
+        joined_actor(["--join", "file:///etc/passwd"], keys)
 
 
 def test_every_actor_setting_is_placed_in_exactly_one_list() -> None:

@@ -13,6 +13,7 @@ from flywheel import run as run_module
 from flywheel.cli import build_parser, main
 from flywheel.netspec import NETWORK_FIELDS
 from flywheel.registry import settings_class
+from flywheel.runplan import Plan
 from flywheel.settings import SettingsError, build_settings
 
 LearnerSettings = settings_class("learner")
@@ -161,7 +162,7 @@ def test_presets_command_lists_and_shows(capsys: pytest.CaptureFixture[str]) -> 
     assert "error: flywheel presets: unknown preset 'fast'" in capsys.readouterr().err
 
 
-def _plan(tmp_path: Path, *extra: str) -> tuple[argparse.Namespace, run_module.Plan]:
+def _plan(tmp_path: Path, *extra: str) -> tuple[argparse.Namespace, Plan]:
     args = build_parser().parse_args(["run", "--checkpoint-dir", str(tmp_path / "ckpt"), "--base-port", "0",
                                       "--http-port", "0", *extra])
     plan = run_module.make_plan(args)

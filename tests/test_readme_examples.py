@@ -191,7 +191,7 @@ def _check_service(example: Example, workspace: Path) -> None:
         if example.command == "gateway":
             from flywheel.services.gateway.auth import ControlAuth, startup_problem
 
-            assert startup_problem(settings, ControlAuth(settings)) is None, example
+            assert startup_problem(settings, ControlAuth.of(settings)) is None, example
     finally:
         os.chdir(cwd)
         os.environ.clear()
@@ -204,7 +204,7 @@ def _flywheel(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -
 
 
 def _checkpoint_dir(argv: list[str], cwd: Path) -> Path:
-    from flywheel.run import add_run_flags
+    from flywheel.runplan import add_run_flags
 
     parser = argparse.ArgumentParser(add_help=False)
     add_run_flags(parser)

@@ -5,21 +5,20 @@ from __future__ import annotations
 import json
 import re
 import stat
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from join_helpers import Served, joined_actor, run_keys, serving
 
 from flywheel import remote
 from flywheel import run as run_module
-from flywheel.cli import build_parser, main
-from flywheel.registry import settings_class
+from flywheel.cli import build_parser
+from flywheel.runplan import Plan
 from flywheel.services.gateway.app import GatewayService, create_app
 from flywheel.services.gateway.settings import GatewaySettings
-from flywheel.settings import SettingsError, settings_from_args
+from flywheel.settings import SettingsError
 from flywheel.testing.ports import free_port_block
 
 BASE = free_port_block(91)
@@ -32,12 +31,10 @@ def ports(text: str) -> str:
 
 @pytest.fixture
 def keys(tmp_path: Path) -> Path:
-    folder = tmp_path / "keys"
-    assert main(["keys", "generate", str(folder), "--client", "far"]) == 0
-    return folder
+    return run_keys(tmp_path / "keys")
 
 
-def _plan(tmp_path: Path, *flags: str) -> tuple[run_module.Plan, Path]:
+def _plan(tmp_path: Path, *flags: str) -> tuple[Plan, Path]:
     """A plan on ports 47100-47106 (transitions ... lease) and 47190 (HTTP), moved to a free block as a whole."""
     ckpt = tmp_path / "ckpt"
     args = build_parser().parse_args(["run", "--env", "CartPole-v1", "--checkpoint-dir", str(ckpt), "--base-port",
@@ -115,59 +112,34 @@ def test_the_gateway_serves_the_join_document_or_404(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, dict[str, object]]]:
-    """A real HTTP server on the loopback answering /join with a document the test can change."""
-    document: dict[str, object] = {"format": remote.FORMAT, "env_id": "CartPole-v1", "actor": {
-        "ENV_ID": "CartPole-v1", "NUM_ENVS": "16", "GAMMA": "0.99", "HIDDEN": "128",
-        "TRANSITIONS_ENDPOINT": "tcp://127.0.0.1:47100", "WEIGHTS_ENDPOINT": "tcp://127.0.0.1:47102"}}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps(document).encode() if self.path == "/join" else b"{}"
-            self.send_response(200 if self.path == "/join" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", document
-    server.shutdown()
-    server.server_close()
-
-
-def _actor(argv: list[str], keys: Path | None = None) -> object:
-    """``flywheel actor ARGV``'s settings, with the client folder ``keys/clients/far`` when given."""
-    own = ["--curve-keys-dir", str(keys / "clients" / "far")] if keys is not None else []
-    args = build_parser().parse_args(["actor", *argv, *own])
-    settings = settings_from_args(settings_class("actor"), args, "actor")
-    return remote.joined_settings(settings, args, "actor")
+def served() -> Iterator[Served]:
+    """/join answered with a run's document, which the test can change."""
+    with serving() as state:
+        state.document = {"format": remote.FORMAT, "env_id": "CartPole-v1", "actor": {
+            "ENV_ID": "CartPole-v1", "NUM_ENVS": "16", "GAMMA": "0.99", "HIDDEN": "128",
+            "TRANSITIONS_ENDPOINT": "tcp://127.0.0.1:47100", "WEIGHTS_ENDPOINT": "tcp://127.0.0.1:47102"}}
+        yield state
 
 
 def test_actor_join_takes_the_runs_values_under_its_own_flags_and_variables(
-        served: tuple[str, dict[str, object]], keys: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, _ = served
+        served: Served, keys: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLYWHEEL_ACTOR_GAMMA", "0.5")
-    settings = _actor(["--join", url, "--num-envs", "3"], keys)
-    assert settings.env_id == "CartPole-v1" and settings.hidden == 128  # type: ignore[attr-defined]
-    assert settings.transitions_endpoint == "tcp://127.0.0.1:47100"  # type: ignore[attr-defined]
-    assert settings.num_envs == 3 and settings.gamma == 0.5  # type: ignore[attr-defined]  # flag, variable win
+    settings = joined_actor(["--join", served.url, "--num-envs", "3"], keys)
+    assert settings.env_id == "CartPole-v1" and settings.hidden == 128
+    assert settings.transitions_endpoint == "tcp://127.0.0.1:47100"
+    assert settings.num_envs == 3 and settings.gamma == 0.5  # the flag and the variable win
 
 
-def test_actor_join_errors_are_one_line(served: tuple[str, dict[str, object]], keys: Path) -> None:
-    url, document = served
+def test_actor_join_errors_are_one_line(served: Served, keys: Path) -> None:
+    url, document = served.url, served.document
     with pytest.raises(SettingsError, match=r"answered 404 \(is the run started with --listen\?\)"):
-        _actor(["--join", url + "/nothing"], keys)
+        joined_actor(["--join", url + "/nothing"], keys)
     with pytest.raises(SettingsError, match="cannot read http://127.0.0.1:1/join"):
-        _actor(["--join", "http://127.0.0.1:1"], keys)
+        joined_actor(["--join", "http://127.0.0.1:1"], keys)
     document["format"] = "something-else"
     with pytest.raises(SettingsError, match="is not a Flywheel run's join document"):
-        _actor(["--join", url], keys)
+        joined_actor(["--join", url], keys)
     document["format"] = remote.FORMAT
     document["actor"] = {"WARP_DRIVE": "1"}
     with pytest.raises(SettingsError, match=r"names settings this actor does not have \(warp_drive\)"):
-        _actor(["--join", url], keys)
+        joined_actor(["--join", url], keys)

@@ -23,7 +23,8 @@ import numpy as np
 from flywheel.envs import nes_compat
 from flywheel.envs.atari import EVALUATION_OPTIONS as ATARI_EVALUATION_OPTIONS
 from flywheel.envs.atari import AtariConfig, atari_env_ids, is_atari_id, register_ale
-from flywheel.envs.mario import MarioConfig, MarioEnv, mario_env_ids, parse_mario_id
+from flywheel.envs.mario import MarioConfig, MarioEnv
+from flywheel.envs.mario_ids import mario_env_ids, parse_mario_id
 from flywheel.envs.measures import Measures, measures_of
 from flywheel.envs.metta import METTAGRID_IDS, is_mettagrid_id
 from flywheel.envs.snake import SNAKE_IDS, SnakeConfig, SnakeEnv, SnakeVector, register_snake

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ import gymnasium
 import numpy as np
 
 from flywheel.envs import nes_compat
+from flywheel.envs.mario_ids import parse_mario_id
 from flywheel.envs.measures import END, PROGRESS, SUCCESS
 from flywheel.envs.nes_states import NesStartStates
 from flywheel.envs.options import EnvOptions
@@ -43,44 +43,7 @@ ACTION_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
 }  # fmt: skip
 
-ROM_MODES = ("vanilla", "downsample", "pixel", "rectangle")
-_STAGE_ID = re.compile(r"SuperMarioBros-([1-8])-([1-4])-v([0-3])")
-_GAME_ID = re.compile(r"SuperMarioBros-v([0-3])")
-_RANDOM_ID = re.compile(r"SuperMarioBrosRandomStages-v([0-3])")
-_LOST_ID = re.compile(r"SuperMarioBros2-v([01])")
 INFO_KEYS = ("x_pos", "y_pos", "flag_get", "world", "stage", "score", "time", "life", "coins", "status")
-
-
-@dataclass(frozen=True)
-class MarioId:
-    """A parsed gym-super-mario-bros id."""
-
-    rom_mode: str
-    lost_levels: bool = False
-    target: tuple[int, int] | None = None
-    random_stages: bool = False
-
-
-def parse_mario_id(env_id: str) -> MarioId | None:
-    """Parse any gym-super-mario-bros 7.4.0 id; return None if ``env_id`` is not one."""
-    if m := _STAGE_ID.fullmatch(env_id):
-        return MarioId(ROM_MODES[int(m[3])], target=(int(m[1]), int(m[2])))
-    if m := _GAME_ID.fullmatch(env_id):
-        return MarioId(ROM_MODES[int(m[1])])
-    if m := _RANDOM_ID.fullmatch(env_id):
-        return MarioId(ROM_MODES[int(m[1])], random_stages=True)
-    if m := _LOST_ID.fullmatch(env_id):
-        return MarioId(ROM_MODES[int(m[1])], lost_levels=True)
-    return None
-
-
-def mario_env_ids() -> list[str]:
-    """Return every id gym-super-mario-bros 7.4.0 registers."""
-    ids = [f"SuperMarioBros-v{v}" for v in range(4)]
-    ids += [f"SuperMarioBrosRandomStages-v{v}" for v in range(4)]
-    ids += [f"SuperMarioBros2-v{v}" for v in range(2)]
-    ids += [f"SuperMarioBros-{w}-{s}-v{v}" for v in range(4) for w in range(1, 9) for s in range(1, 5)]
-    return ids
 
 
 @dataclass(frozen=True)

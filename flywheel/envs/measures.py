@@ -56,3 +56,15 @@ def progress_in(info: dict[str, Any]) -> float | None:
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
+
+
+def measures_so_far(info: dict[str, Any], progress: float | None,
+                    success: bool | None) -> tuple[float | None, bool | None]:
+    """An episode's ``progress`` and ``success`` so far, with one more step's (or its reset's) info taken in: the
+    furthest progress, and success once reached; a progress that is not a finite number is ignored."""
+    now = progress_in(info)
+    if now is not None:
+        progress = now if progress is None else max(progress, now)
+    if SUCCESS in info:
+        success = bool(success) or bool(info[SUCCESS])
+    return progress, success

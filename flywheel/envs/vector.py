@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from flywheel.envs.measures import PROGRESS, SUCCESS, progress_in
+from flywheel.envs.measures import PROGRESS, SUCCESS, measures_so_far
 from flywheel.envs.spaces import action_count, observation_shape
 from flywheel.envs.start_states import RESTARTED, START_PROGRESS, STATES_KEPT
 
@@ -55,11 +55,7 @@ class _Measured:
 
     def seen(self, info: dict[str, Any]) -> _Measured:
         """Take one step's (or reset's) info; values that are not numbers are ignored."""
-        progress = progress_in(info)
-        if progress is not None:
-            self.progress = progress if self.progress is None else max(self.progress, progress)
-        if SUCCESS in info:
-            self.success = bool(self.success) or bool(info[SUCCESS])
+        self.progress, self.success = measures_so_far(info, self.progress, self.success)
         return self
 
 

@@ -14,7 +14,7 @@ import psutil
 
 from flywheel.checkpoints import process_running
 from flywheel.processes import launch
-from flywheel.run import fetch_status
+from flywheel.runwatch import fetch_status
 from flywheel.testing.errors import HarnessError
 from flywheel.testing.polling import wait_until
 from flywheel.testing.ports import free_port_block

@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 
 from flywheel.processes import launch
-from flywheel.run import fetch_status
+from flywheel.runwatch import fetch_status
 from flywheel.testing.errors import HarnessError
 from flywheel.testing.polling import wait_until
 

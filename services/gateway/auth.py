@@ -49,10 +49,11 @@ class ControlAuth:
     stays in force and the problem is logged once.
     """
 
-    def __init__(self, settings: GatewaySettings) -> None:
-        self.enabled = settings.control_enabled
-        self.file: Path | None = settings.control_token_file
-        self._token = settings.control_token.get_secret_value().strip()
+    def __init__(self, enabled: bool, token: str = "", token_file: Path | None = None) -> None:
+        """``token`` (from a variable) or ``token_file``, not both; neither: control stays off. Raises StartupError."""
+        self.enabled = enabled
+        self.file = token_file
+        self._token = token.strip()
         self._file_state: _FileState | None = None
         self._file_problem = False
         self.failures = 0
@@ -65,6 +66,11 @@ class ControlAuth:
             _check_token(self._token, "FLYWHEEL_GATEWAY_CONTROL_TOKEN")
         if not self.enabled:
             self._token = ""
+
+    @classmethod
+    def of(cls, settings: GatewaySettings) -> ControlAuth:
+        """The control token of ``settings`` (control_enabled, control_token, control_token_file)."""
+        return cls(settings.control_enabled, settings.control_token.get_secret_value(), settings.control_token_file)
 
     def fingerprint(self) -> str:
         """The fingerprint of the token in force (empty when none)."""

@@ -42,9 +42,9 @@ class Clip:
     def weight_version(self) -> int:
         return self.piece.weight_version
 
-    @property
-    def sent_time(self) -> float:
-        return self.piece.time
+    def newer_than(self, other: Clip | None) -> bool:
+        """Whether the page shows this clip rather than ``other``: newer weights, then sent later (or no other)."""
+        return other is None or (self.weight_version, self.piece.time) >= (other.weight_version, other.piece.time)
 
     def info(self) -> dict[str, Any]:
         p = self.piece
@@ -116,8 +116,7 @@ class ClipAssembler:
         self.held -= partial.held
         data = b"".join(partial.pieces[i] for i in range(chunk.count))
         clip = Clip(chunk, time.time(), data)
-        if self.newest is None or (clip.weight_version, clip.sent_time) >= (self.newest.weight_version,
-                                                                            self.newest.sent_time):
+        if clip.newer_than(self.newest):
             self.newest = clip
         self.received += 1
         return clip

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from flywheel import metrics_spec
 
-from .metrics import KEY_RE, RESERVED_LABELS, Registry, Resolved
+from .metric_keys import KEY_RE, RESERVED_LABELS, Resolved
+from .metrics import Registry
 
 
 def format_value(value: float) -> str:

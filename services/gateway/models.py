@@ -16,6 +16,17 @@ Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
 ArgValue = Annotated[int | float | str, WithJsonSchema({"type": ["number", "string"]})]
 """A control command argument's value as sent: a number or a tag."""
 
+# The actors' own measures, as /status's summary and each /history point both give them (null: none reports it)
+ProgressMean = Annotated[Number | None, Field(description="the env's progress measure: mean over the live actors "
+                                              "of their last 100 level-start episodes (null for envs without one)")]
+ProgressMax = Annotated[Number | None, Field(description="the furthest any live actor got in its last 100 "
+                                             "level-start episodes")]
+SuccessRate = Annotated[Number | None, Field(description="share of those episodes that reached the env's goal, "
+                                             "mean over the live actors")]
+RestartedProgressMean = Annotated[Number | None, Field(
+    description="mean progress of the last 100 episodes each live actor restarted at a kept start state (the "
+                "start-state curriculum), shown apart from the level-start ones")]
+
 
 class ErrorBody(BaseModel):
     """Every refused request gets this, with the reason."""
@@ -169,15 +180,10 @@ class Summary(BaseModel):
                                            "telemetry info eval_success_label, e.g. flag)")
     eval_progress_label: str | None = Field(description="what progress is called for the learner's env (its "
                                             "telemetry info eval_progress_label, e.g. furthest x)")
-    progress_mean: Number | None = Field(description="the env's progress measure: mean over the live actors of "
-                                         "their last 100 level-start episodes (null for envs without one)")
-    progress_max: Number | None = Field(description="the furthest any live actor got in its last 100 level-start "
-                                        "episodes")
-    success_rate: Number | None = Field(description="share of those episodes that reached the env's goal, mean "
-                                        "over the live actors")
-    restarted_progress_mean: Number | None = Field(description="mean progress of the last 100 episodes each live "
-                                                   "actor restarted at a kept start state (the start-state "
-                                                   "curriculum), shown apart from the level-start ones")
+    progress_mean: ProgressMean
+    progress_max: ProgressMax
+    success_rate: SuccessRate
+    restarted_progress_mean: RestartedProgressMean
     restarted_success_rate: Number | None = Field(description="share of those restarted episodes that reached the "
                                                   "goal")
     progress_label: str | None = Field(description="what progress is called for the actors' env (their telemetry "
@@ -231,14 +237,10 @@ class CurvePoint(BaseModel):
     episodes: Number
     return_mean: Number | None
     eval_return_mean: Number | None
-    progress_mean: Number | None = Field(description="the env's progress measure: mean over the live actors of their "
-                                         "last 100 level-start episodes (null for envs without one)")
-    progress_max: Number | None = Field(description="the furthest any live actor got in its last 100 level-start "
-                                        "episodes")
-    success_rate: Number | None = Field(description="share of those episodes that reached the env's goal, mean "
-                                        "over the live actors")
-    restarted_progress_mean: Number | None = Field(description="mean progress of the episodes restarted at a kept "
-                                                   "start state (the start-state curriculum), apart")
+    progress_mean: ProgressMean
+    progress_max: ProgressMax
+    success_rate: SuccessRate
+    restarted_progress_mean: RestartedProgressMean
     updates: Number
     weight_version: Number | None
 

@@ -42,7 +42,7 @@ class GatewayService:
     def __init__(self, settings: GatewaySettings, ctx: zmq.asyncio.Context | None = None,
                  auth: ControlAuth | None = None) -> None:
         self.settings = settings
-        self.auth = auth or ControlAuth(settings)
+        self.auth = auth or ControlAuth.of(settings)
         self.ctx = ctx or zmq.asyncio.Context()
         self._own_ctx = ctx is None
         self.registry = Registry(settings.stale_after_s, settings.forget_after_s, settings.max_instances,

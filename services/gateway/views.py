@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel import __version__, security
-from flywheel.transport import ProcessStats
+from flywheel.procstats import ProcessStats
 
 from .exposition import MetricsWriter, Snapshot, render_instances, snapshot
 from .metrics import InstanceState

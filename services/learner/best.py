@@ -25,7 +25,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from multiprocessing.pool import AsyncResult, Pool
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +61,58 @@ def write_policy(path: Path, core: LearnerCore, weight_version: int, env_id: str
     write_atomically(path, st_save(tensors, metadata={"flywheel": json.dumps(meta)}))
 
 
-def _evaluator_start() -> None:
+def _evaluator_main(conn: Connection) -> None:
     """The child process: below the actors in CPU priority, one torch thread, gone with the learner, and deaf to
-    the terminal's Ctrl-C (the learner stops it)."""
+    the terminal's Ctrl-C (the learner stops it); it plays the evaluations it is sent, one at a time."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(10)
     torch.set_num_threads(1)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):  # the learner closed its end
+            return
+        try:
+            conn.send(("ok", _evaluate(*task)))
+        except Exception as exc:  # the env or the policy failed: said to the learner, the child goes on
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class EvaluatorChild:
+    """One spawned child that plays evaluations over a pipe of its own. Stopping it kills it: no lock is shared
+    with it (multiprocessing.Pool's terminate could hang for good on its task queue's lock)."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child_end = ctx.Pipe()
+        self.process = ctx.Process(target=_evaluator_main, args=(child_end,), name="flywheel-evaluator", daemon=True)
+        self.process.start()
+        child_end.close()
+
+    def submit(self, task: tuple[Any, ...]) -> None:
+        """Send one evaluation's arguments (``_evaluate``'s)."""
+        self.conn.send(task)
+
+    def ready(self) -> bool:
+        """A result is waiting (or the child is gone, which ``result`` then says)."""
+        return self.conn.poll(0)
+
+    def result(self) -> list[dict[str, Any]]:
+        """The records of the evaluation sent last; RuntimeError when it failed or the child died."""
+        try:
+            status, value = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(f"the evaluation process ended (exit code {self.process.exitcode})") from exc
+        if status != "ok":
+            raise RuntimeError(str(value))
+        return list(value)
+
+    def stop(self) -> None:
+        """Kill the child (an evaluation in progress is dropped) and close the pipe."""
+        self.process.kill()
+        self.process.join(10)
+        self.conn.close()
 
 
 def evaluable(env_id: str) -> bool:
@@ -110,7 +155,6 @@ class Round:
     """One evaluation in flight: the candidate's version, its seeds, and the earlier round's records when this one
     confirms it."""
 
-    result: AsyncResult[list[dict[str, Any]]]
     version: int
     started: float
     seeds: list[int]
@@ -131,7 +175,7 @@ class BestKeeper:
         self.seed = seed
         self.rounds = 0  # rounds started: round k plays seeds seed + episodes * k ...
         self.candidate = self.directory / CANDIDATE_FILE
-        self.pool: Pool | None = None
+        self.child: EvaluatorChild | None = None
         self.pending: Round | None = None
         self.next_at = time.monotonic() + interval_s
         self.evaluated_version = -1
@@ -191,7 +235,7 @@ class BestKeeper:
 
     def tick(self, now: float, core: LearnerCore, version: int) -> None:
         """Take a finished round; start the next one when due and the weights are new since the last."""
-        if self.pending is not None and self.pending.result.ready():
+        if self.pending is not None and self.child is not None and self.child.ready():
             done, self.pending = self.pending, None
             self._finish(done, now)
         elif self.pending is not None and now - self.pending.started > max(EVAL_TIMEOUT_S, 3 * self.interval_s):
@@ -199,7 +243,7 @@ class BestKeeper:
             log.error("learner: %s of weight version %d gave no result in %.0f s; restarting its "
                       "process", self.kind, self.pending.version, now - self.pending.started)
             self.pending = None
-            self._stop_pool()
+            self._stop_child()
         if self.pending is not None or now < self.next_at or version <= self.evaluated_version or version <= 0:
             return
         self.next_at = now + self.interval_s
@@ -218,16 +262,19 @@ class BestKeeper:
         """Play the candidate file on the next round's seeds (a confirmation of ``first`` when given)."""
         seeds = list(range(self.seed + self.episodes * self.rounds, self.seed + self.episodes * (self.rounds + 1)))
         self.rounds += 1
-        if self.pool is None:
-            self.pool = multiprocessing.get_context("spawn").Pool(1, initializer=_evaluator_start)
-        result = self.pool.apply_async(_evaluate, (self.env_id, str(self.candidate), seeds, self.max_steps,
-                                                   self.epsilon, self.noop_max))
-        self.pending = Round(result, version, now, seeds, first_records or [], first.seeds if first else [])
+        if self.child is None:
+            self.child = EvaluatorChild()
+        self.child.submit((self.env_id, str(self.candidate), seeds, self.max_steps, self.epsilon, self.noop_max))
+        self.pending = Round(version, now, seeds, first_records or [], first.seeds if first else [])
 
     def _finish(self, done: Round, now: float) -> None:
+        child = self.child
+        assert child is not None  # a round is pending only with its child
         try:
-            records = done.result.get(0)
-        except Exception as exc:  # the env or the policy failed in the child: counted, the run goes on
+            records = child.result()
+        except RuntimeError as exc:  # the env or the policy failed in the child: counted, the run goes on
+            if not child.process.is_alive():
+                self._stop_child()  # the next round starts a fresh one
             self.failures += 1
             log.error("learner: %s of weight version %d failed: %s", self.kind, done.version,
                       str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
@@ -293,13 +340,12 @@ class BestKeeper:
         return GreedyEvalCounters(greedy_evaluations_total=float(self.evaluations),
                                   greedy_evaluation_failures_total=float(self.failures))
 
-    def _stop_pool(self) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
+    def _stop_child(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+            self.child = None
 
     def close(self) -> None:
         """Stop the child (an evaluation in progress is dropped) and remove the candidate."""
-        self._stop_pool()
+        self._stop_child()
         self.candidate.unlink(missing_ok=True)

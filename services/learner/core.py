@@ -114,24 +114,6 @@ def finite_priorities(td_abs: np.ndarray) -> np.ndarray:
     return td_abs if finite.all() else np.where(finite, td_abs, np.float32(0.0))
 
 
-def pick_device(choice: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu; 'cuda' without a GPU is an error."""
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but torch sees no GPU; use --device cpu or auto")
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def resolve_precision(choice: str, device: torch.device) -> str:
-    """'auto' -> bf16 on a GPU with bf16 support, fp16 on an older GPU, fp32 on CPU."""
-    if choice != "auto":
-        return choice
-    if device.type != "cuda":
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-
-
 def linear_at(updates: int, start: float, end: float, over_updates: int) -> float:
     """A schedule's value after ``updates``: linear from start to end over ``over_updates``, then end (beta, lr)."""
     if over_updates <= 0:

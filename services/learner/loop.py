@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from flywheel import proto
 from flywheel.metrics_spec import Gauges, LearnerCounters, LearnerGauges
+from flywheel.settings import setting_default, shared_values
 
 from .batches import ReadyBatch
 from .best import BestKeeper, evaluable
@@ -23,6 +26,39 @@ from .transport import LearnerSockets
 log = logging.getLogger("flywheel.learner")
 MAX_POLL_MS = 100
 CONTROL_EVERY_S = 0.01  # while training, commands are read at most this often (a read costs microseconds)
+_default = partial(setting_default, LearnerSettings)  # a settings field's default: each value is written once
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What the learning loop takes of the learner's settings (LearnerSettings' fields of the same names): its
+    schedules, when it publishes, reports, checkpoints and stops, and its greedy evaluations."""
+
+    env_id: str = _default("env_id")
+    batch_size: int = _default("batch_size")  # the FLOPS of an update (the achieved_tflops gauge)
+    lr: float = _default("lr")
+    lr_final: float = _default("lr_final")
+    lr_decay_updates: int = _default("lr_decay_updates")
+    beta_start: float = _default("beta_start")
+    beta_end: float = _default("beta_end")
+    beta_anneal_updates: int = _default("beta_anneal_updates")
+    publish_interval_updates: int = _default("publish_interval_updates")
+    publish_interval_s: float = _default("publish_interval_s")
+    metrics_interval_updates: int = _default("metrics_interval_updates")
+    max_updates: int = _default("max_updates")
+    checkpoint_dir: str | None = _default("checkpoint_dir")
+    checkpoint_interval_s: float = _default("checkpoint_interval_s")
+    best_eval_interval_s: float = _default("best_eval_interval_s")
+    best_eval_episodes: int = _default("best_eval_episodes")
+    best_eval_seed: int = _default("best_eval_seed")
+    best_eval_max_steps: int = _default("best_eval_max_steps")
+    best_eval_epsilon: float = _default("best_eval_epsilon")
+    best_eval_noop_max: int = _default("best_eval_noop_max")
+
+    @classmethod
+    def of(cls, settings: LearnerSettings) -> LoopConfig:
+        """The values of ``settings`` this config holds."""
+        return cls(**shared_values(settings, cls))
 
 
 class LearnerLoop:
@@ -34,19 +70,19 @@ class LearnerLoop:
     theirs, and go through a table of handlers, one per kind the learner obeys. ``close`` closes every part.
     """
 
-    def __init__(self, settings: LearnerSettings, core: LearnerCore, sockets: LearnerSockets, *,
+    def __init__(self, config: LoopConfig, core: LearnerCore, sockets: LearnerSockets, *,
                  start_version: int = 0, resumed: bool = False) -> None:
-        self.settings, self.core, self.sockets = settings, core, sockets
+        self.config, self.core, self.sockets = config, core, sockets
         self.feeder, self.control, self.faults = sockets.feeder, sockets.control, sockets.faults
         self.sampler, self.group = self.feeder.client, self.feeder.group
         self.weights, self.telemetry = sockets.weights, sockets.telemetry
         self.weights_endpoint = self.weights.endpoint
         self.snapshots = WeightsSnapshots(core.online, core.name, start_version=start_version,
-                                          every_updates=settings.publish_interval_updates,
-                                          every_seconds=settings.publish_interval_s,
-                                          reserve=self._reserve_versions if settings.checkpoint_dir else None)
+                                          every_updates=config.publish_interval_updates,
+                                          every_seconds=config.publish_interval_s,
+                                          reserve=self._reserve_versions if config.checkpoint_dir else None)
         self.paused = False
-        self.lr_scheduled = settings.lr_decay_updates > 0  # until a set_lr command takes the rate over
+        self.lr_scheduled = config.lr_decay_updates > 0  # until a set_lr command takes the rate over
         K = proto.CommandKind
         self.handlers: proto.CommandHandlers = {
             K.PAUSE: self._on_pause, K.RESUME: self._on_resume, K.CHECKPOINT: self._on_checkpoint,
@@ -56,18 +92,18 @@ class LearnerLoop:
         self._next_control = 0.0
         self._metrics_step = core.steps
         self._skipped_total = 0
-        self._next_checkpoint = time.monotonic() + settings.checkpoint_interval_s
+        self._next_checkpoint = time.monotonic() + config.checkpoint_interval_s
         self.counters = LearnerCounters()
         self.replay_size = 0.0
         self.window = MetricsWindow()
         self.gpu = GpuProbe(core.device)
-        self._flops_per_update = flops_per_update(core, settings.batch_size) if self.gpu.enabled else 0
+        self._flops_per_update = flops_per_update(core, config.batch_size) if self.gpu.enabled else 0
         self.last_gauges: dict[str, float] = {}
-        self.best = BestKeeper(settings.checkpoint_dir, settings.env_id, interval_s=settings.best_eval_interval_s,
-                               episodes=settings.best_eval_episodes, seed=settings.best_eval_seed,
-                               max_steps=settings.best_eval_max_steps or None, epsilon=settings.best_eval_epsilon,
-                               noop_max=settings.best_eval_noop_max, resumed=resumed) if (
-            settings.checkpoint_dir and settings.best_eval_interval_s > 0 and evaluable(settings.env_id)) else None
+        self.best = BestKeeper(config.checkpoint_dir, config.env_id, interval_s=config.best_eval_interval_s,
+                               episodes=config.best_eval_episodes, seed=config.best_eval_seed,
+                               max_steps=config.best_eval_max_steps or None, epsilon=config.best_eval_epsilon,
+                               noop_max=config.best_eval_noop_max, resumed=resumed) if (
+            config.checkpoint_dir and config.best_eval_interval_s > 0 and evaluable(config.env_id)) else None
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     @property
@@ -85,13 +121,13 @@ class LearnerLoop:
 
     @property
     def beta(self) -> float:
-        s = self.settings
+        s = self.config
         return linear_at(self.core.steps, s.beta_start, s.beta_end, s.beta_anneal_updates)
 
     def _schedule_lr(self) -> None:
         """Adam's rate for the next update, linear from lr to lr_final over lr_decay_updates (when scheduled)."""
         if self.lr_scheduled:
-            s = self.settings
+            s = self.config
             self.core.set_lr(linear_at(self.core.steps, s.lr, s.lr_final, s.lr_decay_updates))
 
     @property
@@ -107,8 +143,8 @@ class LearnerLoop:
         self.start()
         code = 0
         while not self._stop:
-            if self.settings.max_updates and self.core.steps >= self.settings.max_updates:
-                log.info("learner: reached max_updates=%d, stopping", self.settings.max_updates)
+            if self.config.max_updates and self.core.steps >= self.config.max_updates:
+                log.info("learner: reached max_updates=%d, stopping", self.config.max_updates)
                 break
             if self.feeder.error is not None:
                 log.error("learner: stopping, sampling failed: %s", self.feeder.error)
@@ -130,7 +166,7 @@ class LearnerLoop:
         """Send the last priorities and telemetry and leave a checkpoint when a directory is set."""
         self.feeder.stop()
         self.send_telemetry()
-        if self.settings.checkpoint_dir:
+        if self.config.checkpoint_dir:
             self.checkpoint("stop")
 
     def step(self, timeout_ms: int) -> None:
@@ -174,7 +210,7 @@ class LearnerLoop:
             return
         self.window.steps += 1
         steps = self.core.steps
-        if steps - self._metrics_step >= self.settings.metrics_interval_updates:
+        if steps - self._metrics_step >= self.config.metrics_interval_updates:
             self._read_metrics()
         if self.snapshots.due(steps, time.monotonic()):
             self.snapshots.begin(steps)
@@ -198,12 +234,12 @@ class LearnerLoop:
 
     def _reserve_versions(self, upto: int) -> None:
         """Note in the checkpoint directory that versions up to ``upto`` may go out (read by --resume)."""
-        assert self.settings.checkpoint_dir is not None
+        assert self.config.checkpoint_dir is not None
         try:
-            reserve_versions(self.settings.checkpoint_dir, upto)
+            reserve_versions(self.config.checkpoint_dir, upto)
         except OSError as exc:
             log.error("learner: cannot note weight versions up to %d in %s (%s); a resume after a crash may "
-                      "publish versions the actors refuse as stale", upto, self.settings.checkpoint_dir, exc)
+                      "publish versions the actors refuse as stale", upto, self.config.checkpoint_dir, exc)
 
     # ---- timers, telemetry, control, checkpoints -------------------------------------------------------------
     def _timers(self) -> None:
@@ -213,7 +249,7 @@ class LearnerLoop:
         if self.telemetry.due(now):
             self.send_telemetry()
         self.weights.tick(now)  # the same version again, for subscribers that joined late
-        if self.settings.checkpoint_dir and now >= self._next_checkpoint:
+        if self.config.checkpoint_dir and now >= self._next_checkpoint:
             self.checkpoint("periodic")
         if self.best is not None and not self.paused:
             self.best.tick(now, self.core, self.version)
@@ -242,7 +278,7 @@ class LearnerLoop:
             gauge_parts.append(self.best.gauges())
         merged = {key: value for part in gauge_parts for key, value in part.as_dict().items()}
         gauges = {key: value for key, value in merged.items() if np.isfinite(value)}  # NaN: no value yet
-        info = {"device": str(self.core.device), "network": self.core.name, "env_id": self.settings.env_id,
+        info = {"device": str(self.core.device), "network": self.core.name, "env_id": self.config.env_id,
                 "state": "paused" if self.paused else "running", "precision": self.core.config.precision,
                 "compile": self.core.compile_state, "sample_path": self.sampler.path,
                 **(self.best.labels() if self.best is not None else {})}  # the labels of the eval_* measures
@@ -251,12 +287,12 @@ class LearnerLoop:
         self.window.reset(now)
 
     def checkpoint(self, why: str) -> Path | None:
-        if not self.settings.checkpoint_dir:
+        if not self.config.checkpoint_dir:
             log.warning("learner: checkpoint requested (%s) but no --checkpoint-dir is set", why)
             return None
-        self._next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
+        self._next_checkpoint = time.monotonic() + self.config.checkpoint_interval_s
         try:
-            path = save_checkpoint(self.settings.checkpoint_dir, self.core, self.version)
+            path = save_checkpoint(self.config.checkpoint_dir, self.core, self.version)
         except OSError as exc:
             log.error("learner: checkpoint (%s) failed: %s", why, exc)
             return None

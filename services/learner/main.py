@@ -8,7 +8,7 @@ from typing import Any
 
 from flywheel.transport import EndpointInUse, install_stop_signals
 
-from .loop import LearnerLoop
+from .loop import LearnerLoop, LoopConfig
 from .settings import LearnerSettings
 from .startup import log_start, start_core
 from .transport import open_sockets
@@ -34,7 +34,7 @@ def main(settings: LearnerSettings, *, spec: Any = None) -> int:
         log.error("learner: %s", exc)
         return 2
     try:
-        loop = LearnerLoop(settings, core, sockets, start_version=start_version, resumed=resumed)
+        loop = LearnerLoop(LoopConfig.of(settings), core, sockets, start_version=start_version, resumed=resumed)
     except BaseException:
         sockets.close()
         raise

@@ -25,9 +25,11 @@ import torch
 
 from flywheel import proto
 from flywheel.demos.format import DemoFileError, DemoFrames, DemoSet
+from flywheel.settings import setting_default
 
 from .core import LearnerCore
 from .losses import cross_entropy_loss, large_margin_loss
+from .settings import LearnerSettings
 
 log = logging.getLogger("flywheel.learner")
 PREFETCH_BATCHES = 4
@@ -135,7 +137,9 @@ class DemoPrefetchIter:
 class Pretrainer:
     """N updates of the core's online network on demonstrations: DQfD (TD + lambda x margin) or cross-entropy BC."""
 
-    def __init__(self, core: LearnerCore, *, loss: str = "dqfd", margin: float = 0.8, margin_weight: float = 1.0,
+    def __init__(self, core: LearnerCore, *, loss: str = setting_default(LearnerSettings, "pretrain_loss"),
+                 margin: float = setting_default(LearnerSettings, "demo_margin"),
+                 margin_weight: float = setting_default(LearnerSettings, "demo_loss_weight"),
                  lr: float | None = None) -> None:
         if loss not in ("dqfd", "bc"):
             raise ValueError(f"pretraining loss must be dqfd or bc, got {loss!r}")

@@ -1,4 +1,4 @@
-"""Learner start-up: the core from settings (threads, seed, precision, compile), resume or fresh start with the
+"""Learner start-up: the core from settings (device, threads, seed, precision, compile), resume or fresh start with the
 weight version to publish from, and pretraining on demonstrations; errors are one logged line."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from flywheel.demos.format import DemoFileError
 from flywheel.settings import shared_values
 
 from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, reserved_version
-from .core import CoreConfig, LearnerCore, pick_device, resolve_precision
+from .core import CoreConfig, LearnerCore
 from .pretrain import pretrain_from_settings
 from .settings import LearnerSettings
 
@@ -34,6 +34,24 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def pick_device(choice: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; 'cuda' without a GPU is an error."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch sees no GPU; use --device cpu or auto")
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def resolve_precision(choice: str, device: torch.device) -> str:
+    """'auto' -> bf16 on a GPU with bf16 support, fp16 on an older GPU, fp32 on CPU."""
+    if choice != "auto":
+        return choice
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 
 def resolve_compile_mode(mode: str, device: torch.device) -> str:

@@ -30,22 +30,15 @@ class ReplayTable:
                                          frame_capacity=frame_capacity, pack_frames=pack_frames)
         self.tree = SumTree(capacity) if prioritized else None
         self.alpha, self.priority_eps, self.priority_cap = alpha, priority_eps, priority_cap
+        # the largest value a leaf of the tree holds: the cap, scaled as every priority is
+        self.scaled_cap = float(self._scaled(np.array(priority_cap)))
         self.max_priority = min(1.0, self.scaled_cap)
         self.stale_priority_updates = 0
         self.clamped_priorities = 0
 
     @property
-    def scaled_cap(self) -> float:
-        """The largest value a leaf of the tree holds: the cap, scaled as every priority is."""
-        return float(self._scaled(np.array(self.priority_cap)))
-
-    @property
     def size(self) -> int:
         return self.storage.size
-
-    @property
-    def capacity(self) -> int:
-        return self.storage.capacity
 
     def insert(self, rows: proto.Transition[np.ndarray], keys: np.ndarray, priority: np.ndarray | None,
                streamed: bool = True) -> int:
@@ -114,14 +107,15 @@ class ReplayTable:
         if self.tree is not None:
             state["sampler.leaves"] = self.tree.tree[self.tree.leaves: self.tree.leaves + self.tree.capacity]
         state["sampler.max_priority"] = np.array(self.max_priority, dtype=np.float64)
-        state["config.capacity"] = np.array(self.capacity, dtype=np.int64)
+        state["config.capacity"] = np.array(self.storage.capacity, dtype=np.int64)
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore; raises ValueError (and changes nothing) when the state does not fit this table."""
         capacity = int(state["config.capacity"])
-        if capacity != self.capacity:
-            raise ValueError(f"checkpoint was written with capacity {capacity}, this replay has {self.capacity}")
+        if capacity != self.storage.capacity:
+            raise ValueError(f"checkpoint was written with capacity {capacity}, this replay has "
+                             f"{self.storage.capacity}")
         max_priority = float(state["sampler.max_priority"])
         if not np.isfinite(max_priority) or max_priority <= 0:
             raise ValueError(f"checkpoint max priority {max_priority} is not a positive number")

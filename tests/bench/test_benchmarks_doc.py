@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from flywheel.testing.scripts import load_script
+
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SCRIPT = DOCS / "benchmarks" / "assemble.py"
-
-
-def _assemble() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("benchmarks_assemble", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-assemble = _assemble()
+assemble = load_script(SCRIPT, "benchmarks_assemble")
 
 
 def _suite(tmp_path: Path, text: str) -> Path:
@@ -32,6 +21,14 @@ def _suite(tmp_path: Path, text: str) -> Path:
     (sections / "results" / "kept.json").write_text("{}\n")
     (sections / "replay.md").write_text(text)
     return sections
+
+
+def _refused_by_the_script(tmp_path: Path, text: str) -> str:
+    """What the script, run on a suite whose section holds ``text``, says on stderr: it exits 1 and writes nothing."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(_suite(tmp_path, text))], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and not (tmp_path / "BENCHMARKS.md").exists()
+    return done.stderr
 
 
 def test_the_real_sections_say_where_every_figure_comes_from() -> None:
@@ -82,12 +79,8 @@ def test_a_label_must_start_its_line(tmp_path: Path) -> None:
 ])
 @pytest.mark.system
 def test_the_script_refuses_to_write_and_says_why_in_one_line(tmp_path: Path, text: str, message: str) -> None:
-    sections = _suite(tmp_path, text)
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(sections)], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 1
-    assert done.stderr.count("\n") == 1 and message in done.stderr
-    assert not (tmp_path / "BENCHMARKS.md").exists()
+    stderr = _refused_by_the_script(tmp_path, text)
+    assert stderr.count("\n") == 1 and message in stderr
 
 
 def test_the_script_writes_and_checks_a_good_folder(tmp_path: Path) -> None:
@@ -198,13 +191,10 @@ def test_a_measured_tables_cells_are_figures(tmp_path: Path) -> None:
 
 @pytest.mark.system
 def test_the_script_refuses_a_made_up_figure_in_a_section(tmp_path: Path) -> None:
-    sections = _suite(tmp_path, "## Inserts\n\nRaw result: [results/kept.json](results/kept.json). It took 12.5 s.\n")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(sections)], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 1
-    assert done.stderr == ("assemble.py: benchmarks/replay.md:3: figure '12.5 s' is not in results/kept.json "
-                           "(the results file cited) and carries no label\n")
-    assert not (tmp_path / "BENCHMARKS.md").exists()
+    stderr = _refused_by_the_script(
+        tmp_path, "## Inserts\n\nRaw result: [results/kept.json](results/kept.json). It took 12.5 s.\n")
+    assert stderr == ("assemble.py: benchmarks/replay.md:3: figure '12.5 s' is not in results/kept.json "
+                      "(the results file cited) and carries no label\n")
 
 
 # --- the research log, and no internal issue numbers in user docs -----------------------------------------------

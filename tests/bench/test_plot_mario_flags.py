@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from flywheel.testing.scripts import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_mario_flags.py"
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("plot_mario_flags", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-plot = _script()
+plot = load_script(SCRIPT, "plot_mario_flags")
 
 
 def test_the_default_runs_are_the_four_training_seeds_with_their_flag_rates() -> None:

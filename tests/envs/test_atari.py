@@ -239,11 +239,12 @@ def test_actor_greedy_env_uses_the_evaluation_settings() -> None:
 def test_flywheel_run_picks_the_atari_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flywheel import run as run_module
     from flywheel.cli import build_parser
+    from flywheel.runplan import DEFAULT_ENV, Plan
 
     for name in [n for n in os.environ if n.startswith("FLYWHEEL_")]:
         monkeypatch.delenv(name)
 
-    def plan(env_id: str) -> run_module.Plan:
+    def plan(env_id: str) -> Plan:
         args = build_parser().parse_args(["run", "--env", env_id, "--checkpoint-dir", str(tmp_path / "ckpt"),
                                           "--base-port", "0", "--http-port", "0"])
         made = run_module.make_plan(args)
@@ -263,7 +264,7 @@ def test_flywheel_run_picks_the_atari_preset(tmp_path: Path, monkeypatch: pytest
         100_000, 20_000, presets.load("pixel").section("replay")["samples_per_insert"])
     assert atari.env["actor"]["ENV_ID"] == "BreakoutNoFrameskip-v4"  # training settings: the env's defaults
     assert atari.actor_extra[0]["EVAL_ENVS"] == "1"  # actor-0's greedy env (evaluation settings, see above)
-    mario = plan(run_module.DEFAULT_ENV)
+    mario = plan(DEFAULT_ENV)
     assert mario.settings["actor"].gamma == 0.9 and mario.settings["learner"].lr == 0.00025  # Mario keeps its own
 
 

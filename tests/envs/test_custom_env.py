@@ -117,11 +117,14 @@ def test_the_cli_says_it_in_one_line(args: tuple[str, ...], expected: str) -> No
 
 @pytest.mark.system
 def test_flywheel_run_learns_the_corridor(tmp_path: Path) -> None:
-    """A real ``flywheel run`` on the example env: the greedy return climbs from -0.5 to near the optimum."""
+    """A real ``flywheel run`` on the example env: the greedy return climbs from -0.5 to near the optimum.
+
+    A fixed seed: some initial networks already walk right from every cell (2 of seeds 1-14, among them the one
+    that failed CI), and such a run stops at its first evaluation having learned nothing. Seed 1's does not."""
     ckpt = tmp_path / "ckpt"
     result = _flywheel(
-        "run", "--env", CORRIDOR, "--actors", "1", "--steps", "60000", "--target-return", "0.9", "--time-limit", "150",
-        "--no-video",
+        "run", "--env", CORRIDOR, "--seed", "1", "--actors", "1", "--steps", "60000", "--target-return", "0.9",
+        "--time-limit", "150", "--no-video",
         "--base-port", "0", "--http-port", "0", "--checkpoint-dir", str(ckpt),
         "--progress-interval", "1", "--set", "replay.min_size_to_sample=500", timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -129,6 +132,7 @@ def test_flywheel_run_learns_the_corridor(tmp_path: Path) -> None:
     with open(ckpt / "progress.csv", newline="") as fh:
         greedy = [float(row["greedy_return"]) for row in csv.DictReader(fh) if row.get("greedy_return")]
     assert greedy, result.stdout[-3000:]
+    assert min(greedy) < 0.9, f"every evaluation already scored the target: {greedy}"  # it learned, not drew it
     assert max(greedy) >= 0.9, f"best greedy return {max(greedy):.2f} (optimum {OPTIMUM}, random about -0.5)\n" + (
         result.stdout[-3000:])
     assert "reached the target 0.9" in result.stdout

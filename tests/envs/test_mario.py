@@ -228,6 +228,7 @@ def test_render_rgb_array() -> None:
     env.close()
 
 
+@pytest.mark.slow  # thousands of emulator frames
 def test_random_stages_respects_stage_subset() -> None:
     env = make_env("SuperMarioBrosRandomStages-v0", stages=["4-2", "7-1"])  # builds 32 emulators (~8 s)
     seen = set()

@@ -67,6 +67,7 @@ def _play_until_end(env: MarioEnv, action: int, limit: int = 3000) -> list[tuple
     return steps
 
 
+@pytest.mark.slow  # thousands of emulator frames
 def test_real_death_gets_the_penalty_and_other_steps_only_the_scale() -> None:
     """Standing still on 1-1, the first Goomba walks into Mario: the last step is a death without a flag."""
     env = make_env("SuperMarioBros-1-1-v0?reward_scale=0.1,flag_bonus=50,death_penalty=50")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flywheel.envs import EpisodeEnd, env_spec, make_env, make_vector_env
-from flywheel.envs.measures import Measures, measures_of, progress_in
+from flywheel.envs.measures import Measures, measures_of, measures_so_far, progress_in
 from flywheel.evaluation import Protocol, evaluate, run_protocol
 from flywheel.services.actor.core import EpisodeStats, build_core
 from flywheel.services.actor.policy import build_policy
@@ -92,6 +92,10 @@ def test_an_env_declares_its_measures_and_reads_its_info() -> None:
     for bad in (None, "x", True, float("nan"), float("inf")):
         assert progress_in({"progress": bad}) is None
     assert progress_in({"progress": np.float32(2.5)}) == 2.5 and progress_in({}) is None
+    assert measures_so_far({}, None, None) == (None, None)  # an env without measures
+    assert measures_so_far({"progress": 3, "success": False}, None, None) == (3.0, False)
+    assert measures_so_far({"progress": 2, "success": False}, 3.0, True) == (3.0, True)  # the furthest; once reached
+    assert measures_so_far({"progress": float("nan"), "success": True}, 3.0, False) == (3.0, True)
 
 
 def test_the_vector_reports_the_maximum_progress_and_any_success() -> None:

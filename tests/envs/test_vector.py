@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -67,12 +69,22 @@ def test_subprocess_equals_inprocess_mario() -> None:
     run_both("SuperMarioBros-1-1-v0", 4, 60)
 
 
+@contextmanager
+def two_workers(env_id: str) -> Iterator[SubprocessVector]:
+    """Four slots of ``env_id`` in two worker processes, reset; closed when the block ends, however it ends."""
+    vec = make_vector_env(env_id, 4, seed=0, mode="subprocess", workers=2)
+    try:
+        assert isinstance(vec, SubprocessVector)
+        vec.reset()
+        yield vec
+    finally:
+        vec.close()
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.system
 def test_killed_worker_is_a_clear_error_not_a_hang() -> None:
-    vec = make_vector_env("CartPole-v1", 4, seed=0, mode="subprocess", workers=2)
-    try:
-        vec.reset()
+    with two_workers("CartPole-v1") as vec:
         pid = vec._procs[1].pid
         os.kill(pid, signal.SIGKILL)
         began = time.monotonic()
@@ -81,22 +93,16 @@ def test_killed_worker_is_a_clear_error_not_a_hang() -> None:
                 vec.step_async(g, np.zeros(len(vec.groups[g]), dtype=np.int64))
                 vec.step_wait(g)
         assert time.monotonic() - began < 30
-    finally:
-        vec.close()
     assert all(not p.is_alive() for p in vec._procs)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.system
 def test_exception_in_worker_is_reported_with_its_message() -> None:
-    vec = make_vector_env("Snake-v0", 4, seed=0, mode="subprocess", workers=2)
-    try:
-        vec.reset()
+    with two_workers("Snake-v0") as vec:
         vec.step_async(0, np.array([9, 0]))
         with pytest.raises(EnvWorkerError, match="failed: ValueError: Snake actions must be in 0..3"):
             vec.step_wait(0)
-    finally:
-        vec.close()
 
 
 @pytest.mark.timeout(60)

@@ -14,7 +14,7 @@ from flywheel.services.gateway.settings import GatewaySettings
 
 def test_token_from_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLYWHEEL_GATEWAY_CONTROL_TOKEN", TOKEN)
-    auth = ControlAuth(GatewaySettings())
+    auth = ControlAuth.of(GatewaySettings())
     assert auth.active
     assert auth.check(f"Bearer {TOKEN}") and auth.check(f"bearer   {TOKEN}  ")
     for bad in (None, "", TOKEN, f"Basic {TOKEN}", f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", "Bearer ",
@@ -27,7 +27,7 @@ def test_token_from_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_token_from_a_file_follows_rotation(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")  # a trailing newline, as `kubectl create secret --from-file` often leaves
-    auth = ControlAuth(GatewaySettings(control_token_file=path))
+    auth = ControlAuth.of(GatewaySettings(control_token_file=path))
     assert auth.check(f"Bearer {TOKEN}")
     new = "rotated-token-abcdefghijklmnop"
     path.write_text(new)
@@ -45,11 +45,11 @@ def test_token_from_a_file_follows_rotation(tmp_path: Path) -> None:
 ])
 def test_bad_token_settings_are_refused(values: dict[str, object], wanted: str) -> None:
     with pytest.raises(StartupError, match=wanted):
-        ControlAuth(GatewaySettings(**values))
+        ControlAuth.of(GatewaySettings(**values))
 
 
 def test_disabled_control_ignores_the_token() -> None:
-    auth = ControlAuth(GatewaySettings(control_enabled=False, control_token=TOKEN))
+    auth = ControlAuth.of(GatewaySettings(control_enabled=False, control_token=TOKEN))
     assert not auth.active and not auth.check(f"Bearer {TOKEN}")
 
 
@@ -64,7 +64,7 @@ def test_is_loopback(host: str, loopback: bool) -> None:
 def test_startup_rules() -> None:
     def problem(**values: object) -> str | None:
         settings = GatewaySettings(**values)
-        return startup_problem(settings, ControlAuth(settings))
+        return startup_problem(settings, ControlAuth.of(settings))
 
     assert problem() is None  # loopback without a token: starts, control off
     assert problem(http_host="0.0.0.0", control_token=TOKEN) is None

@@ -44,6 +44,15 @@ def test_pieces_in_any_order_make_the_clip_and_bad_ones_are_refused() -> None:
         proto.decode(proto.encode(chunk(data, 0, 3, total=10**9)), proto.ClipChunk)
 
 
+def test_the_newest_clip_is_of_the_newest_weights_then_the_last_sent() -> None:
+    clips = ClipAssembler()
+    newer = clips.add(chunk(b"x" * 10, 0, 1, clip=1, version=8))
+    assert clips.add(chunk(b"x" * 10, 0, 1, clip=2, version=7)) is not None  # sent later, of older weights
+    assert newer is not None and clips.newest is newer
+    later = clips.add(chunk(b"x" * 10, 0, 1, clip=3, version=8))
+    assert later is not None and clips.newest is later
+
+
 def test_clips_in_flight_are_bounded_and_time_out() -> None:
     clock = FakeClock()
     clips = ClipAssembler(max_partial=2, timeout_s=10, clock=clock)

@@ -9,7 +9,8 @@ from gateway_helpers import FakeClock, check_exposition, tel
 
 from flywheel.services.gateway.exposition import MetricsWriter, format_value, render_instances, snapshot
 from flywheel.services.gateway.history import LearningCurve, curve_point
-from flywheel.services.gateway.metrics import CapacityExceeded, Registry, TelemetryRejected, name_problem, parse_key
+from flywheel.services.gateway.metric_keys import name_problem, parse_key
+from flywheel.services.gateway.metrics import CapacityExceeded, Registry, TelemetryRejected
 
 
 def test_parse_key_plain_and_labelled() -> None:

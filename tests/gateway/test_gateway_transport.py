@@ -10,7 +10,8 @@ import pytest
 import zmq
 
 from flywheel import __version__, proto
-from flywheel.transport import ProcessStats, TelemetryReporter
+from flywheel.procstats import ProcessStats
+from flywheel.transport import TelemetryReporter
 
 
 @pytest.mark.system

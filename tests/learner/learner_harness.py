@@ -13,7 +13,7 @@ from learner_helpers import make_batch
 from flywheel import proto
 from flywheel.services.learner.checkpoint import load_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
-from flywheel.services.learner.loop import LearnerLoop
+from flywheel.services.learner.loop import LearnerLoop, LoopConfig
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.transport import open_sockets
 from flywheel.transport import queued_frames, subscriber
@@ -77,8 +77,8 @@ class Harness:
         self.start_version = 0
         if self.settings.resume:
             self.start_version = load_checkpoint(tmp_path, self.core).weight_version
-        self.loop = LearnerLoop(self.settings, self.core, open_sockets(self.settings, self.core, self.ctx),
-                                start_version=self.start_version)
+        sockets = open_sockets(self.settings, self.core, self.ctx)
+        self.loop = LearnerLoop(LoopConfig.of(self.settings), self.core, sockets, start_version=self.start_version)
         self.sub = subscriber(self.ctx, self.loop.weights_endpoint)  # the port the kernel picked
         self.versions: list[int] = []
         self.weights: list[proto.Weights] = []

@@ -87,6 +87,34 @@ def test_a_failed_evaluation_is_counted_and_the_learner_goes_on(tmp_path: Path) 
 
 
 @pytest.mark.system
+def test_a_killed_evaluation_child_is_a_failure_the_next_round_starts_a_new_one_and_close_never_hangs(
+        tmp_path: Path) -> None:
+    core = cartpole_core()
+    set_policy(core, right_when_leaning_right=True)
+    keeper = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=1, seed=0)
+    try:
+        keeper.next_at = 0.0
+        keeper.tick(time.monotonic(), core, 3)
+        assert keeper.child is not None and keeper.pending is not None
+        first = keeper.child.process
+        first.kill()  # e.g. the kernel's out-of-memory killer, mid-evaluation
+        first.join(10)
+        keeper.tick(time.monotonic(), core, 3)
+        assert keeper.pending is None and keeper.child is None  # taken as a failure at once, not after a timeout
+        assert keeper.counters().greedy_evaluation_failures_total == 1.0
+        evaluate_now(keeper, core, 4)  # a fresh child plays the next round
+        assert keeper.child is not None and keeper.child.process is not first
+        assert keeper.last is not None and keeper.last["weight_version"] == 4
+        keeper.next_at = 0.0
+        keeper.tick(time.monotonic(), core, 5)  # a round in flight when the learner stops
+        assert keeper.pending is not None
+    finally:
+        keeper.close()  # kills the child: a hang here is the test's timeout
+    assert keeper.child is None
+    assert not (tmp_path / CANDIDATE_FILE).exists()
+
+
+@pytest.mark.system
 def test_a_fresh_learner_in_the_folder_starts_its_best_over(tmp_path: Path) -> None:
     core = cartpole_core()
     set_policy(core, right_when_leaning_right=True)

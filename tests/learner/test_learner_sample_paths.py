@@ -17,7 +17,7 @@ import zmq
 
 from flywheel import proto
 from flywheel.services.learner.core import CoreConfig, LearnerCore
-from flywheel.services.learner.loop import LearnerLoop
+from flywheel.services.learner.loop import LearnerLoop, LoopConfig
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.staging import BatchStager
 from flywheel.services.learner.transport import FeedConfig, open_feeder, open_sockets
@@ -80,7 +80,7 @@ def run_learner(endpoint: str, tmp_path: Path, transport: str, updates: int = 12
         control_endpoint="inproc://learner-control", weights_bind="inproc://learner-weights",
         telemetry_interval_s=60, torch_threads=1)
     core = LearnerCore(OBS, 2, CoreConfig(lr=1e-3))
-    loop = LearnerLoop(settings, core, open_sockets(settings, core, ctx))
+    loop = LearnerLoop(LoopConfig.of(settings), core, open_sockets(settings, core, ctx))
     try:
         code = loop.run()
         path = loop.sampler.path

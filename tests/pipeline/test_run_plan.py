@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from flywheel import run as run_module
 from flywheel.cli import build_parser
 from flywheel.registry import settings_class
-from flywheel.run import Plan, make_plan
+from flywheel.run import make_plan
+from flywheel.runplan import DEFAULT_ENV, Plan
+from flywheel.runwatch import progress_line
 from flywheel.services.replay.settings import ReplaySettings
 from flywheel.settings import SettingsError, build_settings
 
@@ -66,7 +67,7 @@ def deployed_interval() -> float | None:
 
 # -- replay durability ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", run_module.DEFAULT_ENV])  # the vector and the mario preset
+@pytest.mark.parametrize("env_id", ["CartPole-v1", DEFAULT_ENV])  # the vector and the mario preset
 def test_the_replay_checkpoints_periodically_under_every_preset(plans: list[Plan], tmp_path: Path,
                                                                 env_id: str) -> None:
     settings = replay_settings(plan_for(plans, tmp_path, "--env", env_id))
@@ -141,7 +142,7 @@ def test_a_refused_plan_leaves_no_folder(plans: list[Plan], tmp_path: Path, monk
 def test_target_return_stops_on_the_actors_greedy_return_or_the_learners_kept_best() -> None:
     """In five fresh-clone CartPole runs the actors' rolling greedy return never held 475 while every kept best
     played 500 (docs/benchmarks/results/cartpole_best_play.json): either reaching the target stops the run."""
-    from flywheel.run import target_reached
+    from flywheel.runwatch import target_reached
 
     assert target_reached({"greedy_return": 500.0, "env_steps": 9}, None) is None
     assert target_reached({"greedy_return": 400.0, "best_return": 470.0, "env_steps": 9}, 475) is None
@@ -162,10 +163,10 @@ def test_the_progress_line_shows_the_envs_measures_under_its_own_labels() -> Non
                "return": 1.0, "greedy_return": None, "epsilon_min": 0.01, "epsilon_max": 0.4, "replay_size": 100.0,
                "weight_version": 3.0, "actors_up": 2.0, "progress_mean": 1820.0, "progress_label": "furthest x",
                "restarted_progress_mean": 2400.0}
-    assert run_module.progress_line(5.0, summary).endswith("| actors 2 | furthest x 1,820 (restarted 2,400)")
-    alone = run_module.progress_line(5.0, {**summary, "restarted_progress_mean": None})
+    assert progress_line(5.0, summary).endswith("| actors 2 | furthest x 1,820 (restarted 2,400)")
+    alone = progress_line(5.0, {**summary, "restarted_progress_mean": None})
     assert alone.endswith("| actors 2 | furthest x 1,820")
-    plain = run_module.progress_line(5.0, {**summary, "progress_label": None, "progress_mean": None})
+    plain = progress_line(5.0, {**summary, "progress_label": None, "progress_mean": None})
     assert plain.endswith("| actors 2") and "restarted" not in plain
 
 

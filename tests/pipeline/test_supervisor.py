@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode (the importnb plugin's too)
 from pipeline_helpers import get_json, get_text, wait_until
 
-from flywheel.run import Child, Plan
+from flywheel.runplan import Child, Plan
 from flywheel.supervisor import RestartPolicy, Supervisor, restart_values
 from flywheel.testing.run import FlywheelRun
 

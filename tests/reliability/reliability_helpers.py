@@ -1,15 +1,43 @@
-"""Rogue peers for the reliability tests: raw ZMTP and TCP clients, hand-made headers, bad messages."""
+"""Rogue peers for the reliability tests: raw ZMTP and TCP clients, hand-made headers, bad messages; and CURVE keys
+made by the CLI, put in force for a block."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import numpy as np
+from pipeline_helpers import clean_env
 
-from flywheel import proto
+from flywheel import proto, security
+from flywheel.security import CurveKeys
+
+
+def cli_keys(folder: Path, client: str) -> Path:
+    """Keys made in ``folder`` by ``flywheel keys generate`` in a child process (a key pair per role), with the
+    client folder clients/``client`` for an actor on another host."""
+    proc = subprocess.run([sys.executable, "-m", "flywheel", "keys", "generate", str(folder), "--client", client],
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return folder
+
+
+@contextmanager
+def curve(keys: CurveKeys | None) -> Iterator[None]:
+    """This process's CURVE keys for the sockets made inside the block."""
+    before = security.active()
+    security.configure(keys)
+    try:
+        yield
+    finally:
+        security.configure(before)
 
 
 def zmtp_hello(socket_type: bytes) -> bytes:

@@ -8,18 +8,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
 from pipeline_helpers import clean_env, get_text, metric_values
-from reliability_helpers import closed_by_peer, transitions
+from reliability_helpers import cli_keys, closed_by_peer, curve, transitions
 
-from flywheel import keyfiles, proto, security
-from flywheel.security import CurveKeyError, CurveKeys, keys_from_settings, load_keys
+from flywheel import keyfiles, proto
+from flywheel.security import CurveKeyError, keys_from_settings, load_keys
 from flywheel.services.actor.settings import ActorSettings
 from flywheel.services.gateway.settings import GatewaySettings
 from flywheel.services.replay.settings import ReplaySettings
@@ -34,22 +32,7 @@ MARKER = "plaintext-marker-4f2a"
 @pytest.fixture
 def keys_dir(tmp_path: Path) -> Path:
     """Keys made by the CLI, with one extra named client."""
-    folder = tmp_path / "keys"
-    proc = subprocess.run([sys.executable, "-m", "flywheel", "keys", "generate", str(folder), "--client", "remote"],
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return folder
-
-
-@contextmanager
-def curve(keys: CurveKeys | None) -> Iterator[None]:
-    """This process's CURVE keys for the sockets made inside the block."""
-    before = security.active()
-    security.configure(keys)
-    try:
-        yield
-    finally:
-        security.configure(before)
+    return cli_keys(tmp_path / "keys", "remote")
 
 
 def test_keys_generate_layout_and_refusals(keys_dir: Path) -> None:

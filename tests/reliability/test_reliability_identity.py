@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
-from pipeline_helpers import clean_env, get_text, metric_values
+from pipeline_helpers import get_text, metric_values
+from reliability_helpers import cli_keys, curve
 
 from flywheel import curves, proto, security
-from flywheel.run import own_reports, target_reached
-from flywheel.security import CurveKeys, load_keys
+from flywheel.runwatch import own_reports, target_reached
+from flywheel.security import load_keys
 from flywheel.testing.cluster import Cluster
 from flywheel.transport import connect, make_socket
 from flywheel.zap import IDENTITY_DOMAIN, ZapHandler
@@ -27,21 +24,7 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture
 def keys_dir(tmp_path: Path) -> Path:
     """Keys made by the CLI (one key pair per role), with a client folder for an actor on another host."""
-    folder = tmp_path / "keys"
-    proc = subprocess.run([sys.executable, "-m", "flywheel", "keys", "generate", str(folder), "--client", "far"],
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return folder
-
-
-@contextmanager
-def curve(keys: CurveKeys | None) -> Iterator[None]:
-    before = security.active()
-    security.configure(keys)
-    try:
-        yield
-    finally:
-        security.configure(before)
+    return cli_keys(tmp_path / "keys", "far")
 
 
 def test_each_key_speaks_for_its_role() -> None:

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from flywheel.bench.runner import BenchError
 from flywheel.nets import build_q_network
 from flywheel.services.learner.core import CoreConfig, LearnerCore
-from flywheel.services.learner.loop import LearnerLoop
+from flywheel.services.learner.loop import LearnerLoop, LoopConfig
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.transport import open_sockets
 
@@ -111,7 +111,7 @@ def start_learner(case: Case, config: CoreConfig, device: torch.device, endpoint
         "requests_in_flight": 4})
     torch.manual_seed(seed)
     core = LearnerCore(case.obs_shape, case.n_actions, config, device)
-    service = LearnerLoop(settings, core, open_sockets(settings, core, ctx))
+    service = LearnerLoop(LoopConfig.of(settings), core, open_sockets(settings, core, ctx))
     service.start()
     return service
 
