@@ -24,7 +24,7 @@ case "$flavor" in
         "$python" -c 'import flywheel.services.actor.main, cv2, nes_py, gym_super_mario_bros, ale_py'
         # build what an actor of the default job builds (Mario's envs, the frozen conv policy) without the packages
         # slim-venv.sh removed: an import of one of them on that path is an error here, not in a running container
-        "$python" -c 'from flywheel.registry import settings_class; from flywheel.runplan import DEFAULT_ENV
+        "$python" -c 'from flywheel.launch.registry import settings_class; from flywheel.launch.runplan import DEFAULT_ENV
 from flywheel.services.actor.startup import build_acting
 core, spec = build_acting(settings_class("actor")(env_id=DEFAULT_ENV, num_envs=2, preset="pixel"))
 print("install-project: an actor of", DEFAULT_ENV, "builds", spec.obs_shape)'

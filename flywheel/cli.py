@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from flywheel.registry import SERVICES, settings_class
+from flywheel.launch.registry import SERVICES, settings_class
 from flywheel.settings import SettingsError, add_settings_flags, configure_logging, settings_from_args
 
 
@@ -25,7 +25,7 @@ def package_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flywheel.runplan import add_run_flags
+    from flywheel.launch.runplan import add_run_flags
 
     parser = argparse.ArgumentParser(prog="flywheel", description="Distributed Ape-X deep Q-learning over ZeroMQ.")
     parser.add_argument("--version", action="version", version=f"flywheel {package_version()}")
@@ -37,14 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     from flywheel.demos.cli import add_demos_flags
 
     add_demos_flags(sub.add_parser("demos", help="collect demonstrations in parallel, or inspect a set"))
-    from flywheel.play import add_play_flags
+    from flywheel.tools.play import add_play_flags
 
     add_play_flags(sub.add_parser("play", help="watch a checkpoint play episodes, optionally as an mp4 or gif"))
-    from flywheel.export_cli import add_export_flags
+    from flywheel.tools.export_cli import add_export_flags
 
     add_export_flags(sub.add_parser("export", help="a checkpoint's policy as ONNX or TorchScript, optionally with a "
                                     "model card folder"))
-    from flywheel.eval_cli import add_eval_flags
+    from flywheel.tools.eval_cli import add_eval_flags
 
     add_eval_flags(sub.add_parser("eval", help="judge a checkpoint by the evaluation protocol: a table of returns "
                                   "(and the env's progress and success) with 95%% intervals, and a JSON file"))
@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run_service(name: str, args: argparse.Namespace) -> int:
     from flywheel import security
     from flywheel.envs import UnknownEnvironmentError
+    from flywheel.launch.remote import joined_settings
     from flywheel.presets import describe_preset
-    from flywheel.remote import joined_settings
     from flywheel.transport import EndpointInUse
 
     settings = settings_from_args(settings_class(name), args, name)
@@ -117,27 +117,27 @@ def run_keys(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from flywheel.run import run
-    from flywheel.runconfig import given_flags
+    from flywheel.launch.run import run
+    from flywheel.launch.runconfig import given_flags
 
     args.given_flags = given_flags(sys.argv[1:] if argv is None else list(argv))  # --resume fills the rest
     return run(args)
 
 
 def _play(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from flywheel.play import run_play
+    from flywheel.tools.play import run_play
 
     return run_play(args)
 
 
 def _export(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from flywheel.export_cli import run_export
+    from flywheel.tools.export_cli import run_export
 
     return run_export(args)
 
 
 def _eval(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from flywheel.eval_cli import run_eval
+    from flywheel.tools.eval_cli import run_eval
 
     return run_eval(args)
 

@@ -1,6 +1,6 @@
 """A checkpoint's policy as one ONNX or TorchScript graph, and the check that the graph acts as the policy does.
 
-The ``flywheel export`` command, and the model card folder it writes, are in flywheel.export_cli.
+The ``flywheel export`` command, and the model card folder it writes, are in flywheel.tools.export_cli.
 """
 
 from __future__ import annotations

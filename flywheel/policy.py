@@ -23,7 +23,7 @@ class PolicyError(CheckpointError):
 
 WHICH = ("auto", "best", "latest")
 BEST_FILE = "best.safetensors"  # written by the learner's evaluations (services/learner/best.py)
-PREFERRED_FILE = "preferred.json"  # which of the two evaluated better at the end of the run (flywheel/film.py)
+PREFERRED_FILE = "preferred.json"  # which of the two evaluated better at the end of the run (flywheel/tools/film.py)
 
 
 def file_version(path: Path) -> int | None:
@@ -37,7 +37,7 @@ def file_version(path: Path) -> int | None:
 
 
 def preferred(directory: str | Path) -> tuple[str, str] | None:
-    """("latest" or "best", why) from the end-of-run comparison (``PREFERRED_FILE``, written by flywheel/film.py),
+    """("latest" or "best", why) from the end-of-run comparison (``PREFERRED_FILE``, written by flywheel/tools/film.py),
     while both files still hold the versions it compared; None otherwise."""
     path = Path(directory)
     folder = path / "learner" if (path / "learner" / PREFERRED_FILE).is_file() else path

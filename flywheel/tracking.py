@@ -1,4 +1,5 @@
-"""W&B tracking (``--track``) of the gateway's curve points, online or offline; the CLI flags: flywheel.tracking_cli."""
+"""W&B tracking (``--track``) of the gateway's curve points, online or offline (the CLI flags:
+flywheel.launch.tracking_cli)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def describe(mode: str, track_dir: str | Path, project: str, entity: str = "", g
 
 def run_config(folder: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
     """The W&B run's config: FOLDER/run.json (what ``flywheel run`` started) when there is one, plus ``settings``."""
-    from flywheel.runfolder import RunConfigError, load_run_config
+    from flywheel.launch.runfolder import RunConfigError, load_run_config
 
     try:
         saved = load_run_config(folder) or {}

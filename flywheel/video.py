@@ -1,7 +1,7 @@
 """Watching a policy play: the env to watch, episodes played into a video, and the mp4/gif writer.
 
-A library module: ``flywheel play`` (flywheel/play.py), the end-of-run film (flywheel/film.py) and the actors' clips
-for the live page (services/actor/clips.py) all use it.
+A library module: ``flywheel play`` (flywheel/tools/play.py), the end-of-run film (flywheel/tools/film.py) and the
+actors' clips for the live page (services/actor/clips.py) all use it.
 """
 
 from __future__ import annotations

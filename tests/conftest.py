@@ -86,3 +86,15 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
     return (yield from _guarded(item, "teardown"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Test files with a ``slow`` test first, then those with a ``system`` one, then the rest, each file's tests in
+    their own order: with xdist's one-file-per-worker scheduling the longest files start first, so the workers
+    finish together instead of one running the compose test alone at the end."""
+    rank: dict[str, int] = {}
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        tier = 0 if "slow" in marks else 1 if "system" in marks else 2
+        rank[item.nodeid.split("::")[0]] = min(tier, rank.get(item.nodeid.split("::")[0], 2))
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: files and tests keep their order

@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from flywheel import remote
 from flywheel.cli import build_parser, main
-from flywheel.registry import settings_class
+from flywheel.launch import remote
+from flywheel.launch.registry import settings_class
 from flywheel.settings import settings_from_args
 
 

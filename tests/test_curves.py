@@ -136,7 +136,7 @@ def test_a_resume_keeps_the_columns_of_an_earlier_version(tmp_path: Path) -> Non
 
 
 def test_the_learners_evaluation_reaches_the_curves_and_the_progress_line() -> None:
-    from flywheel.runwatch import progress_line
+    from flywheel.launch.runwatch import progress_line
 
     status = _status(1000, 0.5, [1.0])
     learner = status["services"]["learner"]["instances"][0]

@@ -1,4 +1,4 @@
-"""The end-of-run film (flywheel/film.py): the better-evaluating weights are chosen and remembered, their furthest
+"""The end-of-run film (flywheel/tools/film.py): the better-evaluating weights are chosen and remembered, their furthest
 episode is filmed again frame for frame with a caption, and ``flywheel play`` takes them by default and says why."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from test_play import read_mp4
 
-from flywheel.film import FILM_EPISODES, caption, compare, film, run_protocol, write_preferred
 from flywheel.policy import BEST_FILE, PREFERRED_FILE, find_checkpoint, preferred
 from flywheel.services.learner.checkpoint import save_checkpoint
 from flywheel.services.learner.core import LearnerCore
 from flywheel.testing.cartpole import cartpole_core, set_policy
+from flywheel.tools.film import FILM_EPISODES, caption, compare, film, run_protocol, write_preferred
 
 
 def _cartpole_core(balancing: bool) -> LearnerCore:

@@ -14,10 +14,11 @@ import pytest
 import zmq.auth
 from join_helpers import Served, joined_actor, run_keys, serving
 
-from flywheel import remote, security
-from flywheel import run as run_module
+from flywheel import security
 from flywheel.cli import build_parser, main
-from flywheel.registry import settings_class
+from flywheel.launch import remote
+from flywheel.launch import run as run_module
+from flywheel.launch.registry import settings_class
 from flywheel.settings import SettingsError
 from flywheel.testing.ports import free_port_block
 

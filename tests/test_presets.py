@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from flywheel import presets, runconfig
-from flywheel import run as run_module
+from flywheel import presets
 from flywheel.cli import build_parser, main
+from flywheel.launch import run as run_module
+from flywheel.launch import runconfig
+from flywheel.launch.registry import settings_class
+from flywheel.launch.runplan import Plan
 from flywheel.netspec import NETWORK_FIELDS
-from flywheel.registry import settings_class
-from flywheel.runplan import Plan
 from flywheel.settings import SettingsError, build_settings
 
 LearnerSettings = settings_class("learner")

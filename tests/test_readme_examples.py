@@ -169,7 +169,7 @@ def test_every_example_parses(example: Example) -> None:
 def _check_service(example: Example, workspace: Path) -> None:
     """Settings, env id and CURVE keys as the service checks them before it starts (it is not started)."""
     from flywheel.envs import env_spec
-    from flywheel.registry import settings_class
+    from flywheel.launch.registry import settings_class
     from flywheel.security import keys_from_settings
     from flywheel.settings import settings_from_args
 
@@ -204,7 +204,7 @@ def _flywheel(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -
 
 
 def _checkpoint_dir(argv: list[str], cwd: Path) -> Path:
-    from flywheel.runplan import add_run_flags
+    from flywheel.launch.runplan import add_run_flags
 
     parser = argparse.ArgumentParser(add_help=False)
     add_run_flags(parser)
@@ -262,6 +262,7 @@ def _run_example(example: Example, workspace: Path) -> str:
 
 
 @pytest.mark.timeout(600)  # five runs of two documents, each bounded by RUN_TIMEOUT_S, on a loaded 2-core machine
+@pytest.mark.slow  # five training runs
 @pytest.mark.system
 def test_run_play_and_keys_examples_really_run(tmp_path: Path) -> None:
     """The ``flywheel run``, ``play`` and ``keys`` examples in document order, sharing one working folder."""
@@ -327,7 +328,7 @@ def service_doc() -> Path:
 
 def _http_port(example: Example) -> int:
     """The gateway's HTTP port: its ``--http-port``, else the settings default (8080)."""
-    from flywheel.registry import settings_class
+    from flywheel.launch.registry import settings_class
 
     argv = example.argv
     return int(argv[argv.index("--http-port") + 1]) if "--http-port" in argv else int(

@@ -12,10 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 from join_helpers import Served, joined_actor, run_keys, serving
 
-from flywheel import remote
-from flywheel import run as run_module
 from flywheel.cli import build_parser
-from flywheel.runplan import Plan
+from flywheel.launch import remote
+from flywheel.launch import run as run_module
+from flywheel.launch.runplan import Plan
 from flywheel.services.gateway.app import GatewayService, create_app
 from flywheel.services.gateway.settings import GatewaySettings
 from flywheel.settings import SettingsError

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flywheel import presets
-from flywheel.registry import settings_class
+from flywheel.launch.registry import settings_class
 from flywheel.settings import flag_name
 
 ROOT = Path(__file__).resolve().parents[1]

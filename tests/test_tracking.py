@@ -303,7 +303,7 @@ def test_tracking_without_wandb_is_one_clear_line(tmp_path: Path, command: str) 
 def test_track_env_refuses_bad_tags() -> None:
     import argparse
 
-    from flywheel.tracking_cli import track_env
+    from flywheel.launch.tracking_cli import track_env
 
     args = argparse.Namespace(track=True, wandb_project="p", wandb_entity="", wandb_group="", wandb_tags="z" * 80)
     with pytest.raises(SettingsError, match="flywheel run --track: tag"):

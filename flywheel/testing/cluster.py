@@ -13,8 +13,8 @@ from typing import Any
 import psutil
 
 from flywheel.checkpoints import process_running
+from flywheel.launch.runwatch import fetch_status
 from flywheel.processes import launch
-from flywheel.runwatch import fetch_status
 from flywheel.testing.errors import HarnessError
 from flywheel.testing.polling import wait_until
 from flywheel.testing.ports import free_port_block

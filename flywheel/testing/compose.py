@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flywheel.runplan import DEFAULT_ENV
-from flywheel.runwatch import fetch_status
+from flywheel.launch.runplan import DEFAULT_ENV
+from flywheel.launch.runwatch import fetch_status
 from flywheel.testing.dockerhost import Engine, base_image, stage_build_context, wheelhouse
 from flywheel.testing.errors import HarnessError
 from flywheel.testing.polling import wait_until

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import psutil
 
+from flywheel.launch.runwatch import fetch_status
 from flywheel.processes import launch
-from flywheel.runwatch import fetch_status
 from flywheel.testing.errors import HarnessError
 from flywheel.testing.polling import wait_until
 

@@ -25,7 +25,7 @@ class ActorSettings(CommonSettings, NetworkSpec):
     join: str = Field("", max_length=2048, description="URL of a run's gateway (http://HOST:PORT) started with "
                       "flywheel run --listen: its env id, preset (or a preset file's values) and endpoints, below "
                       "these flags and FLYWHEEL_ACTOR_* variables; needs this host's CURVE keys (--curve-keys-dir), "
-                      "never the document's (flywheel/remote.py)")
+                      "never the document's (flywheel/launch/remote.py)")
     env_id: str = Field(DEFAULT_ENV, description="environment id, options after '?' (e.g. "
                         "ALE/Pong-v5?clip_rewards=false; docs/ENVIRONMENTS.md)")
     num_envs: int = Field(8, ge=1, le=4096, description="env slots stepped as one vector (MettaGrid: agents)")

@@ -254,7 +254,7 @@ class History(BaseModel):
 
 
 class JoinDocument(BaseModel):
-    """GET /join: what an actor on another host runs with (flywheel/remote.py writes it; no secrets).
+    """GET /join: what an actor on another host runs with (flywheel/launch/remote.py writes it; no secrets).
 
     ``flywheel actor --join`` needs ``format`` and ``actor``; the rest is served when the document has it.
     """

@@ -291,7 +291,7 @@ def history(gw: GatewayService, since: float | None) -> dict[str, Any]:
 
 
 def join_document(path: Path | None) -> JoinDocument | None:
-    """The run's join document (flywheel/remote.py), or None when there is none or it cannot be read."""
+    """The run's join document (flywheel/launch/remote.py), or None when there is none or it cannot be read."""
     if path is None:
         return None
     try:

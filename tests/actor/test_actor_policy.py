@@ -172,7 +172,7 @@ def test_frozen_torch_trace_gives_the_same_q_and_follows_loaded_weights() -> Non
 def test_flywheel_run_gives_actors_the_learners_network(monkeypatch: pytest.MonkeyPatch) -> None:
     """`flywheel run --set learner.head=quantile` alone must not leave actors refusing every weights message."""
     from flywheel.cli import build_parser
-    from flywheel.run import make_plan
+    from flywheel.launch.run import make_plan
 
     for name in [n for n in os.environ if n.startswith("FLYWHEEL_")]:
         monkeypatch.delenv(name)
@@ -206,8 +206,8 @@ class Refuse:
         if name.split(".")[0] in {"sympy", "networkx", "jinja2", "mpmath"}:
             raise ImportError(f"{name} is not in the actor image")
 sys.meta_path.insert(0, Refuse())
-from flywheel.registry import settings_class
-from flywheel.runplan import DEFAULT_ENV
+from flywheel.launch.registry import settings_class
+from flywheel.launch.runplan import DEFAULT_ENV
 from flywheel.services.actor.startup import acting_policy, build_acting
 settings = settings_class("actor")(env_id=DEFAULT_ENV, num_envs=2, preset="pixel", torch_freeze=True)
 core, spec = build_acting(settings)

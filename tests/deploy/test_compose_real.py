@@ -171,8 +171,8 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
             log("docker image prune took over 5 minutes; the rest is left for the next run")
 
 
-SETTINGS_PROBE = ("import json, sys; from flywheel.registry import settings_class; s = settings_class(sys.argv[1])(); "
-                  "print(json.dumps(s.model_dump(mode='json')))")
+SETTINGS_PROBE = ("import json, sys; from flywheel.launch.registry import settings_class; "
+                  "s = settings_class(sys.argv[1])(); print(json.dumps(s.model_dump(mode='json')))")
 
 
 def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> None:
@@ -180,7 +180,7 @@ def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> Non
     with the mario preset, FLYWHEEL_ENV_ID=CartPole-v1 with the vector one, and variables still win (the learner's lr;
     the learner's and the replay's seeds, which `flywheel bench mario --opt deploy=compose --opt train_seed=K` sets)."""
     from flywheel import presets
-    from flywheel.runplan import DEFAULT_ENV
+    from flywheel.launch.runplan import DEFAULT_ENV
 
     saved = dict(engine.env)
     try:

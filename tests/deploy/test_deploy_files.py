@@ -131,7 +131,7 @@ def test_compose_dependencies_wait_for_health() -> None:
 
 
 def test_compose_defaults_to_the_default_job_and_cpu() -> None:
-    from flywheel.runplan import DEFAULT_ENV
+    from flywheel.launch.runplan import DEFAULT_ENV
 
     services = compose()["services"]
     for name in ("replay", "learner", "actor"):
@@ -192,7 +192,7 @@ def test_compose_and_configmap_leave_the_tuned_values_to_the_presets() -> None:
     """Each tuned value is written once, in flywheel/presets/*.yaml: compose passes a variable through (empty by
     default: the preset's value stays) and the ConfigMap does not set it; both run the default job."""
     from flywheel import presets
-    from flywheel.runplan import DEFAULT_ENV
+    from flywheel.launch.runplan import DEFAULT_ENV
 
     services = compose()["services"]
     configmap = k8s_objects("ConfigMap")["flywheel-config"]["data"]

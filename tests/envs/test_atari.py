@@ -237,9 +237,9 @@ def test_actor_greedy_env_uses_the_evaluation_settings() -> None:
 
 
 def test_flywheel_run_picks_the_atari_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flywheel import run as run_module
     from flywheel.cli import build_parser
-    from flywheel.runplan import DEFAULT_ENV, Plan
+    from flywheel.launch import run as run_module
+    from flywheel.launch.runplan import DEFAULT_ENV, Plan
 
     for name in [n for n in os.environ if n.startswith("FLYWHEEL_")]:
         monkeypatch.delenv(name)

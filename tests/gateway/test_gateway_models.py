@@ -15,7 +15,8 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from gateway_helpers import AUTH, tel
 
-from flywheel import proto, remote
+from flywheel import proto
+from flywheel.launch import remote
 from flywheel.services.gateway import views
 from flywheel.services.gateway.app import GatewayService, create_app
 

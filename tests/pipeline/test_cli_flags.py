@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mod
 from pipeline_helpers import clean_env
 
 from flywheel.cli import build_parser, package_version
+from flywheel.launch.registry import settings_class
 from flywheel.processes import launch
-from flywheel.registry import settings_class
 from flywheel.settings import JsonLogFormatter, settings_from_args
 
 
@@ -117,7 +117,7 @@ def test_a_service_started_with_log_format_json_writes_json_lines(tmp_path: Path
 
 
 def test_run_passes_log_format_to_every_child(tmp_path: Path) -> None:
-    from flywheel.run import make_plan
+    from flywheel.launch.run import make_plan
 
     args = build_parser().parse_args(["run", "--env", "CartPole-v1", "--log-format", "json", "--checkpoint-dir",
                                       str(tmp_path), "--base-port", "0", "--http-port", "0"])

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from flywheel.cli import build_parser
-from flywheel.runfolder import LOCK_FILE, FolderLocked, choose, holds_run, take
+from flywheel.launch.runfolder import LOCK_FILE, FolderLocked, choose, holds_run, take
 from flywheel.settings import SettingsError
 
 HOLDER = """
 import sys, time
 from pathlib import Path
-from flywheel.runfolder import lock
+from flywheel.launch.runfolder import lock
 held = lock(Path(sys.argv[1]))
 print("held", flush=True)
 time.sleep(120)

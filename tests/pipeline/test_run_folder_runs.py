@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pipeline_helpers import clean_env, wait_until
 
+from flywheel.launch.runfolder import LOCK_FILE
 from flywheel.processes import launch
-from flywheel.runfolder import LOCK_FILE
 
 pytestmark = pytest.mark.system
 

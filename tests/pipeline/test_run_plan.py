@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from flywheel.cli import build_parser
-from flywheel.registry import settings_class
-from flywheel.run import make_plan
-from flywheel.runplan import DEFAULT_ENV, Plan
-from flywheel.runwatch import progress_line
+from flywheel.launch.registry import settings_class
+from flywheel.launch.run import make_plan
+from flywheel.launch.runplan import DEFAULT_ENV, Plan
+from flywheel.launch.runwatch import progress_line
 from flywheel.services.replay.settings import ReplaySettings
 from flywheel.settings import SettingsError, build_settings
 
@@ -142,7 +142,7 @@ def test_a_refused_plan_leaves_no_folder(plans: list[Plan], tmp_path: Path, monk
 def test_target_return_stops_on_the_actors_greedy_return_or_the_learners_kept_best() -> None:
     """In five fresh-clone CartPole runs the actors' rolling greedy return never held 475 while every kept best
     played 500 (docs/benchmarks/results/cartpole_best_play.json): either reaching the target stops the run."""
-    from flywheel.runwatch import target_reached
+    from flywheel.launch.runwatch import target_reached
 
     assert target_reached({"greedy_return": 500.0, "env_steps": 9}, None) is None
     assert target_reached({"greedy_return": 400.0, "best_return": 470.0, "env_steps": 9}, 475) is None
@@ -180,7 +180,7 @@ def test_a_run_json_that_sets_a_removed_setting_resumes_without_it_saying_so_in_
 
     from pydantic import ValidationError
 
-    from flywheel import runconfig
+    from flywheel.launch import runconfig
 
     folder = tmp_path / "ckpt"
     folder.mkdir()

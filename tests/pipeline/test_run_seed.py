@@ -83,9 +83,9 @@ def test_resume_restores_the_seed_and_derives_new_child_seeds(
         runs: dict[str, tuple[Path, dict[str, np.ndarray]]]) -> None:
     """What `flywheel run --resume` does before it starts anything: the saved seed comes back, the children's seeds
     are derived for the run's second start (a resumed run does not replay its first draws)."""
-    from flywheel import runconfig
-    from flywheel.run import make_plan
-    from flywheel.runplan import seed_plan
+    from flywheel.launch import runconfig
+    from flywheel.launch.run import make_plan
+    from flywheel.launch.runplan import seed_plan
 
     folder = runs["a"][0]
     argv = ["run", "--resume", "--checkpoint-dir", str(folder), "--base-port", "0", "--http-port", "0"]

@@ -19,8 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # under any import mode (the importnb plugin's too)
 from pipeline_helpers import get_json, get_text, wait_until
 
-from flywheel.runplan import Child, Plan
-from flywheel.supervisor import RestartPolicy, Supervisor, restart_values
+from flywheel.launch.runplan import Child, Plan
+from flywheel.launch.supervisor import RestartPolicy, Supervisor, restart_values
 from flywheel.testing.run import FlywheelRun
 
 # -- the policy: no processes ------------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def test_supervisor_reports_to_a_curve_gateway_with_the_actors_keys(tmp_path: Pa
     """With --curve-keys-dir the gateway's telemetry socket is a CURVE server: the run connects as a client."""
     from flywheel import keyfiles, security
     from flywheel.cli import build_parser
-    from flywheel.run import _http_socket, _start, make_plan
+    from flywheel.launch.run import _http_socket, _start, make_plan
 
     keys = tmp_path / "keys"
     keyfiles.generate(keys)

@@ -244,7 +244,7 @@ def test_one_socket_serves_plain_unix_sockets_and_curve_tcp(keys_dir: Path, tmp_
 
 def test_flywheel_run_hands_the_keys_to_every_service(keys_dir: Path, tmp_path: Path) -> None:
     from flywheel.cli import build_parser
-    from flywheel.run import make_plan
+    from flywheel.launch.run import make_plan
     from flywheel.settings import SettingsError
 
     args = build_parser().parse_args(["run", "--env", "CartPole-v1", "--curve-keys-dir", str(keys_dir),

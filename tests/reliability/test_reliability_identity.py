@@ -12,7 +12,7 @@ from pipeline_helpers import get_text, metric_values
 from reliability_helpers import cli_keys, curve
 
 from flywheel import curves, proto, security
-from flywheel.runwatch import own_reports, target_reached
+from flywheel.launch.runwatch import own_reports, target_reached
 from flywheel.security import load_keys
 from flywheel.testing.cluster import Cluster
 from flywheel.transport import connect, make_socket

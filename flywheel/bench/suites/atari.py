@@ -27,7 +27,7 @@ from flywheel import presets
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, _cpu_model
 from flywheel.bench.suites.mario import _take_checkpoint, open_run, train_and_poll
 from flywheel.envs import env_family, evaluation_env_id
-from flywheel.run import default_actors
+from flywheel.launch.run import default_actors
 from flywheel.testing.run import FlywheelRun, Snapshot
 
 DEFAULT_ENV = "BreakoutNoFrameskip-v4"  # no sticky actions, as the DQN / Ape-X evaluations (and SB3's zoo)

@@ -37,8 +37,8 @@ from flywheel.bench.parts.mario_report import plot, summarize
 from flywheel.bench.parts.mario_state import MarioState
 from flywheel.bench.parts.records import furthest_x
 from flywheel.bench.runner import BenchContext, BenchError, SuiteResult
+from flywheel.launch.run import default_actors
 from flywheel.presets import DEFAULT_ENV
-from flywheel.run import default_actors
 from flywheel.testing.compose import ComposeStack
 from flywheel.testing.run import FlywheelRun, Snapshot
 

@@ -14,14 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flywheel import presets, remote
+from flywheel import presets
+from flywheel.launch import remote
+from flywheel.launch.runplan import Child, Plan, draw_seed, seed_plan
+from flywheel.launch.runwatch import fetch_status, own_reports, progress_line, target_reached
+from flywheel.launch.supervisor import Supervisor
+from flywheel.launch.tracking_cli import track_env, track_line
 from flywheel.presets import Preset
 from flywheel.processes import launch
-from flywheel.runplan import Child, Plan, draw_seed, seed_plan
-from flywheel.runwatch import fetch_status, own_reports, progress_line, target_reached
 from flywheel.settings import SettingsError
-from flywheel.supervisor import Supervisor
-from flywheel.tracking_cli import track_env, track_line
 
 STOP_ORDER = ("actor", "learner", "replay", "gateway")
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 60.0, "replay": 180.0, "gateway": 10.0}
@@ -197,7 +198,7 @@ def _validate(env: dict[str, dict[str, str]], chosen: set[tuple[str, str]]) -> d
     """Build each service's settings from the planned values (the preset read as the child will read it), so a bad
     value fails before anything starts. The learner's network record goes to the actors (NetworkSpec: their weights
     are refused otherwise), field by field unless the user set that field for the actors."""
-    from flywheel.registry import settings_class
+    from flywheel.launch.registry import settings_class
     from flywheel.security import CurveKeyError, keys_from_settings
     from flywheel.settings import build_settings
 
@@ -272,14 +273,15 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flywheel.runfolder import take
+    from flywheel.launch.runfolder import take
 
     with take(args):  # --if-exists/--resume: the folder this run writes to, locked for the run's life
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from flywheel import curves, runconfig
+    from flywheel import curves
+    from flywheel.launch import runconfig
 
     saved = runconfig.apply_saved(args)  # --resume: the env and settings of CHECKPOINT_DIR/run.json
     plan = make_plan(args)
@@ -304,7 +306,7 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     children: list[Child] = []
-    supervisor = Supervisor(children, plan, _start, args)  # restarts children that die (flywheel/supervisor.py)
+    supervisor = Supervisor(children, plan, _start, args)  # restarts children that die (flywheel/launch/supervisor.py)
     code = 0
     started = time.monotonic()
     try:
@@ -372,7 +374,7 @@ def _run(args: argparse.Namespace) -> int:
         http.close()
     plan.remove_socket_dir()
     if code == 0 and not getattr(args, "no_video", False):
-        from flywheel.film import film_run
+        from flywheel.tools.film import film_run
 
         film_run(args.checkpoint_dir.resolve(), args.env)
     print(f"flywheel: stopped; checkpoints in {args.checkpoint_dir.resolve()} (flywheel play {args.checkpoint_dir}; "

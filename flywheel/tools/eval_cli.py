@@ -116,7 +116,7 @@ def table(result: dict[str, Any]) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     from flywheel.envs import UnknownEnvironmentError
-    from flywheel.play import PlayError, load_policy
+    from flywheel.tools.play import PlayError, load_policy
 
     try:
         protocol = _protocol(args)

@@ -12,11 +12,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flywheel.runfolder import FORMAT, FORMAT_VERSION, RUN_CONFIG, RunConfigError, load_run_config
+from flywheel.launch.runfolder import FORMAT, FORMAT_VERSION, RUN_CONFIG, RunConfigError, load_run_config
 from flywheel.settings import SettingsError
 
 if TYPE_CHECKING:
-    from flywheel.runplan import Plan
+    from flywheel.launch.runplan import Plan
 
 RESTORED_FLAGS = ("env", "actors", "envs_per_actor", "local_transport", "curve_keys_dir", "track", "wandb_project",
                   "wandb_entity", "wandb_group", "wandb_tags", "preset", "seed")
@@ -25,7 +25,7 @@ _WIRED = {"TELEMETRY_ENDPOINT", "CONTROL_ENDPOINT", "INSTANCE"}  # make_plan's, 
 
 def given_flags(argv: list[str]) -> set[str]:
     """The ``flywheel run`` flags (argparse dests) named on the command line ``argv`` (from the subcommand on)."""
-    from flywheel.runplan import add_run_flags
+    from flywheel.launch.runplan import add_run_flags
 
     parser = argparse.ArgumentParser(add_help=False)
     add_run_flags(parser)
@@ -40,7 +40,7 @@ def _given(args: argparse.Namespace) -> set[str]:
     if given is not None:
         return set(given)
     defaults = argparse.ArgumentParser(add_help=False)  # called without the command line: non-defaults count
-    from flywheel.runplan import add_run_flags
+    from flywheel.launch.runplan import add_run_flags
 
     add_run_flags(defaults)
     return {d for d in RESTORED_FLAGS if getattr(args, d, None) != defaults.get_default(d)}
@@ -89,7 +89,7 @@ def apply_saved(args: argparse.Namespace) -> dict[str, Any] | None:
 def _known_overrides(items: list[str], path: Path) -> list[str]:
     """The saved SERVICE.FIELD=VALUE overrides of settings this version still has; one of a setting since removed
     (e.g. learner.torso) is left out with one line saying so, and the run resumes without it."""
-    from flywheel.registry import settings_class
+    from flywheel.launch.registry import settings_class
 
     kept = []
     for item in items:
@@ -133,7 +133,7 @@ def check_plan(saved: dict[str, Any] | None, plan: Plan, directory: Path) -> Non
 
 def _secret_keys(service: str) -> set[str]:
     """Upper-case names of the service's SecretStr settings (kept out of run.json)."""
-    from flywheel.registry import settings_class
+    from flywheel.launch.registry import settings_class
 
     fields = settings_class(service).model_fields
     return {name.upper() for name, f in fields.items() if "SecretStr" in str(f.annotation)}

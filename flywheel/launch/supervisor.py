@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flywheel.runplan import BACKOFF_MAX_S, BACKOFF_S, MAX_RESTARTS, RESTART_WINDOW_S
+from flywheel.launch.runplan import BACKOFF_MAX_S, BACKOFF_S, MAX_RESTARTS, RESTART_WINDOW_S
 
 if TYPE_CHECKING:
-    from flywheel.runplan import Child, Plan
+    from flywheel.launch.runplan import Child, Plan
 
 TELEMETRY_SERVICE, TELEMETRY_INSTANCE = "supervisor", "run"  # how the run process shows on the gateway
 
@@ -190,7 +190,7 @@ class Supervisor:
 
         actor = self.plan.env.get("actor", {})
         if any(key.startswith("CURVE_") for key in actor):
-            from flywheel.registry import settings_class
+            from flywheel.launch.registry import settings_class
             from flywheel.settings import SettingsError, build_settings
 
             try:

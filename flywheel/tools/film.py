@@ -125,7 +125,7 @@ def write_preferred(learner: Path, comparison: dict[str, Any]) -> Path:
 def film(checkpoint_dir: Path, env_id: str, comparison: dict[str, Any], path: Path) -> dict[str, Any]:
     """Play the chosen weights' furthest episode again into ``path``, captioned; its record (as filmed)."""
     from flywheel.envs import action_count
-    from flywheel.play import load_policy
+    from flywheel.tools.play import load_policy
     from flywheel.video import VideoWriter, make_play_env
 
     which, protocol = comparison["which"], comparison["protocol"]

@@ -1,6 +1,6 @@
 """What ``flywheel run`` is asked and what it starts: its command-line flags, the plan of the services' settings and
-the child processes, as plain records (flywheel/run.py makes the plan and runs it; flywheel/supervisor.py keeps
-the children alive; flywheel/runconfig.py saves and restores the flags)."""
+the child processes, as plain records (run.py beside it makes the plan and runs it; supervisor.py keeps the children
+alive; runconfig.py saves and restores the flags)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from flywheel.launch.remote import add_listen_flags
+from flywheel.launch.runfolder import IF_EXISTS
+from flywheel.launch.tracking_cli import add_track_flags
 from flywheel.presets import DEFAULT_ENV as DEFAULT_ENV  # the default job (flywheel/presets names it)
 from flywheel.presets import Preset
-from flywheel.remote import add_listen_flags
-from flywheel.runfolder import IF_EXISTS
-from flywheel.tracking_cli import add_track_flags
 
 MAX_RESTARTS = 5  # restarts of one child allowed within RESTART_WINDOW_S; its next exit stops the run
 RESTART_WINDOW_S = 120.0
@@ -129,7 +129,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                              "recorded in CHECKPOINT_DIR/run.json, kept by --resume (docs/REPRODUCIBILITY.md)")
     parser.add_argument("--no-video", action="store_true",
                         help="skip the end-of-run clip of one greedy episode (CHECKPOINT_DIR/video.mp4)")
-    add_listen_flags(parser)  # --listen, --advertise: actors on other hosts (flywheel/remote.py)
+    add_listen_flags(parser)  # --listen, --advertise: actors on other hosts (flywheel/launch/remote.py)
     add_supervisor_flags(parser)  # --max-restarts, --restart-window
     add_track_flags(parser)  # --track, --wandb-project, --wandb-entity, --wandb-group, --wandb-tags
 
@@ -156,7 +156,7 @@ class Plan:
     actor_extra: list[dict[str, str]] = field(default_factory=list)
     socket_dir: Path | None = None  # holds the Unix sockets of the local fast path; removed at the end
     preset: Preset | None = None  # the preset env names, which every child reads (flywheel/presets/*.yaml)
-    join: dict[str, Any] | None = None  # --listen: what actors on other hosts are told (flywheel/remote.py)
+    join: dict[str, Any] | None = None  # --listen: what actors on other hosts are told (flywheel/launch/remote.py)
     settings: dict[str, Any] = field(default_factory=dict)  # service -> the settings its env gives it
     _remove: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
 

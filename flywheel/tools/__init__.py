@@ -1,0 +1,1 @@
+"""The commands a user runs after training: ``flywheel eval``, ``export``, ``play``, and the end-of-run film."""
