@@ -12,10 +12,12 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 ARGS ?=
 # pytest-xdist workers for make test and test-fast: 0 runs every test in pytest's own process, N in N worker
-# processes, each test file on one worker (--dist loadfile: a module's shared fixture starts once)
+# processes, each test file on one worker (--dist loadfile: a module's shared fixture starts once), the files in the
+# order tests/conftest.py gives them, the longest first (xdist's own order puts the files with most tests first,
+# which left the one-test compose and install files to run alone at the end)
 TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup dev-setup system-deps run test test-fast lint bench bench-setup wheel clean
 

@@ -6,7 +6,9 @@ import ctypes
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 
@@ -32,3 +34,19 @@ def launch(args: list[str], env: Mapping[str, str], log: Path, *, new_session: b
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
                                 start_new_session=new_session, pass_fds=pass_fds,
                                 preexec_fn=die_with_parent if tie_to_parent else None)
+
+
+def stop_children(conns: Sequence[Connection], procs: Sequence[BaseProcess], stop: bytes, *,
+                  grace_s: float = 5.0) -> None:
+    """Send each live child ``stop`` on its pipe, wait ``grace_s`` for each, then SIGTERM and reap what still runs."""
+    for conn, proc in zip(conns, procs, strict=True):
+        if proc.is_alive():
+            try:
+                conn.send_bytes(stop)
+            except OSError:  # its end is already closed
+                pass
+    for proc in procs:
+        proc.join(grace_s)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(grace_s)

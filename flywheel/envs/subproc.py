@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from flywheel.envs.vector import EpisodeEnd, VectorEnv, VectorStep
-from flywheel.processes import die_with_parent
+from flywheel.processes import die_with_parent, stop_children
 
 _FIELDS = ("obs", "final_obs", "reward", "terminated", "truncated", "action")
 
@@ -266,16 +266,7 @@ class SubprocessVector(VectorEnv):
         if self._closed:
             return
         self._closed = True
-        for conn in self._conns:
-            try:
-                conn.send_bytes(b"q")
-            except OSError:
-                pass
-        for proc in self._procs:
-            proc.join(5.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
+        stop_children(self._conns, self._procs, b"q")
         for conn in self._conns:
             conn.close()
         if hasattr(self, "_arrays"):
