@@ -39,6 +39,18 @@ def test_settings_and_memory_limits_are_read() -> None:
     assert metric(text, "flywheel_x") == 3.5 and metric(text, "flywheel_z") == 0.0
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"actors": "16,lots"}, "comma-separated integers"), ({"actors": "0"}, "at least 1"),
+    ({"actors": "2", "rate": "0"}, "rate must be above 0"), ({"actors": "2", "envs": "0"}, "at least 1"),
+])
+def test_bad_options_are_one_clear_error_before_any_service_starts(tmp_path: Path, options: dict[str, str],
+                                                                   message: str) -> None:
+    ctx = BenchContext(suite="load", out_dir=tmp_path / "out", options={**options, "workdir": str(tmp_path / "w")})
+    with pytest.raises(BenchError, match=message):
+        load.run(ctx)
+    assert not list((tmp_path / "w").glob("actors-*"))  # no step began: nothing was started
+
+
 STEP_KEYS = {"actors", "window_s", "offered_per_s", "sent_per_s", "received_per_s", "leases_granted_after_s",
              "leases", "gateway", "replay", "learner", "publishing", "policy_lag", "metrics_render", "losses",
              "generator", "falls_behind", "exit_codes", "settings"}
