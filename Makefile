@@ -22,17 +22,20 @@ PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loa
 .PHONY: setup dev-setup system-deps run test test-fast lint bench bench-setup wheel clean
 
 # what running needs: torch, then flywheel with every env family and feature (the `all` extra); the dev tools
-# (pytest, linters, deploy validators) are installed by `make test` only
-$(BIN)/flywheel: pyproject.toml
+# (pytest, linters, deploy validators) are installed by `make test` only, in the same pip run as the rest
+$(VENV)/.torch-installed:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
 	$(BIN)/pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
+	@touch $@
+
+$(BIN)/flywheel: pyproject.toml $(VENV)/.torch-installed
 	$(BIN)/pip install --quiet -e '.[all]'
 	@touch $@
 
-$(VENV)/.dev-installed: $(BIN)/flywheel
-	$(BIN)/pip install --quiet -e '.[dev]'
-	@touch $@
+$(VENV)/.dev-installed: pyproject.toml $(VENV)/.torch-installed
+	$(BIN)/pip install --quiet -e '.[all,dev]'
+	@touch $(BIN)/flywheel $@
 
 setup: $(BIN)/flywheel
 
@@ -55,9 +58,16 @@ lint: dev-setup
 	$(BIN)/python scripts/typecheck.py
 	$(BIN)/python scripts/import_cycles.py
 
-# the whole suite, every tier; the 25 slowest tests are listed at the end
-test: system-deps lint
-	$(PYTEST) --durations=25
+# the whole suite, every tier; the 25 slowest tests are listed at the end. The Debian packages and the venv are
+# set up side by side, and mypy runs beside pytest (its report is printed after pytest's; either failing fails)
+test:
+	$(MAKE) --no-print-directory -j2 system-deps dev-setup
+	$(BIN)/ruff check .
+	$(BIN)/python scripts/import_cycles.py
+	@$(BIN)/python scripts/typecheck.py > $(VENV)/typecheck.log 2>&1 & typecheck=$$!; \
+	$(PYTEST) --durations=25; tests=$$?; \
+	wait $$typecheck; typed=$$?; echo "== mypy (scripts/typecheck.py, run beside pytest) =="; \
+	cat $(VENV)/typecheck.log; test $$tests -eq 0 -a $$typed -eq 0
 
 # the tests marked neither system nor slow (tests/conftest.py, CONTRIBUTING.md)
 test-fast: dev-setup

@@ -265,6 +265,10 @@ class LearnerCounters(Counters):
     checkpoints_total: Annotated[float, "checkpoints written"] = 0.0
     control_rejected_total: Annotated[float, "control commands refused (bad arguments, unknown command)"] = 0.0
     demo_samples_total: Annotated[float, "demonstration rows trained on during RL"] = 0.0
+    weights_fanout_bytes_total: Annotated[
+        float, "bytes of weights handed to the fan-out: each send's message times the subscribers then"] = 0.0
+    weights_publishes_deferred_total: Annotated[
+        float, "weight versions that waited for the fan-out budget (a newer one replaces one still waiting)"] = 0.0
     pretrain_updates_total: Annotated[
         float | None, "pretraining updates done before the first weights were published"] = None
 
@@ -298,6 +302,10 @@ class LearnerGauges(Gauges):
     replay_size: Annotated[float, "transitions the replay held at the last batch"]
     publish_interval_updates: Annotated[float, "weights are published every this many updates"]
     publish_interval_seconds: Annotated[float, "... or every this many seconds"]
+    weights_subscribers: Annotated[float, "subscribers of the weights PUB (actors and other readers)"]
+    weights_min_interval_seconds: Annotated[
+        float, "seconds between weight sends the fan-out budget asks for now: subscribers x message bytes / "
+        "budget (0: not shaped)"]
     achieved_tflops: Annotated[float | None, "TFLOPS the updates' convolutions and matmuls achieved (CUDA)"] = None
 
 

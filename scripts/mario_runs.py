@@ -1,7 +1,8 @@
 """Several `flywheel bench mario` training runs, one checkpoint each, aggregated across runs as a paper would.
 
 Each bench result file is one training run (its own day and machine allowed); every run's checkpoint at ``--minute``
-must have been evaluated on the same seeds. Per run: agent steps, updates, their rates (the suite's scale model),
+(or at the agent-step mark ``--steps``, taken with ``--opt checkpoint_steps``) must have been evaluated on the same
+seeds. Per run: agent steps, updates, their rates (the suite's scale model),
 CPU model, load, the whole machine's busy cores while it trained (busy CPU seconds over wall seconds between the
 first and last poll of its last part), the mean and median furthest x and the flag rate with their intervals. Per
 side (``--side NAME FILE...``, repeatable: with and without a setting): the median and interquartile mean of the
@@ -31,19 +32,27 @@ class RunsError(Exception):
     """A result file that cannot be aggregated: one line for the user."""
 
 
-def _checkpoint(result: dict[str, Any], minute: float | None, name: str, deploy: str | None) -> dict[str, Any]:
+def _checkpoint(result: dict[str, Any], minute: float | None, name: str, deploy: str | None,
+                steps: int | None = None) -> dict[str, Any]:
+    """The run's evaluated checkpoint at ``minute``, or at the agent-step mark ``steps``, or (neither) its last."""
     found = [c for c in result.get("extra", {}).get("checkpoints", [])
              if c.get("episodes") and (deploy is None or c.get("deploy") == deploy)]
     if not found:
         what = "no evaluated checkpoint" + (f" of deploy {deploy!r}" if deploy else "")
         raise RunsError(f"{name}: {what} (is it a `flywheel bench mario` result?)")
-    if minute is None:
+    if steps is not None:
+        wanted, match = f"the {steps} agent steps mark", [c for c in found if c.get("steps_mark") == steps]
+    elif minute is not None:
+        wanted, match = f"{minute:g} min", [c for c in found if c.get("steps_mark") is None
+                                            and abs(float(c["minute"]) - minute) < 1e-9]
+    else:
         return found[-1]
-    for c in found:
-        if abs(float(c["minute"]) - minute) < 1e-9:
-            return c
-    have = ", ".join(f"{c['minute']:g}" for c in found)
-    raise RunsError(f"{name}: no checkpoint at {minute:g} min (it has {have})")
+    if match:
+        return match[0]
+    minutes = ", ".join(f"{c['minute']:g}" for c in found if c.get("steps_mark") is None)
+    marks = ", ".join(f"{c['steps_mark']}" for c in found if c.get("steps_mark") is not None)
+    have = " and ".join([f"{minutes} min"] * bool(minutes) + [f"the agent-step marks {marks}"] * bool(marks))
+    raise RunsError(f"{name}: no checkpoint at {wanted} (it has {have})")
 
 
 def _per_second(points: list[dict[str, Any]], key: str) -> float | None:
@@ -54,7 +63,7 @@ def _per_second(points: list[dict[str, Any]], key: str) -> float | None:
     return (polled[-1][key] - polled[0][key]) / (polled[-1]["t"] - polled[0]["t"])
 
 
-def one_run(spec: str, minute: float | None) -> dict[str, Any]:
+def one_run(spec: str, minute: float | None, steps: int | None = None) -> dict[str, Any]:
     """One training run's row (``FILE`` or ``FILE#DEPLOY``): where it ran, how far it got, its checkpoint's scores."""
     file, _, deploy = spec.partition("#")
     path = Path(file)
@@ -62,7 +71,7 @@ def one_run(spec: str, minute: float | None) -> dict[str, Any]:
         result = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise RunsError(f"{path}: {exc}") from None
-    c = _checkpoint(result, minute, spec, deploy or None)
+    c = _checkpoint(result, minute, spec, deploy or None, steps)
     episodes = c["episodes"]
     xs = [furthest_x(e) for e in episodes]
     flags = [flag(e) for e in episodes]
@@ -76,6 +85,7 @@ def one_run(spec: str, minute: float | None) -> dict[str, Any]:
     busy = _per_second(points, "machine_cpu_s")
     return {"file": spec, "command": result.get("command"), "time": result.get("time"),
             "cpu_model": result.get("machine", {}).get("cpu_model"), "minute": c["minute"],
+            "steps_mark": c.get("steps_mark"),
             "env_steps": c.get("env_steps"), "updates": c.get("checkpoint_updates"),
             "load_median": sorted(loads)[len(loads) // 2] if loads else None, "busy_cores": busy,
             "env_steps_per_s": model.get("env_steps_per_s"), "updates_per_s": model.get("updates_per_s"),
@@ -120,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side", nargs="+", action="append", required=True, metavar=("NAME", "FILE"),
                         help="a side's name and its runs' `flywheel bench mario` result files, FILE#DEPLOY for "
                              "one deploy of a deploy=run,compose result (repeatable)")
-    parser.add_argument("--minute", type=float, default=None, help="which checkpoint (default: each run's last)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--minute", type=float, default=None, help="which checkpoint (default: each run's last)")
+    which.add_argument("--steps", type=int, default=None, metavar="N",
+                       help="the checkpoint at the agent-step mark N (--opt checkpoint_steps) instead of a minute")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON document here")
     args = parser.parse_args(argv)
     try:
         if any(len(side) < 2 for side in args.side):
             raise RunsError("--side takes a name and at least one result file")
-        sides = {side[0]: [one_run(f, args.minute) for f in side[1:]] for side in args.side}
+        sides = {side[0]: [one_run(f, args.minute, args.steps) for f in side[1:]] for side in args.side}
         totals = aggregate(sides)
     except RunsError as exc:
         print(f"mario_runs: {exc}", file=sys.stderr)
@@ -136,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         runs = {name: [{k: v for k, v in r.items() if k not in ("x", "flags", "seeds")} for r in rs]
                 for name, rs in sides.items()}
-        document = {"command": shlex.join(["python", *sys.argv]), "minute": args.minute, "runs": runs,
-                    "aggregate": totals, "markdown": text}
+        document = {"command": shlex.join(["python", *sys.argv]), "minute": args.minute, "steps": args.steps,
+                    "runs": runs, "aggregate": totals, "markdown": text}
         args.out.write_text(json.dumps(document, indent=1) + "\n")
     return 0
 

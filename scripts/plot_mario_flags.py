@@ -52,7 +52,7 @@ def load(path: Path) -> tuple[Run, tuple[float, float, float], list[int]]:
         result = json.loads(path.read_text())
         extra = result["extra"]
         settings = extra["settings"]
-        checkpoints = [c for c in extra["checkpoints"] if c.get("summary")]
+        checkpoints = [c for c in extra["checkpoints"] if c.get("summary") and c.get("steps_mark") is None]  # minutes
         random = _flag(extra["random"]["summary"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PlotError(f"{path}: not a `flywheel bench mario` result ({type(exc).__name__}: {exc})") from None

@@ -124,7 +124,8 @@ def test_a_preset_extends_another_and_overrides_some_of_its_values(tmp_path: Pat
     ("learner: {lr: [1]}\n", "learner.lr must be a single value"),
     ("learner: {lr: 0.1\n", "not valid YAML"),
     ("learner: {lr: -1}\n", "invalid value"),
-    ("run: {spare_core: 1}\n", "run.spare_core is not one of flywheel run's choices (clip_interval_s, spare_cores)"),
+    ("run: {spare_core: 1}\n",
+     "run.spare_core is not one of flywheel run's choices (clip_interval_s, learner_core_share, spare_cores)"),
 ])
 def test_a_bad_preset_file_is_one_line_naming_it(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / f"bad{abs(hash(content))}.yaml"
@@ -274,4 +275,15 @@ def test_the_actor_count_follows_the_presets_spare_cores(tmp_path: Path) -> None
         mine.write_text(f"run: {{spare_cores: {bad}}}\n")
         presets._load.cache_clear()
         with pytest.raises(SettingsError, match=r"run.spare_cores must be a whole number >= 0"):
+            _plan(tmp_path, "--env", "CartPole-v1", "--preset", str(mine))
+
+
+def test_a_bad_learner_core_share_is_one_line_naming_it(tmp_path: Path) -> None:
+    assert run_module.learner_core_share(presets.load("mario")) == 0.3
+    assert run_module.learner_core_share(presets.load("vector")) == 0.0
+    mine = tmp_path / "mine.yaml"
+    for bad in ("-0.1", "1.5", "half", "true"):
+        mine.write_text(f"extends: pixel\nrun: {{learner_core_share: {bad}}}\n")
+        presets._load.cache_clear()
+        with pytest.raises(SettingsError, match=r"run.learner_core_share must be a number in \[0, 1\]"):
             _plan(tmp_path, "--env", "CartPole-v1", "--preset", str(mine))

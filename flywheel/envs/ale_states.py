@@ -65,6 +65,31 @@ class AleStartStates:
         state, steps = self.saved[slot]
         return self.env._continue_from_state(state, steps, self)
 
+    def dump(self, slot: int) -> np.ndarray:
+        """The kept state in ``slot`` as data for a file (uint8): its game steps (8 bytes, little-endian), then
+        ale-py's own serialization of the state (RNG included)."""
+        if slot not in self.saved:
+            raise IndexError(f"no kept start state in slot {slot}")
+        state, steps = self.saved[slot]
+        return np.frombuffer(np.int64(steps).astype("<i8").tobytes() + state.serialize(), dtype=np.uint8).copy()
+
+    def load(self, slot: int, data: np.ndarray) -> float:
+        """Keep the state of :meth:`dump`'s data in ``slot``; its progress (ValueError on data ale-py refuses)."""
+        from ale_py import ALEState
+
+        if not 0 <= slot < self.capacity:
+            raise IndexError(f"start state slot {slot} out of range [0, {self.capacity})")
+        raw = np.asarray(data, dtype=np.uint8).reshape(-1).tobytes()
+        if len(raw) <= 8:
+            raise ValueError(f"{len(raw)} bytes is no ALE state")
+        steps = int(np.frombuffer(raw[:8], dtype="<i8")[0])
+        try:
+            state = ALEState(raw[8:])
+        except Exception as exc:  # ale-py raises its own kinds on bytes it cannot read
+            raise ValueError(f"not an ALE state ({exc})") from None
+        self.saved[slot] = (state, steps)
+        return float(steps)
+
     def close(self) -> None:
         """Drop the kept states."""
         self.saved.clear()

@@ -289,6 +289,8 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
             self._nes.reset(seed=seed, options=options)
         else:
             self._nes.reset(seed=seed)
+        if self._start_states is not None:
+            self._start_states.frames.clear()  # the frames a kept state is replayed from count from here
         return self._continue_from_emulator()
 
     def step(self, action: int | np.integer[Any]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -316,6 +318,8 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
             if done:
                 break
         assert last is not None
+        if self._start_states is not None:  # the frames played, so that a kept state can be replayed from a file
+            self._start_states.frames.extend(bytes([byte]) * (frame + 1))
         pooled = last if prev is None else np.maximum(prev, last)
         obs = self._stack.push(self._observe(pooled))
         self._steps += 1

@@ -6,6 +6,11 @@ up to two emulators of the same stage: the one whose slot holds the kept state, 
 start. A level-start ``reset`` switches to an emulator holding the start; only when none does (the other one's slot
 held an older kept state) is one rebuilt the way gym-super-mario-bros builds it (power-on, start screen skipped:
 about 220 frames), so the cost is at most one rebuild per state kept in a level-start episode.
+
+nes-py gives no bytes of an emulator's state (only its 2 KiB RAM, which is not the whole state: CPU registers and the
+PPU's are not in it), so a kept state is written to a file as the joypad bytes of every frame played from the level
+start to it (:meth:`NesStartStates.dump`), and read back by replaying them (:meth:`NesStartStates.load`): the
+emulator is deterministic, so the replay reaches the very state, RAM and screen byte for byte.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ class NesHost(Protocol):
         """Begin an episode from the emulator's current state: (obs, info)."""
         ...
 
+    def reset(self) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start an episode at the emulator's backup slot (the level start after ``level_start``)."""
+        ...
+
+    def _info(self) -> dict[str, Any]:
+        """The current info dict (``x_pos`` among its keys)."""
+        ...
+
 
 class NesStartStates:
     """One kept state for a single-stage :class:`MarioEnv`, progress = ``info["x_pos"]``."""
@@ -42,6 +55,8 @@ class NesStartStates:
         self.emulators: list[Any] = [env._nes]
         self.holds: list[str] = [START]
         self.rebuilds = 0  # level starts rebuilt (tests and the docs' cost note)
+        self.frames = bytearray()  # joypad byte of every frame played since the level start (MarioEnv.step adds)
+        self.kept_frames = b""  # those of the kept state
 
     @property
     def _current(self) -> int:
@@ -90,6 +105,7 @@ class NesStartStates:
         self.holds = [STALE if held == KEPT else held for held in self.holds]
         self.env._nes._backup()
         self.holds[current] = KEPT
+        self.kept_frames = bytes(self.frames)
 
     def restore(self, slot: int) -> tuple[np.ndarray, dict[str, Any]]:
         """Continue from the kept state: its emulator, its screen as a fresh frame stack, its info."""
@@ -100,7 +116,31 @@ class NesStartStates:
         nes._restore()
         nes._did_reset()  # the library's reward counts x and time from here
         nes.done = False
+        self.frames = bytearray(self.kept_frames)
         return self.env._continue_from_emulator()
+
+    def dump(self, slot: int) -> np.ndarray:
+        """The kept state in ``slot`` as data for a file: the joypad bytes from the level start to it (uint8)."""
+        if slot != 0 or KEPT not in self.holds:
+            raise IndexError(f"no kept start state in slot {slot}")
+        return np.frombuffer(self.kept_frames, dtype=np.uint8).copy()
+
+    def load(self, slot: int, data: np.ndarray) -> float:
+        """Rebuild a state from :meth:`dump`'s data into ``slot``: replay its frames from the level start, keep the
+        state reached; its progress (ValueError when the episode ends on the way: the data is not of this stage)."""
+        self.level_start()
+        self.env.reset()
+        nes = self.env._nes
+        frames = np.asarray(data, dtype=np.uint8).reshape(-1)
+        for byte in frames.tolist():
+            if nes.done:
+                raise ValueError(f"the episode ended after {len(self.frames)} of {len(frames)} frames")
+            nes.step(byte)
+            self.frames.append(byte)
+        if nes.done:
+            raise ValueError("the episode ended on the state's last frame")
+        self.save(slot)
+        return self.progress(self.env._info())
 
     def close(self) -> None:
         """Close the emulators other than the one the env holds (the env closes that one)."""

@@ -9,13 +9,21 @@ steps into the game) over its last ``window`` episodes, keeps the state of an ep
 picked uniformly. Restarted episodes are marked in ``info`` (``restarted``, ``start_progress``) so that the actor
 keeps them out of its level-start episode statistics. Only training envs get it: evaluation always starts at the
 level start.
+
+A curriculum's pool (its kept states with their progress, and its frontier window) goes to a file and back
+(:func:`save_pool`, :func:`load_pool`: an ``.npz`` of a JSON record and one uint8 array a state, never a pickle)
+where its env's states can be written as data (:class:`PersistentStartStates`); of any other env only the frontier
+window is written.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections import deque
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium
@@ -55,6 +63,20 @@ class StartStates(Protocol):
 
     def close(self) -> None:
         """Free what the saved states hold (the env itself is closed by its owner)."""
+        ...
+
+
+@runtime_checkable
+class PersistentStartStates(StartStates, Protocol):
+    """Start states that can be written to a file as data and read back (so a resumed run keeps its pool)."""
+
+    def dump(self, slot: int) -> np.ndarray:
+        """The state in ``slot`` as a uint8 array (IndexError when the slot holds none)."""
+        ...
+
+    def load(self, slot: int, data: np.ndarray) -> float:
+        """Keep the state of :meth:`dump`'s ``data`` in ``slot``; the progress it is at (ValueError on bad data).
+        May play the env: the next step is a ``reset``."""
         ...
 
 
@@ -131,6 +153,7 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
             raise StartStatesUnsupported(env_id)
         self.states = states
         self.config = config
+        self.env_id = env_id
         self.capacity = min(config.pool, states.capacity)
         self.kept: list[KeptState] = []
         self.recent: deque[float] = deque(maxlen=config.window)  # furthest progress of each finished episode
@@ -204,6 +227,40 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
         self.states.save(slot)
         self.saved = True
 
+    def pool(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The pool as a JSON-able record (env id, episodes, frontier window, each kept state's progress and age)
+        and each kept state's data (``state_<i>``; none when the env's states cannot be written as data)."""
+        states = self.states
+        kept = self.kept if isinstance(states, PersistentStartStates) else []
+        data = {f"state_{i}": states.dump(k.slot) for i, k in enumerate(kept)} if isinstance(
+            states, PersistentStartStates) else {}
+        record = {"format": POOL_FORMAT, "env_id": self.env_id, "episodes": self.episodes,
+                  "recent": list(self.recent),
+                  "kept": [{"progress": k.progress, "age": self.episodes - k.episode} for k in kept]}
+        return record, data
+
+    def load_pool(self, record: dict[str, Any], data: dict[str, np.ndarray]) -> tuple[int, int]:
+        """Take a pool :meth:`pool` gave (before the first ``reset``): its frontier window and, the most advanced
+        first, as many of its states as this pool holds; (states taken, states dropped: beyond the pool, or
+        rebuilt at another progress than they were kept at). ValueError for a record of another env or format."""
+        if record.get("format") != POOL_FORMAT:
+            raise ValueError(f"not a start-state pool of format {POOL_FORMAT}")
+        if str(record.get("env_id", "")).split("?")[0] != self.env_id.split("?")[0]:
+            raise ValueError(f"a pool of {record.get('env_id')!r}, not of {self.env_id!r}")
+        episodes = int(record["episodes"])
+        recent = [float(x) for x in record["recent"]]
+        kept = [(float(k["progress"]), int(k["age"]), i) for i, k in enumerate(record["kept"])]
+        kept.sort(key=lambda k: -k[0])
+        self.episodes, self.kept = episodes, []
+        self.recent = deque(recent[-self.config.window:], maxlen=self.config.window)
+        if not isinstance(self.states, PersistentStartStates):
+            return 0, len(kept)
+        for progress, age, i in kept[:self.capacity]:
+            slot = len(self.kept)
+            if self.states.load(slot, np.asarray(data[f"state_{i}"], dtype=np.uint8)) == progress:
+                self.kept.append(KeptState(slot, progress, episodes - age))
+        return len(self.kept), len(kept) - len(self.kept)
+
     def _mark(self, info: dict[str, Any]) -> dict[str, Any]:
         info[RESTARTED] = self.restarted
         info[START_PROGRESS] = self.start_progress
@@ -214,3 +271,38 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
         """Free the kept states, then the env."""
         self.states.close()
         super().close()
+
+
+POOL_FORMAT = 1  # the record's "format": files of another format are refused
+
+
+def save_pool(path: str | Path, curriculum: StartStateCurriculum) -> int:
+    """Write ``curriculum``'s pool to ``path`` (an .npz, replaced whole: a stop halfway leaves the old file);
+    the states written."""
+    record, data = curriculum.pool()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    arrays: dict[str, Any] = {"record": np.frombuffer(json.dumps(record).encode(), dtype=np.uint8), **data}
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+    os.replace(tmp, path)
+    return len(data)
+
+
+def load_pool(path: str | Path, curriculum: StartStateCurriculum) -> tuple[int, int]:
+    """Read a pool :func:`save_pool` wrote into ``curriculum``: (states taken, states dropped). Any fault of the
+    file (missing, truncated, not an .npz, a bad record, data the env refuses) raises ValueError or OSError; the
+    curriculum is then left empty."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            record = json.loads(npz["record"].tobytes().decode())
+            data = {name: npz[name] for name in npz.files if name.startswith("state_")}
+        if not isinstance(record, dict):
+            raise ValueError("its record is not a JSON object")
+        return curriculum.load_pool(record, data)
+    except OSError:
+        curriculum.kept, curriculum.recent, curriculum.episodes = [], deque(maxlen=curriculum.config.window), 0
+        raise
+    except Exception as exc:  # zipfile, json, numpy and the env's own loaders raise many kinds
+        curriculum.kept, curriculum.recent, curriculum.episodes = [], deque(maxlen=curriculum.config.window), 0
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.envs.vector import EpisodeEnd, VectorEnv, VectorStep
+from flywheel.envs.vector import EpisodeEnd, PoolReport, VectorEnv, VectorStep
 from flywheel.processes import die_with_parent, stop_children
 
 _FIELDS = ("obs", "final_obs", "reward", "terminated", "truncated", "action")
@@ -90,6 +90,15 @@ def _worker_main(index: int, env_id: str, options_json: str, path: str, layout_j
                     if vec is not None:
                         arrays["obs"][start:stop] = vec.reset()
                 conn.send_bytes(b"[]")
+                continue
+            if command[:1] in (b"p", b"l"):  # save or load the start-state pools: {"directory": ..., "key": ...}
+                where = json.loads(command[1:])
+                report = PoolReport()
+                for vec in vectors:
+                    if vec is not None:
+                        report += (vec.save_start_states if command[:1] == b"p" else vec.load_start_states)(
+                            where["directory"], where["key"])
+                conn.send_bytes(json.dumps(report.to_json()).encode())
                 continue
             group = command[1]
             start, stop = ranges[group]
@@ -166,6 +175,7 @@ class SubprocessVector(VectorEnv):
         fd, path = tempfile.mkstemp(prefix="flywheel-vec-", dir=directory)
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
+        self._in_flight: set[int] = set()  # groups stepped and not yet waited for
         self._closed = False
         try:
             os.ftruncate(fd, layout["_size"][0])
@@ -250,16 +260,38 @@ class SubprocessVector(VectorEnv):
         self._arrays["action"][grp.start:grp.stop] = actions
         for w in self._workers_in(group):
             self._send(w, b"s" + bytes([group]))
+        self._in_flight.add(group)
 
     def step_wait(self, group: int) -> VectorStep:
         """Wait for the group's workers; the arrays returned are views valid until the group's next step."""
         episodes: list[EpisodeEnd] = []
+        self._in_flight.discard(group)
         for w in self._workers_in(group):
             episodes += [EpisodeEnd.from_json(e) for e in self._reply(w)]
         grp = slice(self._groups[group].start, self._groups[group].stop)
         a = self._arrays
         return VectorStep(a["obs"][grp], a["reward"][grp], a["terminated"][grp], a["truncated"][grp],
                           a["final_obs"][grp], episodes)
+
+    def _pools(self, command: bytes, directory: str, key: str) -> PoolReport:
+        if self._in_flight:
+            raise RuntimeError(f"start-state pools are saved and loaded between steps, not with group(s) "
+                               f"{sorted(self._in_flight)} in flight")
+        where = json.dumps({"directory": directory, "key": key}).encode()
+        for w in range(len(self._procs)):
+            self._send(w, command + where)
+        report = PoolReport()
+        for w in range(len(self._procs)):
+            report += PoolReport.from_json(self._reply(w, timeout_s=max(self.step_timeout_s, 300.0)))
+        return report
+
+    def save_start_states(self, directory: str, key: str) -> PoolReport:
+        """Each worker writes the pools of its slots."""
+        return self._pools(b"p", directory, key)
+
+    def load_start_states(self, directory: str, key: str) -> PoolReport:
+        """Each worker reads the pools of its slots (Mario: replaying each state's frames, a few seconds at most)."""
+        return self._pools(b"l", directory, key)
 
     def close(self) -> None:
         """Tell workers to quit, wait briefly, then terminate stragglers; safe to call twice."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import gymnasium
@@ -11,7 +12,14 @@ import numpy as np
 
 from flywheel.envs.measures import PROGRESS, SUCCESS, measures_so_far
 from flywheel.envs.spaces import action_count, observation_shape
-from flywheel.envs.start_states import RESTARTED, START_PROGRESS, STATES_KEPT
+from flywheel.envs.start_states import (
+    RESTARTED,
+    START_PROGRESS,
+    STATES_KEPT,
+    StartStateCurriculum,
+    load_pool,
+    save_pool,
+)
 
 # Episode metrics: the env's measures (flywheel.envs.measures: "progress", the episode's maximum of
 # info["progress"]; "success", 1 if any step's info["success"] was true, else 0) where its info has them, and the
@@ -43,6 +51,47 @@ class EpisodeEnd:
         slot, ret, length, metrics, restarted, start_progress = data
         return cls(int(slot), float(ret), int(length), {str(k): float(v) for k, v in metrics.items()},
                    bool(restarted), float(start_progress))
+
+
+@dataclass
+class PoolReport:
+    """What saving or loading the start-state pools of a vector's slots did (files ``<key>-env<slot>.npz``)."""
+
+    slots: int = 0  # slots with a start-state curriculum
+    files: int = 0  # pool files written or read
+    states: int = 0  # kept states in them
+    dropped: int = 0  # states read but not kept (beyond the pool, or rebuilt at another progress)
+    missing: list[int] = field(default_factory=list)  # slots without a file to load
+    failed: list[str] = field(default_factory=list)  # "slot N: why" for each file that could not be written or read
+
+    def __add__(self, other: PoolReport) -> PoolReport:
+        """Both reports' counts and lists together."""
+        return PoolReport(self.slots + other.slots, self.files + other.files, self.states + other.states,
+                          self.dropped + other.dropped, self.missing + other.missing, self.failed + other.failed)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able form (subprocess workers send these through a pipe)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PoolReport:
+        """Rebuild from :meth:`to_json`."""
+        return cls(int(data["slots"]), int(data["files"]), int(data["states"]), int(data["dropped"]),
+                   [int(s) for s in data["missing"]], [str(f) for f in data["failed"]])
+
+
+def pool_file(directory: str, key: str, slot: int) -> str:
+    """The file of env slot ``slot``'s start-state pool, for the vector keyed ``key`` (its actor)."""
+    return os.path.join(directory, f"{key}-env{slot}.npz")
+
+
+def curriculum_of(env: gymnasium.Env[Any, Any]) -> StartStateCurriculum | None:
+    """The start-state curriculum among ``env``'s wrappers, or None."""
+    while isinstance(env, gymnasium.Wrapper):
+        if isinstance(env, StartStateCurriculum):
+            return env
+        env = env.env
+    return None
 
 
 @dataclass
@@ -115,6 +164,15 @@ class VectorEnv:
             raise RuntimeError("step() needs a single-group vector; use step_async/step_wait per group")
         self.step_async(0, actions)
         return self.step_wait(0)
+
+    def save_start_states(self, directory: str, key: str) -> PoolReport:
+        """Write each slot's start-state pool to ``directory`` (between steps: no group in flight)."""
+        return PoolReport()
+
+    def load_start_states(self, directory: str, key: str) -> PoolReport:
+        """Read each slot's start-state pool from ``directory`` (before the first ``reset``); a file missing or
+        faulty leaves its slot's pool empty, and is reported."""
+        return PoolReport()
 
     def close(self) -> None:
         """Free the environments; safe to call twice."""
@@ -249,6 +307,40 @@ class InProcessVector(SyncVectorEnv):
         if STATES_KEPT in info:
             metrics[STATES_METRIC] = float(info[STATES_KEPT])
         return metrics
+
+    def save_start_states(self, directory: str, key: str) -> PoolReport:
+        """Write the pool of each env with a start-state curriculum."""
+        report = PoolReport()
+        for i, env in enumerate(self.envs):
+            if (curriculum := curriculum_of(env)) is not None:
+                report.slots += 1
+                try:
+                    report.states += save_pool(pool_file(directory, key, self.slot_offset + i), curriculum)
+                    report.files += 1
+                except (OSError, ValueError, IndexError) as exc:
+                    report.failed.append(f"slot {self.slot_offset + i}: {exc}")
+        return report
+
+    def load_start_states(self, directory: str, key: str) -> PoolReport:
+        """Read the pool of each env with a start-state curriculum whose file is there."""
+        report = PoolReport()
+        for i, env in enumerate(self.envs):
+            if (curriculum := curriculum_of(env)) is None:
+                continue
+            report.slots += 1
+            slot, path = self.slot_offset + i, pool_file(directory, key, self.slot_offset + i)
+            if not os.path.exists(path):
+                report.missing.append(slot)
+                continue
+            try:
+                taken, dropped = load_pool(path, curriculum)
+            except (OSError, ValueError) as exc:
+                report.failed.append(f"slot {slot}: {exc}")
+                continue
+            report.files += 1
+            report.states += taken
+            report.dropped += dropped
+        return report
 
     def close(self) -> None:
         """Close every env once."""

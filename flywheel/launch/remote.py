@@ -50,7 +50,8 @@ TRAINING = frozenset({
     "WEIGHTS_INTERVAL_S", "START_STATE_SHARE", "START_STATE_MARGIN", "START_STATE_WINDOW", "START_STATE_POOL",
     "MAX_ENV_STEPS", "SEED", "TELEMETRY_INTERVAL_S", "FIRST_WEIGHTS_WAIT_S"})
 CHECKED = frozenset({"ENV_ID", "PRESET", *ENDPOINTS})  # allowed, each value checked (no module:, a shipped name, host)
-IGNORED = frozenset({"INSTANCE", "LOG_LEVEL", "LOG_FORMAT", "EVAL_ENVS", "CLIP_INTERVAL_S"})  # this host's own choice
+IGNORED = frozenset({"INSTANCE", "LOG_LEVEL", "LOG_FORMAT", "EVAL_ENVS", "CLIP_INTERVAL_S", "CHECKPOINT_DIR",
+                     "CHECKPOINT_INTERVAL_S", "RESUME"})  # this host's own choice
 REFUSED = {  # a document that sets one of these is refused whole: each could redirect the actor or weaken it
     "CURVE_KEYS_DIR": "keys and key folders come from this host", "CURVE_SERVER_KEY": "keys come from this host",
     "CURVE_SERVER_SECRET_KEY": "keys come from this host", "CURVE_CLIENT_SECRET_KEY": "keys come from this host",

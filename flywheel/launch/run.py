@@ -16,7 +16,7 @@ from typing import Any
 
 from flywheel import presets
 from flywheel.launch import remote
-from flywheel.launch.runplan import Child, Plan, draw_seed, seed_plan
+from flywheel.launch.runplan import Child, Plan, draw_seed, learner_threads, seed_plan
 from flywheel.launch.runwatch import fetch_status, own_reports, progress_line, target_reached
 from flywheel.launch.supervisor import Supervisor
 from flywheel.launch.tracking_cli import track_env, track_line
@@ -49,6 +49,16 @@ def default_actors(preset: Preset | None, cores: int | None = None) -> int:
         raise SettingsError(f"preset {preset.name if preset else presets.NONE}: run.spare_cores must be a whole "
                             f"number >= 0, got {spare!r}")
     return max(1, cores - spare)
+
+
+def learner_core_share(preset: Preset | None) -> float:
+    """The preset's ``run.learner_core_share``: the share of the machine's cores the learner's torch threads take when
+    the actors fill every core (0: none beyond the cores the actors leave)."""
+    share = _run_choice(preset, "learner_core_share", 0.0)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise SettingsError(f"preset {preset.name if preset else presets.NONE}: run.learner_core_share must be a "
+                            f"number in [0, 1], got {share!r}")
+    return float(share)
 
 
 def _run_choice(preset: Preset | None, key: str, default: Any) -> Any:
@@ -175,12 +185,21 @@ def _make_plan(args: argparse.Namespace, socket_dir: Path | None) -> Plan:
         join = remote.open_to_remote(env, *listen, ckpt)
         host = "127.0.0.1" if listen[0] == "0.0.0.0" else listen[0]
     settings = _validate(env, chosen)
+    if settings["learner"].torch_threads == 0:  # 0 (a preset's too): the cores the actors and the replay leave
+        threads = learner_threads(args.actors, share=learner_core_share(preset))
+        env["learner"]["TORCH_THREADS"] = str(threads)
+        settings["learner"] = settings["learner"].model_copy(update={"torch_threads": threads})
     greedy_env = ("actor", "EVAL_ENVS") not in chosen  # --set actor.eval_envs=0 turns the greedy env off
     # actor-0 also films a greedy episode now and then for the live page (--set actor.clip_interval_s=0: never)
     # (every 5 min for pixels: filming and encoding a pixel game costs ~2 ms of CPU per frame, 4 frames a step)
     clip = {"CLIP_INTERVAL_S": env["actor"].pop("CLIP_INTERVAL_S", presets.text(
         _run_choice(preset, "clip_interval_s", 300)))}
-    extra = [{"EVAL_ENVS": "1", **clip} if i == 0 and greedy_env else {} for i in range(args.actors)]
+    # the actors' start-state pools: CHECKPOINT_DIR/actors, written at the learner's checkpoint cadence (not in the
+    # join document: a path of this host's)
+    pools = {"CHECKPOINT_DIR": str(ckpt / "actors"), "RESUME": str(args.resume).lower(),
+             "CHECKPOINT_INTERVAL_S": env["actor"].pop("CHECKPOINT_INTERVAL_S", presets.text(
+                 settings["learner"].checkpoint_interval_s))}
+    extra = [{**pools, **({"EVAL_ENVS": "1", **clip} if i == 0 and greedy_env else {})} for i in range(args.actors)]
     return Plan(env, ports, f"http://{host}:{ports['http']}", (args.log_dir or ckpt / "logs").resolve(), extra,
                 socket_dir, preset, join, settings)
 

@@ -5,6 +5,7 @@ alive; runconfig.py saves and restores the flags)."""
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import shutil
 import subprocess
@@ -31,6 +32,9 @@ SEED_MAX = 2**31 - 1  # --seed: 0..SEED_MAX (what every env library takes)
 CHILD_SEED_BOUND = 2**30  # a child's seed, below this: env slot i takes seed + i, the greedy env seed + 10,000
 FIRST_WEIGHTS_WAIT_S = 60  # actors wait this long for the learner's first weights (a learner starts in seconds)
 SEEDED = ("replay", "learner", "actor")  # the services flywheel run hands a seed (the gateway draws nothing)
+REPLAY_CORES = 1  # the core flywheel run leaves to its replay when it sizes the learner's torch threads
+# past 8 threads the 42x42 network's update gains little (2 threads: 1.3-1.6x one, docs/benchmarks/learner.md)
+MAX_LEARNER_THREADS = 8
 _N = TypeVar("_N", int, float)
 
 
@@ -61,6 +65,14 @@ def _seed(text: str) -> int:
     if not 0 <= value <= SEED_MAX:
         raise argparse.ArgumentTypeError(f"must be within 0..{SEED_MAX}, got {value}")
     return value
+
+
+def learner_threads(actors: int, cores: int | None = None, share: float = 0.0) -> int:
+    """The learner's torch threads when its setting is 0: the cores left after the run's local actors (one core
+    each) and its replay, or the preset's ``run.learner_core_share`` of the machine when the actors fill it, whichever
+    is more; at least 1, at most MAX_LEARNER_THREADS. On 2 cores with 2 actors and Mario's 0.3: 1, as measured."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(MAX_LEARNER_THREADS, max(cores - actors - REPLAY_CORES, round(cores * share))))
 
 
 def draw_seed() -> int:

@@ -23,7 +23,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 PRESET_DIR = Path(__file__).parent
 SERVICES = ("actor", "replay", "learner", "gateway")
 SECTIONS = ("description", "extends", "common", "run", *SERVICES)
-RUN_KEYS = ("clip_interval_s", "spare_cores")  # flywheel run's own choices (flywheel/launch/run.py reads them)
+# flywheel run's own choices (flywheel/launch/run.py reads them)
+RUN_KEYS = ("clip_interval_s", "learner_core_share", "spare_cores")
 GLOBAL_VARIABLE = "FLYWHEEL_PRESET"
 NONE = "none"
 # The default job, the env id every service and `flywheel run` start with unless told: Super Mario Bros 1-1 over

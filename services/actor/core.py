@@ -163,26 +163,7 @@ class ActorCore:
         env_s = 0.0
         infer_before = self.times.inference
         if self.in_flight[g]:
-            wait_start = self.clock()
-            res = self.vec.step_wait(g)
-            env_s += self.clock() - wait_start
-            final_max_q = None
-            if res.truncated.any():
-                final_max_q = np.zeros(len(res.truncated))
-                rows = np.flatnonzero(res.truncated)
-                final_max_q[rows] = self._q_values(np.ascontiguousarray(res.final_obs[rows])).max(axis=1)
-            next_obs, final_obs = res.obs, res.final_obs
-            if self.vec.reuses_buffers:  # shared memory is rewritten next step: keep copies (the n-step window does)
-                next_obs = np.array(res.obs)
-                final_obs = np.array(res.final_obs) if (res.terminated | res.truncated).any() else next_obs
-            emitted = self.nstep[g].push(self.obs[g], self.actions[g], self.q_sa[g], res.reward, res.terminated,
-                                         res.truncated, final_obs, final_max_q)
-            if emitted is not None:
-                ready.append(emitted)
-            self.obs[g] = next_obs  # a fresh array each step: the n-step window holds it by reference
-            for episode in res.episodes:
-                self.stats.record(episode)
-            self.env_steps += len(res.reward)
+            env_s += self._collect(g, ready)
         n = len(self.obs[g])
         with_eval = g == 0 and self.eval_obs is not None
         batch = np.concatenate([self.obs[g], self.eval_obs]) if with_eval else self.obs[g]
@@ -208,6 +189,41 @@ class ActorCore:
         self.times.other += self.clock() - start - env_s - (self.times.inference - infer_before)
         return ready
 
+    def _collect(self, g: int, ready: list[Emitted]) -> float:
+        """Wait for group ``g``'s step in flight and take its outcome (rows that became ready go to ``ready``);
+        the seconds waited."""
+        wait_start = self.clock()
+        res = self.vec.step_wait(g)
+        env_s = self.clock() - wait_start
+        self.in_flight[g] = False
+        final_max_q: np.ndarray | None = None
+        if res.truncated.any():
+            final_max_q = np.zeros(len(res.truncated))
+            rows = np.flatnonzero(res.truncated)
+            final_max_q[rows] = self._q_values(np.ascontiguousarray(res.final_obs[rows])).max(axis=1)
+        next_obs, final_obs = res.obs, res.final_obs
+        if self.vec.reuses_buffers:  # shared memory is rewritten next step: keep copies (the n-step window does)
+            next_obs = np.array(res.obs)
+            final_obs = np.array(res.final_obs) if (res.terminated | res.truncated).any() else next_obs
+        emitted = self.nstep[g].push(self.obs[g], self.actions[g], self.q_sa[g], res.reward, res.terminated,
+                                     res.truncated, final_obs, final_max_q)
+        if emitted is not None:
+            ready.append(emitted)
+        self.obs[g] = next_obs  # a fresh array each step: the n-step window holds it by reference
+        for episode in res.episodes:
+            self.stats.record(episode)
+        self.env_steps += len(res.reward)
+        return env_s
+
+    def settle(self) -> list[Emitted]:
+        """Take the outcome of every group in flight, so that nothing is (the next ``step`` of a group acts on it
+        as usual): before the vector's start-state pools are saved. The rows that became ready."""
+        ready: list[Emitted] = []
+        for g, flying in enumerate(self.in_flight):
+            if flying:
+                self.times.env += self._collect(g, ready)
+        return ready
+
     def _step_eval(self, actions: np.ndarray) -> None:
         assert self.eval_vec is not None
         res = self.eval_vec.step(actions)
@@ -225,15 +241,19 @@ class ActorCore:
 def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int, gamma: float,
                eval_envs: int = 0, seed: int | None = None,
                vector_mode: Literal["inprocess", "subprocess"] = "inprocess", workers: int | None = None,
-               start_states: StartStateConfig | None = None) -> ActorCore:
+               start_states: StartStateConfig | None = None,
+               load_pools: Callable[[VectorEnv], object] | None = None) -> ActorCore:
     """An ActorCore over ``num_envs`` slots of ``env_id``; ``eval_envs`` adds one greedy env (one simulation).
 
     ``start_states`` (the start-state curriculum) goes to the training envs only: the greedy env starts every
-    episode at the level start.
+    episode at the level start. ``load_pools`` is given the training vector before its first reset (a resumed
+    run's start-state pools).
     """
     vec = make_vector_env(env_id, num_envs, seed, mode=vector_mode, workers=workers, start_states=start_states)
     eval_vec = None
     try:
+        if load_pools is not None:
+            load_pools(vec)
         if eval_envs:  # evaluation settings (Atari: whole games, unclipped scores), same observations and actions
             from flywheel.envs import env_spec, evaluation_env_id
 

@@ -15,6 +15,7 @@ from .clips import ClipFilmer
 from .core import ActorCore
 from .exploration import Exploration
 from .report import StepRate, actor_report
+from .start_pools import StartPools
 from .transport import LeaseClient, TransitionSender, WeightsReceiver
 
 log = logging.getLogger("flywheel.actor")
@@ -26,14 +27,16 @@ class ActorLoop:
 
     ``run`` turns ``step`` until stopped (``stop``, safe from a signal handler) or ``max_env_steps``; control
     commands go through a table of handlers, one per kind the actor obeys (pause, resume, set_exploration).
-    ``close`` sends what is buffered, gives the lease back and closes every part.
+    ``close`` writes the start-state pools (if any), sends what is buffered, gives the lease back and closes every
+    part.
     """
 
     def __init__(self, core: ActorCore, *, sender: TransitionSender, weights: WeightsReceiver, lease: LeaseClient,
                  control: ControlSubscriber, telemetry: TelemetryReporter, faults: FaultCounter,
                  exploration: Exploration, clips: ClipFilmer | None = None, max_env_steps: int = 0,
-                 info: dict[str, str] | None = None) -> None:
+                 info: dict[str, str] | None = None, pools: StartPools | None = None) -> None:
         self.core, self.sender, self.weights, self.lease = core, sender, weights, lease
+        self.pools = pools  # the envs' start-state pools, written now and then and at close
         self.control, self.telemetry, self.faults, self.clips = control, telemetry, faults, clips
         self.exploration = exploration
         self.max_env_steps = max_env_steps
@@ -94,6 +97,8 @@ class ActorLoop:
             self.control.sock.poll(PAUSED_POLL_MS)
         else:
             self.sender.add(self.core.step(), self.weights.version, self._running, self._idle)
+            if self.pools is not None and self.pools.due(now):
+                self.sender.add(self.pools.save(self.core, now), self.weights.version, self._running, self._idle)
         self.report()
 
     def run(self) -> int:
@@ -147,6 +152,11 @@ class ActorLoop:
         if self.closed:
             return
         self.closed = True
+        if self.pools is not None:
+            try:
+                self.sender.add(self.pools.save(self.core, time.monotonic()), self.weights.version, lambda: False)
+            except RuntimeError as exc:  # an env worker that failed: its pools stay as last written
+                log.warning("start states: pools not written at stop: %s", exc)
         self.sender.flush(self.weights.version, lambda: False)
         self.lease.release()
         parts: list[Any] = [self.clips, self.sender, self.weights, self.lease, self.telemetry, self.control]

@@ -13,6 +13,7 @@ from .exploration import Exploration
 from .loop import ActorLoop
 from .malloc import keep_freed_frames
 from .settings import ActorSettings
+from .start_pools import start_pools
 from .startup import acting_policy, build_acting, describe, send_batch_rows
 from .transport import LeaseClient, TransitionSender, WeightsReceiver
 
@@ -21,7 +22,8 @@ log = logging.getLogger("flywheel.actor")
 
 def main(settings: ActorSettings) -> int:
     keep_freed_frames()
-    core, spec = build_acting(settings)  # before any ZeroMQ context: env workers are started first
+    pools = start_pools(settings)
+    core, spec = build_acting(settings, pools)  # before any ZeroMQ context: env workers are started first
     ctx = zmq.Context()
     faults = FaultCounter("actor")
     rows = send_batch_rows(settings, spec)
@@ -40,6 +42,7 @@ def main(settings: ActorSettings) -> int:
         telemetry=TelemetryReporter(ctx, settings.telemetry_endpoint, "actor", settings.instance,
                                     settings.telemetry_interval_s),
         exploration=Exploration(settings.epsilon, settings.epsilon_base, settings.epsilon_alpha),
+        pools=pools,
         info={"env_id": settings.env_id, "network": core.policy.name, "vector_mode": settings.vector_mode,
               **{f"{key}_label": label for key, label in spec.measures.labels().items()}})  # the env's measures
     install_stop_signals(loop.stop)

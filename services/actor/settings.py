@@ -79,6 +79,13 @@ class ActorSettings(CommonSettings, NetworkSpec):
                                     "each env's last this many episodes")
     start_state_pool: int = Field(8, ge=1, le=1024, description="start states each env keeps at most (the least "
                                   "advanced replaced first; an env may keep fewer)")
+    checkpoint_dir: str | None = Field(None, max_length=4096, description="folder of this actor's start-state "
+                                       "pools (each env slot's kept states, written as <instance>-env<slot>.npz; "
+                                       "unset: none; flywheel run: CHECKPOINT_DIR/actors)")
+    checkpoint_interval_s: float = Field(600.0, gt=0, le=86_400, description="seconds between writes of the "
+                                         "start-state pools (also written at stop; flywheel run: the learner's)")
+    resume: bool = Field(False, description="read the start-state pools in checkpoint_dir at start (a file missing "
+                         "or faulty: that env slot starts with an empty pool)")
     max_env_steps: int = Field(0, ge=0, description="stop after this many env steps (0: run until stopped)")
     seed: int | None = Field(None, ge=0, le=2**31 - 1, description="seed of the envs (slot i: seed + i), the "
                              "exploration draws and the acting network's initial weights (unset: random; flywheel "

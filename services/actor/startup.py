@@ -12,6 +12,7 @@ from flywheel.settings import fail
 from .core import ActorCore, build_core
 from .policy import Policy, build_policy, resolve_backend
 from .settings import ActorSettings
+from .start_pools import StartPools
 from .transport import auto_batch_rows
 
 
@@ -21,15 +22,17 @@ def acting_policy(settings: ActorSettings, spec: EnvSpec) -> Policy:
                         threads=1, seed=settings.seed, freeze=settings.torch_freeze, obs_dtype=spec.obs_dtype)
 
 
-def build_acting(settings: ActorSettings) -> tuple[ActorCore, EnvSpec]:
-    """The network (one thread) and the acting core; a bad env id or option stops the actor with one line."""
+def build_acting(settings: ActorSettings, pools: StartPools | None = None) -> tuple[ActorCore, EnvSpec]:
+    """The network (one thread) and the acting core, its envs' start-state ``pools`` read when resuming; a bad env
+    id or option stops the actor with one line."""
     try:
         spec = env_spec(settings.env_id)
         policy = acting_policy(settings, spec)
         core = build_core(settings.env_id, settings.num_envs, policy, n_step=settings.n_step,
                           gamma=settings.gamma, eval_envs=settings.eval_envs, seed=settings.seed,
                           vector_mode=settings.vector_mode, workers=settings.workers or None,
-                          start_states=settings.start_states())
+                          start_states=settings.start_states(),
+                          load_pools=pools.load if pools is not None and settings.resume else None)
     except UnknownEnvironmentError:
         raise
     except (TypeError, ValueError, ImportError, RuntimeError) as exc:

@@ -262,13 +262,16 @@ class LearnerLoop:
         counters.skipped_updates_total = float(self._skipped_total)
         counters.messages_rejected_total = float(self.faults.total)
         counters.control_rejected_total = float(self.control.rejected)  # refused by the subscriber
+        counters.weights_fanout_bytes_total = float(self.weights.fanout_bytes_total)
+        counters.weights_publishes_deferred_total = float(self.weights.shaper.deferred_total)
         training, gpu = self.window.gauges(now, self.paused), self.gpu.gauges()
         learner = LearnerGauges(
             weight_version=float(self.version), beta=self.beta, lr=self.core.lr, paused=float(self.paused),
             requests_in_flight=float(self.sampler.outstanding), batches_waiting=float(self.waiting_batches),
             update_step=float(self.core.steps), replay_size=self.replay_size,
             publish_interval_updates=float(self.snapshots.every_updates),
-            publish_interval_seconds=float(self.snapshots.every_seconds))
+            publish_interval_seconds=float(self.snapshots.every_seconds),
+            weights_subscribers=float(self.weights.subscribers), weights_min_interval_seconds=self.weights.min_interval)
         if gpu is not None:  # what the GPU computes: convolutions and matmuls of the updates, in TFLOPS
             learner.achieved_tflops = training.updates_per_second * self._flops_per_update / 1e12
         reported = {**counters.as_dict(), **self.sampler.counters.as_dict(), **self.faults.as_counters()}

@@ -63,6 +63,11 @@ class LearnerSettings(CommonSettings, NetworkSpec):
                                           description="read loss/TD/Q sums from the device every N updates")
     weights_republish_s: float = Field(5.0, gt=0, le=3600,
                                        description="re-send the latest weights (same version) when idle this long")
+    weights_fanout_mb_per_s: float = Field(
+        64.0, ge=0, le=1_000_000, description="the weights fan-out budget: MB (10^6 bytes) a second the weights PUB "
+        "may send over all its subscribers together. Sends (republishes too) are at least subscribers x message "
+        "bytes / budget apart; a version due earlier waits and a newer one replaces it (0 = no budget; "
+        "docs/LEARNER.md)")
     sample_endpoint: str = Field("tcp://127.0.0.1:5556", min_length=1, description="replay sample ROUTER to connect")
     sample_transport: Literal["auto", "shm", "tcp"] = Field(
         "auto", description="how batches arrive: auto (through the replay's shared memory when it runs on this host "
@@ -92,7 +97,10 @@ class LearnerSettings(CommonSettings, NetworkSpec):
     beta_start: float = Field(0.4, ge=0, le=1, description="importance-sampling exponent at update 0")
     beta_end: float = Field(1.0, ge=0, le=1, description="importance-sampling exponent after annealing")
     beta_anneal_updates: int = Field(100_000, ge=0, description="updates over which beta goes linearly start -> end")
-    torch_threads: int = Field(0, ge=0, le=1024, description="torch CPU threads (0 = all cores)")
+    torch_threads: int = Field(0, ge=0, le=1024, description="torch CPU threads (0 = sized from the cores: under "
+                               "flywheel run the cores its local actors and replay leave or the preset's "
+                               "run.learner_core_share of them; alone, its container's CPU quota, else every core but "
+                               "one; 1 to 8)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto (cuda when present), cpu or cuda")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="autocast dtype: auto = bf16 on a GPU that has it (else fp16 with a gradient "

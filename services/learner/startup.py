@@ -4,7 +4,9 @@ weight version to publish from, and pretraining on demonstrations; errors are on
 from __future__ import annotations
 
 import logging
+import math
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,12 +30,43 @@ def _spec_shape(settings: LearnerSettings, spec: Any) -> tuple[tuple[int, ...], 
     return tuple(int(d) for d in spec.obs_shape), int(spec.n_actions)
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, which containers narrow), else the machine's count."""
+CGROUP = Path("/sys/fs/cgroup")
+MAX_THREADS = 8  # a 42x42 or 84x84 network's update gains little past this (docs/benchmarks/learner.md)
+
+
+def cpu_quota(quota: str, period: str) -> int | None:
+    """Whole cores a cgroup CPU quota allows (1.5 cores: 2), None when it sets none ("max" in v2, -1 in v1)."""
     try:
-        return len(os.sched_getaffinity(0))
+        q, p = int(quota), int(period)
+    except ValueError:
+        return None
+    return max(1, math.ceil(q / p)) if q > 0 and p > 0 else None
+
+
+def _container_quota(cgroup: Path) -> int | None:
+    try:  # cgroup v2: cpu.max holds "QUOTA PERIOD" in microseconds, or "max PERIOD"
+        quota, _, period = (cgroup / "cpu.max").read_text().strip().partition(" ")
+        return cpu_quota(quota, period)
+    except OSError:
+        pass
+    try:  # cgroup v1
+        return cpu_quota((cgroup / "cpu" / "cpu.cfs_quota_us").read_text(),
+                         (cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except OSError:
+        return None
+
+
+def usable_cores(cgroup: Path = CGROUP) -> int:
+    """Threads for a learner whose torch_threads is 0 and that no `flywheel run` sized: its container's CPU quota
+    (docker --cpus, a Kubernetes CPU limit: the pod's budget is the learner's own) within its CPU affinity; with no
+    quota (Compose as shipped: the host is shared with the replay and the actors) every core it may run on but one;
+    at least 1, at most MAX_THREADS. On a 2-core host: 1, as the presets had it."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = _container_quota(cgroup)
+    return max(1, min(MAX_THREADS, min(cores, quota) if quota else cores - 1))
 
 
 def pick_device(choice: str) -> torch.device:
@@ -73,7 +106,8 @@ def core_config(settings: LearnerSettings, device: torch.device) -> CoreConfig:
 
 def build_core(settings: LearnerSettings, obs_shape: tuple[int, ...], n_actions: int,
                device: torch.device) -> LearnerCore:
-    """Threads (all cores on CPU unless set), seed, then the core."""
+    """Threads (on a CPU, 0 = every core this container may use: flywheel run sizes them itself), seed, then the
+    core."""
     if device.type == "cpu" or settings.torch_threads > 0:
         torch.set_num_threads(settings.torch_threads or usable_cores())
     if settings.seed is not None:

@@ -25,10 +25,11 @@ import zmq
 from flywheel import proto
 from flywheel.services.replay.client import ReplayClient
 from flywheel.settings import setting_default, shared_values
-from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket
+from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket, queued_frames
 
 from .batches import ReadyBatch, SlotLease, spread_demos
 from .core import BadBatch, LearnerCore, finite_priorities
+from .fanout import FanoutShaper
 from .sampling import batch_limits, batches_per_request
 from .settings import LearnerSettings
 from .staging import DeviceBatch, HostCopy
@@ -284,36 +285,75 @@ def open_feeder(config: FeedConfig, core: LearnerCore, ctx: zmq.Context, faults:
 
 
 class WeightsPublisher:
-    """The weights PUB: each new version once, and the newest again every ``republish_s`` for late subscribers."""
+    """The weights XPUB: each new version once, and the newest again every ``republish_s`` for late subscribers,
+    within a fan-out budget of ``fanout_bytes_per_s`` over all subscribers (0: none; ``FanoutShaper``).
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, republish_s: float) -> None:
-        self.sock = make_socket(ctx, zmq.PUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
+    Subscribers are counted from their subscriptions (XPUB_VERBOSER): a SUB subscribes on each connection (a
+    reconnect is a new one) and libzmq hands up an unsubscribe when it ends. Not from a socket monitor: a socket has
+    one, flywheel.zap's on CURVE servers, and its handshake events name the bound address, not the connection.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, republish_s: float,
+                 fanout_bytes_per_s: float = setting_default(LearnerSettings, "weights_fanout_mb_per_s") * 1e6,
+                 ) -> None:
+        self.sock = make_socket(ctx, zmq.XPUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
+        self.sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe, and every unsubscribe of a leaving peer
         try:
             self.endpoint = bind(self.sock, endpoint, "learner weights PUB", "--weights-bind")
         except Exception:
             self.sock.close(0)
             raise
-        self.republish_s = republish_s
+        self.shaper = FanoutShaper(fanout_bytes_per_s, republish_s)
+        self.subscribers = 0
+        self.fanout_bytes_total = 0  # the message's bytes times the subscribers, summed over sends
         self._frames: list | None = None
-        self._last_send = 0.0
+        self._bytes = 0
 
-    def publish(self, msg: proto.Weights) -> None:
-        """Send a new version (it is re-sent from now on)."""
+    @property
+    def min_interval(self) -> float:
+        """Seconds between sends the budget asks for now (0: not shaped)."""
+        return self.shaper.interval(self.subscribers, self._bytes)
+
+    def publish(self, msg: proto.Weights, now: float | None = None) -> None:
+        """A new version: sent now when the budget allows, else when it does unless a newer one comes first."""
         self._frames = proto.encode(msg)
-        self._send()
+        self._bytes = sum(memoryview(frame).nbytes for frame in self._frames)
+        self._count_subscribers()
+        now, binding = time.monotonic() if now is None else now, self.shaper.binding
+        if self.shaper.offer(now, self.subscribers, self._bytes):
+            self._send(now)
+        if self.shaper.binding != binding:
+            self._log_binding()
 
     def tick(self, now: float) -> None:
-        """Send the newest version again when ``republish_s`` has passed since the last send."""
-        if self._frames is not None and now - self._last_send >= self.republish_s:
-            self._send()
+        """Send the waiting version once the budget allows, or the newest again after ``republish_s``."""
+        self._count_subscribers()
+        if self._frames is not None and self.shaper.due(now, self.subscribers, self._bytes):
+            self._send(now)
 
-    def _send(self) -> None:
+    def _count_subscribers(self) -> None:
+        for frames in queued_frames(self.sock, refused=lambda exc: None):  # not a subscription: ignored
+            first = frames[0].bytes[:1]
+            if len(frames) == 1 and first in (b"\x00", b"\x01"):
+                self.subscribers = max(0, self.subscribers + (1 if first == b"\x01" else -1))
+
+    def _send(self, now: float) -> None:
         assert self._frames is not None
         try:
             self.sock.send_multipart(self._frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:  # PUB drops instead of blocking; kept for safety
+        except zmq.Again:  # XPUB drops instead of blocking; kept for safety
             pass
-        self._last_send = time.monotonic()
+        self.shaper.sent(now)
+        self.fanout_bytes_total += self._bytes * self.subscribers
+
+    def _log_binding(self) -> None:
+        if self.shaper.binding:
+            log.info("learner: the weights fan-out budget binds: %d subscribers x %.0f KiB at %.3g MB/s allow one "
+                     "send every %.2f s; newer versions replace waiting ones (weights_fanout_mb_per_s)",
+                     self.subscribers, self._bytes / 1024, self.shaper.bytes_per_s / 1e6, self.min_interval)
+        else:
+            log.info("learner: the weights fan-out budget no longer binds (%d subscribers, %.2f s between sends; "
+                     "%d versions deferred so far)", self.subscribers, self.min_interval, self.shaper.deferred_total)
 
     def close(self) -> None:
         self.sock.close(0)
@@ -352,7 +392,8 @@ def open_sockets(settings: LearnerSettings, core: LearnerCore, ctx: zmq.Context 
         opened.append(feeder)
         control = ControlSubscriber(context, settings.control_endpoint, SERVICE, settings.instance, faults)
         opened.append(control)
-        weights = WeightsPublisher(context, settings.weights_bind, settings.weights_republish_s)
+        weights = WeightsPublisher(context, settings.weights_bind, settings.weights_republish_s,
+                                   settings.weights_fanout_mb_per_s * 1e6)
         opened.append(weights)
         telemetry = TelemetryReporter(context, settings.telemetry_endpoint, SERVICE, settings.instance,
                                       settings.telemetry_interval_s)

@@ -1,5 +1,6 @@
 """`flywheel bench mario --opt resume=1`: a training in two parts, the second a real `flywheel run --resume` of the
-first, reported as one (CartPole stands in for Mario: the same suite code, seconds instead of minutes)."""
+first, reported as one, with checkpoints at minutes and at agent-step marks (CartPole stands in for Mario: the same
+suite code, seconds instead of minutes)."""
 
 from __future__ import annotations
 
@@ -26,31 +27,49 @@ def _bench(out: Path, workdir: Path, *opts: str) -> int:
 def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     workdir = tmp_path / "kept"
-    assert _bench(tmp_path / "one", workdir, "minutes=0.4", "checkpoint_at=0.4", "train_seed=3") == 0
+    assert _bench(tmp_path / "one", workdir, "minutes=0.4", "checkpoint_at=0.4", "train_seed=3",
+                  "checkpoint_steps=3000") == 0
     first = MarioState.load(workdir)
-    assert [c["minute"] for c in first.checkpoints] == [0.4] and first.trained_minutes == pytest.approx(0.4)
+    [early] = [c for c in first.checkpoints if c.get("steps_mark") is not None]
+    [at_first] = [c for c in first.checkpoints if "steps_mark" not in c]
+    assert at_first["minute"] == 0.4
+    assert first.trained_minutes == pytest.approx(0.4)
     assert "learner.seed=3" in first.recipe["sets"] and first.random is not None
+    # the step mark's checkpoint: asked for once a poll read 3,000 agent steps, its own steps read once written
+    assert early["steps_mark"] == 3000 and 3000 <= early["polled_env_steps"] <= early["env_steps"]
+    assert Path(early["dir"]).name == "ckpt-3000steps" and (Path(early["dir"]) / "learner.safetensors").is_file()
+    assert len(early["episodes"]) == 2 and early["part"] == 0
     # what cannot continue this training is refused before anything starts, and the kept state is untouched
     before = (workdir / STATE_FILE).read_bytes()
     assert _bench(tmp_path / "x", workdir, "minutes=0.4", "checkpoint_at=0.8", "train_seed=4", "resume=1") == 2
     assert "its recipe differs (sets:" in capsys.readouterr().err
     assert _bench(tmp_path / "x", workdir, "minutes=0.4", "checkpoint_at=0.3", "train_seed=3", "resume=1") == 2
     assert "each must be in (0.4, 0.8] (the training so far ends at 0.4 min)" in capsys.readouterr().err
+    assert _bench(tmp_path / "x", workdir, "minutes=0.4", "checkpoint_at=0.8", "train_seed=3", "resume=1",
+                  "checkpoint_steps=1000,3000") == 2  # 1,000 was passed in the first part without a checkpoint
+    assert "checkpoint_steps: 1000 lie within the training so far" in capsys.readouterr().err
     assert (workdir / STATE_FILE).read_bytes() == before
 
-    assert _bench(tmp_path / "two", workdir, "minutes=0.4", "checkpoint_at=0.8", "train_seed=3", "resume=1") == 0
+    later = round(first.env_steps) + 2000  # marks count agent steps from the first part's start
+    # the second part evaluates in this process (eval_workers=1, quicker), the first in a pool of worker processes
+    assert _bench(tmp_path / "two", workdir, "minutes=0.4", "checkpoint_at=0.8", "train_seed=3", "resume=1",
+                  f"checkpoint_steps=3000,{later}", "eval_workers=1") == 0
     state = MarioState.load(workdir)
-    one, two = state.checkpoints
+    one, two = [c for c in state.checkpoints if "steps_mark" not in c]
+    kept_early, second = [c for c in state.checkpoints if "steps_mark" in c]
+    assert kept_early == early  # taken in the first part: kept as it was, not taken again
+    assert second["steps_mark"] == later and second["part"] == 1 and second["minute"] > 0.4
+    assert later <= second["polled_env_steps"] <= second["env_steps"] and len(second["episodes"]) == 2
     assert (one["minute"], two["minute"]) == (0.4, 0.8) and [p["part"] for p in state.parts] == [0, 1]
     assert two["checkpoint_updates"] > one["checkpoint_updates"]  # the learner went on from its checkpoint
     assert two["env_steps"] > one["env_steps"] and two["t"] > 0.4 * 60  # counted from the first part's start
-    assert one["episodes"] == first.checkpoints[0]["episodes"]  # evaluated once, kept
+    assert one["episodes"] == at_first["episodes"]  # evaluated once, kept
     # each checkpoint keeps the learner's kept best of its moment (what flywheel play takes), played on the same seeds
     for c in (one, two):
         kept = Path(c["best"]["file"])
         assert kept.parent == Path(c["dir"]) / "kept-best" and kept.is_file() and len(c["best"]["episodes"]) == 2
         assert c["best"]["weight_version"] <= c["weight_version"]
-    assert one["best"]["episodes"] == first.checkpoints[0]["best"]["episodes"]
+    assert one["best"]["episodes"] == at_first["best"]["episodes"]
     assert state.random == first.random
     steps = [p["env_steps"] for p in state.points]
     assert steps == sorted(steps) and {p["part"] for p in state.points} == {0, 1}
@@ -60,6 +79,8 @@ def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
     cases = [r["case"] for r in result["rows"]]
     assert any(c.startswith("checkpoint at 0.4 min") for c in cases)
     assert any(c.startswith("checkpoint at 0.8 min") for c in cases)
+    assert any(c.startswith(f"checkpoint at 3k steps ({early['env_steps']:,.0f} agent steps, +") for c in cases)
+    assert any(n.startswith("Checkpoints at agent-step marks") and "run 3k steps +" in n for n in result["notes"])
     assert any(n.startswith("Trained in 2 parts") for n in result["notes"])
     assert any(c.startswith("run: kept best at 0.8 min (weight version") for c in cases)
 
@@ -82,6 +103,11 @@ def test_resume_needs_the_kept_workdir(tmp_path: Path, capsys: pytest.CaptureFix
     ("train_seed=-2", "--opt train_seed=-2: a seed is a whole number >= 0"),
     ("also_epsilon=1.5", "--opt also_epsilon=1.5: an exploration rate is in [0, 1]"),
     ("eval_epsilon=-0.1", "--opt eval_epsilon=-0.1: an exploration rate is in [0, 1]"),
+    ("checkpoint_steps=5000,1e6", "--opt checkpoint_steps='5000,1e6': expected whole numbers of agent steps"),
+    ("checkpoint_steps=2500.5", "--opt checkpoint_steps='2500.5': expected whole numbers of agent steps"),
+    ("checkpoint_steps=0,5000", "--opt checkpoint_steps='0,5000': each must be > 0 and larger than the one before"),
+    ("checkpoint_steps=5000,2000", "'5000,2000': each must be > 0 and larger than the one before"),
+    ("checkpoint_steps=5000,5000", "'5000,5000': each must be > 0 and larger than the one before"),
 ])
 def test_bad_options_are_one_line_before_anything_trains(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          opt: str, message: str) -> None:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -92,7 +94,12 @@ def test_the_script_refuses_what_it_cannot_compare(tmp_path: Path) -> None:
     done = run_script("--side", "x", str(a), str(b))
     assert done.returncode == 2 and "evaluated on different seeds" in done.stderr
     missing = run_script("--minute", "45", "--side", "x", str(a))
-    assert missing.returncode == 2 and "no checkpoint at 45 min (it has 30, 60)" in missing.stderr
+    assert missing.returncode == 2 and "no checkpoint at 45 min (it has 30, 60 min)" in missing.stderr
+    no_mark = run_script("--steps", "250000", "--side", "x", str(a))
+    assert no_mark.returncode == 2 and "no checkpoint at the 250000 agent steps mark (it has 30, 60 min)" in \
+        no_mark.stderr
+    both = run_script("--minute", "60", "--steps", "250000", "--side", "x", str(a))
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert "broken.json" in run_script("--side", "x", str(broken)).stderr
@@ -120,3 +127,31 @@ def test_the_script_takes_one_deploy_of_a_run_and_compose_result(tmp_path: Path)
     assert "| compose | both.json#compose | Xeon | 22,000 | 5,500 | 220.0 | 55.0 | 3.00 | 2.00 | 1,000 (" in done.stdout
     missing = run_script("--side", "k8s", f"{path}#k8s")
     assert missing.returncode == 2 and "no evaluated checkpoint of deploy 'k8s'" in missing.stderr
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mario_runs", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_steps_picks_each_runs_checkpoint_at_that_agent_steps_mark(tmp_path: Path) -> None:
+    runs = _script()
+    path = _bench_result(tmp_path / "a.json", 1000.0, 0, range(100, 110))
+    result = json.loads(path.read_text())
+    at_mark = {"minute": 60.0, "steps_mark": 500_000, "env_steps": 503_000, "polled_env_steps": 501_000,
+               "checkpoint_updates": 110_000, "episodes": [{"seed": s, "x_pos_max": 2000.0, "flag": True}
+                                                           for s in range(100, 110)]}
+    result["extra"]["checkpoints"].insert(1, at_mark)  # taken before the 60-minute one, at the same minute
+    path.write_text(json.dumps(result))
+    row = runs.one_run(str(path), None, 500_000)
+    assert (row["steps_mark"], row["env_steps"], row["updates"]) == (500_000, 503_000, 110_000)
+    assert row["summary"]["flag_rate"] == 1.0
+    by_minute = runs.one_run(str(path), 60.0)  # --minute takes the minute checkpoint, not a mark's
+    assert (by_minute["steps_mark"], by_minute["env_steps"]) == (None, 500_000)
+    assert runs.one_run(str(path), None)["env_steps"] == 500_000  # neither: the last checkpoint
+    with pytest.raises(runs.RunsError, match=r"no checkpoint at the 250000 agent steps mark \(it has 30, 60 min and "
+                                             r"the agent-step marks 500000\)"):
+        runs.one_run(str(path), None, 250_000)

@@ -23,11 +23,12 @@ LEARNER_COUNTERS = {
     "sample_batches_total", "shm_batches_total", "tcp_batches_total", "compact_batches_total", "packed_batches_total",
     "requests_resent_total", "replay_reconnects_total", "replies_unrequested_total", "priority_updates_dropped_total",
     "greedy_evaluations_total", "greedy_evaluation_failures_total", "pretrain_updates_total",
+    "weights_fanout_bytes_total", "weights_publishes_deferred_total",
 }
 LEARNER_GAUGES = {
     "loss", "td_error_mean", "q_mean", "updates_per_second", "samples_per_second", "data_wait_ratio",
     "weight_version", "beta", "lr", "paused", "requests_in_flight", "batches_waiting", "update_step", "replay_size",
-    "publish_interval_updates", "publish_interval_seconds",
+    "publish_interval_updates", "publish_interval_seconds", "weights_subscribers", "weights_min_interval_seconds",
 }
 # Reported only when there is a value: the margin loss once a demonstration row was trained on, the GPU's numbers
 # on CUDA, the greedy evaluations' once one finished.
@@ -77,6 +78,9 @@ def test_a_learner_reports_its_counts_under_the_same_keys(harness, device: str) 
     g = last.gauges
     assert g["lr"] == pytest.approx(1e-3) and g["paused"] == 0 and g["update_step"] == c["updates_total"]
     assert g["weight_version"] >= 2 and g["publish_interval_updates"] == 5 and 0 <= g["data_wait_ratio"] <= 1
+    # the harness's one weights SUB, sent every version under the default budget (one subscriber: not shaped)
+    assert g["weights_subscribers"] == 1 and c["weights_publishes_deferred_total"] == 0
+    assert c["weights_fanout_bytes_total"] > 0 and 0 <= g["weights_min_interval_seconds"] < 0.01
     assert set(h.loop.last_gauges) == set(g) - PROCESS_GAUGES  # what the CLI's progress line reads
     if device == "cuda":
         assert g["gpu_memory_allocated_bytes"] > 0 and g["achieved_tflops"] > 0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -37,19 +38,31 @@ def one_error_line(result: subprocess.CompletedProcess[str], extra: str) -> str:
     return lines[0]
 
 
-@pytest.mark.timeout(900)  # a venv, torch from the local wheel cache, the core's dependencies, a short run
+def link_torch(venv: Path, folder: Path) -> None:
+    """Make this venv's torch (its package folders and dist-info, nothing else) importable in ``venv`` through a .pth
+    line, so pip sees torch installed and resolves the rest of the core (torch's own dependencies included) for
+    real. Unpacking the torch wheel again would test pip, not Flywheel, and take a share of CI."""
+    dist = importlib.metadata.distribution("torch")
+    top = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+    folder.mkdir()
+    site_packages = Path(str(dist.locate_file("")))
+    for name in top:
+        (folder / name).symlink_to(site_packages / name)
+    (next((venv / "lib").glob("python3*")) / "site-packages" / "linked-torch.pth").write_text(f"{folder}\n")
+
+
+@pytest.mark.timeout(900)  # a venv, the core's dependencies from the local package index, a short run
 def test_the_core_install_trains_cartpole_and_names_missing_extras(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    link_torch(venv, tmp_path / "torch-linked")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    torch_pin = f"torch=={__import__('torch').__version__.split('+')[0]}"  # the build this machine installs
     source = tmp_path / "src"  # pip builds in the source folder (build/, *.egg-info): a copy, not the checkout
     skip = shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "__pycache__", ".pytest_cache",
                                   ".ruff_cache", ".hypothesis", "tests")
     shutil.copytree(ROOT, source, ignore=skip)
-    for what in ([torch_pin], [str(source)]):
-        installed = run([*pip, *what], tmp_path, timeout=600)
-        assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    installed = run([*pip, str(source)], tmp_path, timeout=600)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     listed = run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "freeze"], tmp_path, timeout=120)
     names = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
     assert "flywheel-rl" in names and not names & set(NOT_IN_THE_CORE), sorted(names & set(NOT_IN_THE_CORE))

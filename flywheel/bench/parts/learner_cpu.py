@@ -24,13 +24,15 @@ VARIANTS = (
 )
 
 
-def _batch(side: int, rng: np.random.Generator) -> proto.SampleBatch:
-    shape = (BATCH, 4, side, side)
+def pixel_batch(obs_shape: tuple[int, ...], size: int, rng: np.random.Generator,
+                n_actions: int = N_ACTIONS) -> proto.SampleBatch:
+    """A replay's answer of ``size`` random uint8 frames, as the learner core takes it."""
+    shape = (size, *obs_shape)
     return proto.SampleBatch(
-        request_id=0, replay_size=10_000, index=np.arange(BATCH, dtype=np.int64),
-        weight=rng.uniform(0.1, 1.0, BATCH).astype(np.float32),
-        obs=rng.integers(0, 256, shape, dtype=np.uint8), action=rng.integers(0, N_ACTIONS, BATCH).astype(np.int64),
-        reward=rng.normal(size=BATCH).astype(np.float32), discount=np.full(BATCH, 0.9**3, dtype=np.float32),
+        request_id=0, replay_size=10_000, index=np.arange(size, dtype=np.int64),
+        weight=rng.uniform(0.1, 1.0, size).astype(np.float32),
+        obs=rng.integers(0, 256, shape, dtype=np.uint8), action=rng.integers(0, n_actions, size).astype(np.int64),
+        reward=rng.normal(size=size).astype(np.float32), discount=np.full(size, 0.9**3, dtype=np.float32),
         next_obs=rng.integers(0, 256, shape, dtype=np.uint8))
 
 
@@ -42,7 +44,7 @@ def cpu_variant_rows(runs: int, updates: int, progress: Callable[[str], None]) -
     for key, label, side, channels_last, compiled in VARIANTS:
         config = CoreConfig(lr=1e-4, compile=compiled, channels_last=channels_last)
         core = LearnerCore((4, side, side), N_ACTIONS, config, "cpu")
-        batch = _batch(side, rng)
+        batch = pixel_batch((4, side, side), BATCH, rng)
         start = time.perf_counter()
         for _ in range(3):  # warm-up; the first compiled call compiles
             core.update(batch).priorities()

@@ -294,12 +294,21 @@ def summarize(step: Step, rate: float, limits: dict[str, float]) -> dict[str, An
     identities = sim.get("identities", [])
     weights_bytes = float(sim.get("weights_bytes", 0.0))
     io = out["learner"]["zmq_io_cpu_cores"] * dt
+    fanout = _counter(learner_b, "weights_fanout_bytes_total") - _counter(learner_a, "weights_fanout_bytes_total")
+    deferred = (_counter(learner_b, "weights_publishes_deferred_total")
+                - _counter(learner_a, "weights_publishes_deferred_total"))
     out["publishing"] = {
         "publishes": publishes, "publishes_per_s": publishes / dt,
         "updates_per_s": (_counter(learner_b, "updates_total") - _counter(learner_a, "updates_total")) / dt,
         "bytes_per_publish": weights_bytes, "wire_bytes_per_publish": weights_bytes * step.actors,
         "encode_cpu_s_per_publish": sim.get("weights_encode_cpu_s"),
         "learner_io_thread_cpu_s_per_publish": io / publishes if publishes > 0 else None,
+        # the fan-out budget (learner.weights_fanout_mb_per_s) sends fewer versions than it makes: bytes sent, the
+        # versions deferred (replaced by a newer one before their turn), the I/O thread's CPU per MB on the wire
+        "fanout_bytes_per_s": fanout / dt, "deferred_per_s": deferred / dt,
+        "subscribers": _gauge(learner_b, "weights_subscribers"),
+        "min_interval_s": _gauge(learner_b, "weights_min_interval_seconds"),
+        "learner_io_thread_cpu_ms_per_mb": io * 1e3 / (fanout / 1e6) if fanout > 0 else None,
         "learner_cpu_s_per_update": ((b.cpu("learner") - a.cpu("learner"))
                                      / max(1.0, _counter(learner_b, "updates_total")
                                            - _counter(learner_a, "updates_total"))),

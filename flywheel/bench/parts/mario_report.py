@@ -24,6 +24,15 @@ A3C_ANCHORS = ((0.58e6, 1670.0, "A3C: greedy x_pos ~1,670"), (1.01e6, FLAG_X, "A
                (1.63e6, FLAG_X, "A3C: flag every episode"))
 
 
+def checkpoint_label(c: dict[str, Any]) -> str:
+    """A checkpoint's name in tables: its minute ("15 min") or, taken at an agent-step mark, the mark ("250k steps")."""
+    n = c.get("steps_mark")
+    if n is None:
+        return f"{c['minute']:g} min"
+    return (f"{n / 1e6:g}M" if n >= 1_000_000 and n % 10_000 == 0 else f"{n // 1000}k" if n % 1000 == 0
+            else f"{n:,}") + " steps"
+
+
 def _x(records: list[dict[str, Any]]) -> list[float]:
     return [furthest_x(r) for r in records]
 
@@ -65,7 +74,7 @@ def _policy_table(rnd: dict[str, Any], checkpoints: list[dict[str, Any]], settin
              "| policy | agent steps | mean x (95% CI) | median x (95% CI) | flag rate (95% CI) | mean x, stall rule "
              "| flag rate, stall rule |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, steps, s, t in [("random", None, rnd["summary"], rnd["stall_rule"])] + [
-            (f"{c.get('deploy', 'run')} {c['minute']:g} min", c["env_steps"], c["summary"], c["stall_rule"])
+            (f"{c.get('deploy', 'run')} {checkpoint_label(c)}", c["env_steps"], c["summary"], c["stall_rule"])
             for c in checkpoints]:
         lines.append(f"| {name} | {'-' if steps is None else f'{steps:,.0f}'} | {_mean_cell(s)} | {_median_cell(s)} | "
                      f"{_flag_cell(s)} | {t['mean']:,.0f} | {t['flag_rate']:.0%} |")
@@ -80,7 +89,7 @@ def _also_table(rnd: dict[str, Any], checkpoints: list[dict[str, Any]], settings
              "",
              f"| policy | mean x, eps {also:g} (95% CI) | median x, eps {also:g} (95% CI) | flag rate, eps {also:g} "
              f"(95% CI) | mean x, eps {eps:g} | flag rate, eps {eps:g} |", "|---|---:|---:|---:|---:|---:|"]
-    for name, s, h in [("random", rnd, rnd)] + [(f"{c.get('deploy', 'run')} {c['minute']:g} min", c["summary_also"],
+    for name, s, h in [("random", rnd, rnd)] + [(f"{c.get('deploy', 'run')} {checkpoint_label(c)}", c["summary_also"],
                                                   c["summary"]) for c in checkpoints]:
         lines.append(f"| {name} | {_mean_cell(s)} | {_median_cell(s)} | {_flag_cell(s)} | {h['mean']:,.0f} | "
                      f"{h['flag_rate']:.0%} |")
@@ -100,8 +109,8 @@ def _kept_best_table(checkpoints: list[dict[str, Any]], settings: dict[str, Any]
         sc = b.get("scored") or {}
         scored = (f"{sc['mean_return']:.1f} over {sc.get('episodes')}, eps {sc.get('epsilon') or 0:g}, "
                   f"0..{sc.get('noop_max') or 0}" if sc.get("mean_return") is not None else "-")
-        lines.append(f"| {c.get('deploy', 'run')} {c['minute']:g} min | v{c.get('weight_version')}, {n['mean']:,.0f}, "
-                     f"{n['flag_rate']:.0%} | v{b['weight_version']}, {scored} | {_mean_cell(s)} | "
+        lines.append(f"| {c.get('deploy', 'run')} {checkpoint_label(c)} | v{c.get('weight_version')}, "
+                     f"{n['mean']:,.0f}, {n['flag_rate']:.0%} | v{b['weight_version']}, {scored} | {_mean_cell(s)} | "
                      f"{s['median']:,.0f} | {_flag_cell(s)} |")
     return "\n".join(lines)
 
@@ -117,7 +126,7 @@ def _compose_row(checkpoints: list[dict[str, Any]], rnd: dict[str, Any]) -> Row 
     r = min(local, key=lambda x: (abs(float(x["env_steps"] or 0) - steps), -x["minute"]))
     s, q = c["summary"], r["summary"]
     return Row(
-        case=f"compose at {c['minute']:g} min ({steps:,.0f} agent steps) vs flywheel run at {r['minute']:g} min "
+        case=f"compose at {checkpoint_label(c)} ({steps:,.0f} agent steps) vs flywheel run at {checkpoint_label(r)} "
              f"({float(r['env_steps'] or 0):,.0f} agent steps, the nearest)",
         metric=f"mean max x_pos (compose 95% CI {s['ci_low']:.0f}-{s['ci_high']:.0f}; flywheel run 95% CI "
                f"{q['ci_low']:.0f}-{q['ci_high']:.0f}; random 95% CI {rnd['ci_low']:.0f}-{rnd['ci_high']:.0f})",
@@ -131,7 +140,7 @@ def _goal_rows(checkpoints: list[dict[str, Any]], rnd: dict[str, Any]) -> list[R
     """Issue 24's goals for this one training run, each judged at its own checkpoint minute when the run has it."""
     rows = []
     for minute, flags, least_x, name, judged in GOALS:
-        at = [c for c in checkpoints if c["minute"] == minute]
+        at = [c for c in checkpoints if c["minute"] == minute and c.get("steps_mark") is None]
         if not at:
             continue
         s = at[-1]["summary"]
@@ -144,6 +153,22 @@ def _goal_rows(checkpoints: list[dict[str, Any]], rnd: dict[str, Any]) -> list[R
             met=bool(s["n"] >= GOAL_EPISODES and s["flag_rate"] >= flags and s["ci_low"] > rnd["mean"]
                      and (least_x is None or s["mean"] >= least_x))))
     return rows
+
+
+def _steps_note(checkpoints: list[dict[str, Any]], settings: dict[str, Any]) -> str:
+    """How far past its agent-step mark each step checkpoint was taken, and the marks this part did not reach."""
+    taken = [c for c in checkpoints if c.get("steps_mark") is not None]
+    over = "; ".join(
+        f"{c.get('deploy', 'run')} {checkpoint_label(c)} {(c['env_steps'] or 0) - c['steps_mark']:+,.0f} "
+        f"({((c['env_steps'] or 0) - c['steps_mark']) / c['steps_mark']:+.1%}; the poll that reached it "
+        f"{(c.get('polled_env_steps') or 0) - c['steps_mark']:+,.0f})" for c in taken)
+    missed = [f"{d} {checkpoint_label({'steps_mark': m})}" for d in settings.get("deploys", ["run"])
+              for m in settings.get("checkpoint_steps") or []
+              if not any(c["steps_mark"] == m and c.get("deploy", "run") == d for c in taken)]
+    return ("Checkpoints at agent-step marks: each asked for at the first poll that read the actors' agent steps at "
+            "or past the mark (the polls come sooner as a mark nears, at least a second apart), its agent steps "
+            "read once the checkpoint was written; past the mark by: " + (over or "none taken")
+            + (f". Not reached in the training: {', '.join(missed)}." if missed else "."))
 
 
 def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoints: list[dict[str, Any]],
@@ -168,7 +193,9 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
         s = c["summary"]
         prefix = f"{c.get('deploy', 'run')}: " if len(deploys) > 1 else ""
         result.rows.append(Row(
-            case=f"{prefix}checkpoint at {c['minute']:g} min ({c['env_steps'] or 0:,.0f} agent steps)",
+            case=f"{prefix}checkpoint at {checkpoint_label(c)} ({c['env_steps'] or 0:,.0f} agent steps"
+                 + ("" if c.get("steps_mark") is None else
+                    f", {(c['env_steps'] or 0) - c['steps_mark']:+,.0f} over the mark; {c['minute']:g} min") + ")",
             metric=f"mean max x_pos, eps {eps:g} ({_describe(s)})",
             unit="x_pos", flywheel=s["mean"], peer=rnd["mean"], peer_name="random policy (mean)",
             flywheel_runs=_x(c["episodes"]), peer_runs=_x(random_records)))
@@ -178,7 +205,7 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
         b["summary"] = stats(_x(b["episodes"]), _flags(b["episodes"]))
         b["stall_rule"] = stats(*_stall_rule(b["episodes"]))
         result.rows.append(Row(
-            case=f"{c.get('deploy', 'run')}: kept best at {c['minute']:g} min (weight version {b['weight_version']}; "
+            case=f"{c.get('deploy', 'run')}: kept best at {checkpoint_label(c)} (weight version {b['weight_version']}; "
                  f"the newest {c.get('weight_version')})",
             metric=f"mean max x_pos, eps {eps:g} ({_describe(b['summary'])})", unit="x_pos",
             flywheel=b["summary"]["mean"], peer=c["summary"]["mean"],
@@ -228,6 +255,8 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
             f"engine, {settings['minutes']:g} min from `up`; checkpoints via POST /control/checkpoint, copied out "
             "of the learner's volume (its kept best left out). Compose's services report no per-process CPU; "
             "`machine_cpu_s` in the raw points is the whole machine's busy CPU for both.")
+    if any(c.get("steps_mark") is not None for c in checkpoints) or settings.get("checkpoint_steps"):
+        result.notes.append(_steps_note(checkpoints, settings))
     result.notes += [
         f"Evaluation after training: seeds {seeds[0]}..{seeds[-1]} for every checkpoint and the random policy, "
         f"from the level start with 0..{settings.get('noop_max', 0)} NOOPs, then epsilon {eps:g}; "
@@ -279,7 +308,7 @@ def plot(ctx: BenchContext, env_id: str, points: list[dict[str, Any]], checkpoin
         ax.errorbar(xs, ys, yerr=err, fmt="o-", color=color, capsize=4, zorder=4,
                     label=f"{deploy} checkpoints: mean max x_pos, 95% CI ({mine[0]['summary']['n']} seeds)")
         for x, y, c in zip(xs, ys, mine, strict=True):
-            ax.annotate(f"{c['minute']:g} min", (x, y), textcoords="offset points", xytext=(5, 8), fontsize=8)
+            ax.annotate(checkpoint_label(c), (x, y), textcoords="offset points", xytext=(5, 8), fontsize=8)
     ax.axhspan(rnd["ci_low"], rnd["ci_high"], color="grey", alpha=0.25, label="random policy: 95% CI of the mean")
     ax.axhline(rnd["mean"], color="grey", linestyle="--", linewidth=1, label=f"random policy: mean {rnd['mean']:.0f}")
     ax.axhline(FLAG_X, color="green", linestyle=":", linewidth=1, label=f"flag (x_pos ~{FLAG_X:,})")

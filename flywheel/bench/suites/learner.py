@@ -21,6 +21,7 @@ import zmq
 
 from flywheel import proto
 from flywheel.bench.parts.learner_fed import FED_OPTIONS, fed_rows
+from flywheel.bench.parts.learner_grid import GRID_OPTIONS, run_grid
 from flywheel.bench.parts.learner_loops import (
     ADAM_EPS,
     CASES,
@@ -58,6 +59,7 @@ OPTIONS = {
     "cpu_variants": "on a CPU, also time the Nature-CNN update eager / channels-last / inductor / 64 and 42 "
                     "inputs side by side (1/0, default 1; --quick 0)",
     **FED_OPTIONS,
+    **GRID_OPTIONS,
 }
 GPU_GOAL = 300.0
 GPU_UPDATES = 300
@@ -288,12 +290,13 @@ def run(ctx: BenchContext) -> SuiteResult:
     gpu = device.type == "cuda"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = ctx.option_int("threads", max(1, cores - 1))
-    default_cases = "mlp128,mlp512,nature32,nature512" if gpu else "mlp128,mlp512,nature32"
+    grid = ctx.option("grid", "0") == "1"  # the batch x threads grid; the other cases then default to off
+    default_cases = "none" if grid else "mlp128,mlp512,nature32,nature512" if gpu else "mlp128,mlp512,nature32"
     keys = [k.strip() for k in ctx.option("cases", default_cases).split(",") if k.strip() not in ("", "none")]
     unknown = sorted(set(keys) - {c.key for c in CASES})
     if unknown:
         raise BenchError(f"--opt cases: unknown {', '.join(unknown)}; choose from {', '.join(c.key for c in CASES)}")
-    if ctx.quick and "cases" not in ctx.options:
+    if ctx.quick and "cases" not in ctx.options and not grid:
         keys = ["mlp128", "nature32"] if not gpu else ["mlp128", "nature512"]
     precision = ctx.option("precision", "bf16") if gpu else "fp32"
     if precision not in ("bf16", "fp16", "fp32"):
@@ -307,6 +310,7 @@ def run(ctx: BenchContext) -> SuiteResult:
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows: list[Row] = []
+    sections: list[str] = []
     notes = [f"Device: {torch.cuda.get_device_name(0) if gpu else 'CPU'}; torch threads {threads} of {cores} "
              "usable cores for every loop; the replay is a separate process in its own session (as a separate "
              "service is), the learner's sampling thread runs in this process. Loops alternate in "
@@ -319,17 +323,24 @@ def run(ctx: BenchContext) -> SuiteResult:
             case_rows, case_notes = _run_case(ctx, case, device, config, threads, logs, zctx)
             rows += case_rows
             notes += case_notes
-        if ctx.option("fed", "0" if gpu else "1") == "1":
+        if ctx.option("fed", "0" if gpu or grid else "1") == "1":
             case_rows, case_notes = fed_rows(ctx, device, config, threads, zctx, logs, GPU_UPDATES)
             rows += case_rows
             notes += case_notes
-        if not gpu and ctx.option("cpu_variants", "0" if ctx.quick else "1") == "1":
+        if not gpu and ctx.option("cpu_variants", "0" if ctx.quick or grid else "1") == "1":
             from flywheel.bench.parts.learner_cpu import cpu_variant_rows
 
             torch.set_num_threads(1)  # as the pixel preset runs the learner: one core, the other for the actor
             variant_rows, variant_notes = cpu_variant_rows(ctx.runs, 40, ctx.progress)
             rows += variant_rows
             notes += ["CPU variants (one torch thread, the real LearnerCore on in-memory batches):", *variant_notes]
+        if grid:
+            if not rows:  # the grid alone: the note on this process's loops describes nothing that ran
+                notes.clear()
+            grid_rows, grid_notes, grid_section = run_grid(ctx)
+            rows += grid_rows
+            notes += grid_notes
+            sections.append(grid_section)
     finally:
         zctx.term()
         torch.set_num_threads(previous_threads)
@@ -338,4 +349,4 @@ def run(ctx: BenchContext) -> SuiteResult:
                      "dueling, bf16, torch.compile) was not measured; on a machine with one run "
                      "`flywheel bench learner --opt device=cuda`.")
     return SuiteResult(suite="learner", title="Learner: updates/s against a bare PyTorch loop", rows=rows,
-                       notes=notes, plots=_plot(ctx, rows))
+                       notes=notes, plots=_plot(ctx, rows), sections=sections)

@@ -130,6 +130,12 @@ def _rows(s: dict[str, Any]) -> list[Row]:
             flywheel=pub["bytes_per_publish"] / 1024, higher_is_better=False),
         Row(case=case, metric="learner ZeroMQ I/O thread CPU per publish", unit="ms",
             flywheel=float("nan") if io is None else 1e3 * io, higher_is_better=False),
+        Row(case=case, metric="weights fan-out sent (all subscribers)", unit="MB/s",
+            flywheel=pub["fanout_bytes_per_s"] / 1e6, higher_is_better=False),
+        Row(case=case, metric="weights versions deferred by the fan-out budget", unit="1/s",
+            flywheel=pub["deferred_per_s"], higher_is_better=False),
+        Row(case=case, metric="learner ZeroMQ I/O thread CPU per MB sent", unit="ms",
+            flywheel=_num(pub["learner_io_thread_cpu_ms_per_mb"]), higher_is_better=False),
         Row(case=case, metric="policy lag, max", unit="versions", flywheel=_num(lag["max_versions"]),
             higher_is_better=False, goal="bounded"),
         Row(case=case, metric="/metrics render time, max", unit="s", flywheel=s["metrics_render"]["max_s"],
@@ -150,8 +156,9 @@ def _num(value: float | None) -> float:
 def table(steps: list[dict[str, Any]]) -> str:
     """One line per actor count: the figures side by side."""
     lines = ["| actors | offered/s | into replay/s | CPU per 1k/s: replay, learner, gateway (cores) | peak RSS MiB: "
-             "replay, learner, gateway | publishes/s | KiB/publish | lag p50/max (versions) | /metrics max (s) | "
-             "dropped (counted) | unaccounted |", "|---:|---:|---:|---|---|---:|---:|---|---:|---:|---:|"]
+             "replay, learner, gateway | publishes/s | KiB/publish | fan-out MB/s | I/O ms per MB | lag p50/max "
+             "(versions) | /metrics max (s) | dropped (counted) | unaccounted |",
+             "|---:|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
 
     def fmt(value: float | None, spec: str = ".3g") -> str:
         return "–" if value is None or not math.isfinite(value) else format(value, spec)
@@ -162,6 +169,8 @@ def table(steps: list[dict[str, Any]]) -> str:
         pub, lag, lost = s["publishing"], s["policy_lag"], s["losses"]
         lines.append(f"| {s['actors']} | {fmt(s['offered_per_s'], ',.0f')} | {fmt(s['received_per_s'], ',.0f')} | "
                      f"{cpu} | {rss} | {fmt(pub['publishes_per_s'])} | {fmt(pub['bytes_per_publish'] / 1024, ',.0f')}"
+                     f" | {fmt(pub.get('fanout_bytes_per_s', 0) / 1e6)}"
+                     f" | {fmt(pub.get('learner_io_thread_cpu_ms_per_mb'))}"
                      f" | {fmt(lag['p50_versions'])}/{fmt(lag['max_versions'])} | "
                      f"{fmt(s['metrics_render']['max_s'])} | {lost['actor_dropped']:,} | {lost['unaccounted']:,.0f} |")
     return "\n".join(lines)

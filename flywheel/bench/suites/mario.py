@@ -7,7 +7,8 @@ as in any flywheel run of the preset). It reads the
 gateway every ``poll_s`` seconds (agent steps, updates, each actor's rolling distance and flag rate, CPU seconds;
 the load average too) and, at each of the ``checkpoint_at`` minutes, asks the learner for a checkpoint through the
 gateway's ``POST /control/checkpoint`` and copies it to ``ckpt-<M>min/``, with the learner's kept best of that
-moment (best.safetensors, what ``flywheel play`` and ``flywheel export`` take) in ``ckpt-<M>min/kept-best/``.
+moment (best.safetensors, what ``flywheel play`` and ``flywheel export`` take) in ``ckpt-<M>min/kept-best/``; the
+same at each ``checkpoint_steps`` mark (agent steps; ``ckpt-<N>steps/``), at the first poll that reads it reached.
 ``deploy=compose`` trains the shipped docker-compose.yml instead (``docker compose up --scale actor=<actors>``,
 built and run on a private Docker engine; flywheel.testing.compose), and ``deploy=run,compose`` trains both, one
 after the other, for the same minutes. After training, every checkpoint and a uniformly random policy play the same
@@ -33,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from flywheel import presets
-from flywheel.bench.parts.mario_report import plot, summarize
-from flywheel.bench.parts.mario_state import MarioState
+from flywheel.bench.parts.mario_report import checkpoint_label, plot, summarize
+from flywheel.bench.parts.mario_state import MarioState, parse_minutes, parse_steps, steps_wait
 from flywheel.bench.parts.records import furthest_x
 from flywheel.bench.runner import BenchContext, BenchError, SuiteResult
 from flywheel.launch.run import default_actors
@@ -55,6 +56,9 @@ OPTIONS = {
                   "deploy=compose passes it as FLYWHEEL_LEARNER_SEED and FLYWHEEL_REPLAY_SEED; default none",
     "checkpoint_at": "minutes at which a checkpoint is taken, comma-separated, counted from the first part's start "
                      "(default: every 15 minutes of this part and its end; --quick every minute)",
+    "checkpoint_steps": "agent steps at which a checkpoint is also taken, comma-separated whole numbers in increasing "
+                        "order (e.g. 250000,500000), counted from the first part's start; a mark an earlier part "
+                        "took is not taken again (default: none)",
     "deploy": "what trains: run (flywheel run, default), compose (docker compose up --scale actor=<actors> of the "
               "shipped compose file on a private Docker engine) or run,compose (both, one after the other)",
     "eval_episodes": "evaluation episodes per checkpoint and for the random policy (default 100; --quick 4)",
@@ -75,19 +79,6 @@ OPTIONS = {
                  "(default 0: the plot stays in --out)",
 }
 REPO_IMG = Path(__file__).resolve().parents[3] / "docs" / "img"
-
-
-def _minutes_list(raw: str, minutes: float, offset: float = 0.0) -> list[float]:
-    """Checkpoint minutes, counted from the first part's start: each in (offset, offset + minutes]."""
-    try:
-        marks = sorted({float(m) for m in raw.split(",") if m.strip()})
-    except ValueError:
-        raise BenchError(f"--opt checkpoint_at={raw!r}: expected minutes separated by commas") from None
-    if not marks or marks[0] <= offset or marks[-1] > offset + minutes:
-        within = f"({offset:g}, {offset + minutes:g}] (the training so far ends at {offset:g} min)" if offset else \
-            f"(0, minutes={minutes:g}]"
-        raise BenchError(f"--opt checkpoint_at={raw!r}: each must be in {within}")
-    return marks
 
 
 Training = FlywheelRun | ComposeStack
@@ -140,9 +131,11 @@ def open_run(workdir: Path, env_id: str, actors: int, sets: list[str],
     return run, token
 
 
-def _take_checkpoint(run: Training, token: str, minute: float, workdir: Path) -> dict[str, Any]:
-    """Ask the learner for a checkpoint now, wait for the newer file, copy it to workdir/ckpt-<M>min/."""
-    dest = workdir / f"ckpt-{minute:g}min"
+def _take_checkpoint(run: Training, token: str, minute: float, workdir: Path, steps_mark: int | None = None,
+                     polled: float = 0.0) -> dict[str, Any]:
+    """Ask the learner for a checkpoint now, wait for the newer file, copy it to workdir/ckpt-<M>min/ (a step mark's:
+    workdir/ckpt-<N>steps/, ``polled`` the agent steps of the poll that reached it)."""
+    dest = workdir / (f"ckpt-{minute:g}min" if steps_mark is None else f"ckpt-{steps_mark}steps")
     asked = time.monotonic()
     if isinstance(run, ComposeStack):  # the learner's volume, copied out once its checkpoint counter moves
         count = run.learner_checkpoints()
@@ -170,6 +163,8 @@ def _take_checkpoint(run: Training, token: str, minute: float, workdir: Path) ->
              "env_steps": point.get("env_steps"), "updates": point.get("updates"),
              "replay_size": point.get("replay_size"), "checkpoint_updates": policy.updates,
              "weight_version": policy.weight_version}
+    if steps_mark is not None:
+        found.update(steps_mark=steps_mark, polled_env_steps=polled)
     if not isinstance(run, ComposeStack) and (kept := _copy_kept_best(source.parent, dest, run.env_id)) is not None:
         found["best"] = kept
     return found
@@ -197,11 +192,15 @@ def _copy_kept_best(learner_dir: Path, dest: Path, env_id: str) -> dict[str, Any
 
 def train_and_poll(ctx: BenchContext, run: Training, minutes: float, poll_s: float, points: list[dict[str, Any]],
                    point: Callable[[Snapshot], dict[str, Any]], describe: Callable[[dict[str, Any]], str],
-                   marks: Sequence[float] = (), at_mark: Callable[[float], None] | None = None) -> None:
+                   marks: Sequence[float] = (), at_mark: Callable[[float], None] | None = None,
+                   steps: Sequence[float] = (), at_steps: Callable[[float, float], None] | None = None) -> None:
     """Let ``run`` train for ``minutes``, reading the gateway every ``poll_s`` seconds into ``points`` (one
-    progress line each, ``describe`` saying what the suite watches) and calling ``at_mark`` at each minute mark."""
+    progress line each, ``describe`` saying what the suite watches) and calling ``at_mark`` at each minute mark;
+    ``at_steps(mark, polled)`` at the first poll whose agent steps reach each of ``steps`` (this run's steps; polls
+    come sooner as the next nears, one mark per poll)."""
     end = run.started + 60 * minutes
     pending = list(marks)
+    steps_pending = list(steps)
     next_poll = run.started + poll_s
     while pending or time.monotonic() < end:
         run.check_alive()
@@ -216,6 +215,13 @@ def train_and_poll(ctx: BenchContext, run: Training, minutes: float, poll_s: flo
                 p = points[-1]
                 ctx.progress(f"{p['t'] / 60:5.1f} min: {p['env_steps']:,.0f} agent steps, {p['updates']:,.0f} "
                              f"updates, {describe(p)}, load {p['load'][0]:.2f}")
+                if steps_pending and p["env_steps"] >= steps_pending[0]:
+                    reached = steps_pending.pop(0)
+                    if at_steps is not None:
+                        at_steps(reached, p["env_steps"])
+                    next_poll = time.monotonic()  # the next mark may be passed too: read again now
+                elif steps_pending:
+                    next_poll = now + steps_wait(points, steps_pending[0], poll_s)
         if pending and now >= due:
             minute = pending.pop(0)
             if at_mark is not None:
@@ -224,19 +230,25 @@ def train_and_poll(ctx: BenchContext, run: Training, minutes: float, poll_s: flo
 
 def _train(ctx: BenchContext, run: Training, token: str, workdir: Path, minutes: float, marks: list[float],
            poll_s: float, points: list[dict[str, Any]], checkpoints: list[dict[str, Any]],
-           offset: float = 0.0) -> None:
-    def checkpoint(minute: float) -> None:  # minute of this part; its checkpoint is named from the first part's start
-        checkpoints.append(_take_checkpoint(run, token, offset + minute, workdir))
+           offset: float = 0.0, steps: Sequence[int] = (), steps_offset: float = 0.0) -> None:
+    def take(minute: float, mark: int | None = None, polled: float = 0.0) -> None:  # minute, mark: from the start
+        checkpoints.append(_take_checkpoint(run, token, minute, workdir, mark, polled))
         c = checkpoints[-1]
-        ctx.progress(f"checkpoint at {minute:g} min: {c['env_steps'] or 0:,.0f} agent steps, "
+        at = f"{minute:g} min" if mark is None else \
+            f"the {mark:,} agent steps mark ({minute:g} min; the poll read {polled + steps_offset:,.0f})"
+        ctx.progress(f"checkpoint at {at}: {(c['env_steps'] or 0) + steps_offset:,.0f} agent steps, "
                      f"{c['checkpoint_updates']:,} updates -> {c['dir']}")
+
+    def at_steps(mark: float, polled: float) -> None:  # mark and polled: this part's agent steps
+        take(round(offset + (time.monotonic() - run.started) / 60, 2), round(mark + steps_offset), polled)
 
     def distance(p: dict[str, Any]) -> str:
         return "distance (rolling) " + (", ".join(f"{k} {v:.0f}" for k, v in p["distance"].items()
                                                   if v is not None) or "-")
 
     train_and_poll(ctx, run, minutes, poll_s, points, lambda snap: _point(run, snap), distance,
-                   [m - offset for m in marks], checkpoint)
+                   [m - offset for m in marks], lambda minute: take(offset + minute),
+                   [m - steps_offset for m in steps], at_steps)
 
 
 def _evaluate(ctx: BenchContext, env_id: str, name: str, checkpoint: str | None, seeds: list[int], epsilon: float,
@@ -315,6 +327,7 @@ def run(ctx: BenchContext) -> SuiteResult:
     noop_max = ctx.option_int("noop_max", 30)
     stall_steps = ctx.option_int("stall_steps", 0)
     seed_base = ctx.option_int("seed_base", 100_000)
+    step_marks = parse_steps(ctx.option("checkpoint_steps", "")) if ctx.option("checkpoint_steps", "") else []
     poll_s = ctx.option_float("poll_s", 5.0 if ctx.quick else 15.0)
     if episodes < 1 or workers < 1 or stall_steps < 0 or actors < 1 or noop_max < 0:
         raise BenchError("eval_episodes, eval_workers and actors must be >= 1, stall_steps and noop_max >= 0")
@@ -333,8 +346,10 @@ def run(ctx: BenchContext) -> SuiteResult:
         offset = state.trained_minutes
         step = 1.0 if ctx.quick else 15.0  # a checkpoint every `step` minutes of the part, and at its end
         default_marks = sorted({offset + step * k for k in range(1, int(minutes // step) + 1)} | {offset + minutes})
-        marks = _minutes_list(ctx.option("checkpoint_at", ",".join(f"{m:g}" for m in default_marks)), minutes,
+        marks = parse_minutes(ctx.option("checkpoint_at", ",".join(f"{m:g}" for m in default_marks)), minutes,
                               offset)
+        to_take = {deploy: state.steps_to_take(step_marks, deploy) for deploy in deploys}
+        steps_offset = state.env_steps
         loads: dict[str, Any] = {"start": list(os.getloadavg())}
         for deploy in deploys:
             where = workdir / deploy if len(deploys) > 1 else workdir
@@ -346,11 +361,13 @@ def run(ctx: BenchContext) -> SuiteResult:
                         + (" --resume" if resume else "") if deploy == "run" else
                         f"docker compose up --scale actor={actors} (env {env_id}"
                         f"{'' if train_seed is None else f', learner and replay seed {train_seed}'})")
+                also_at = f" and {', '.join(f'{m:,}' for m in to_take[deploy])} agent steps" if to_take[deploy] else ""
                 ctx.progress(f"{what} for {minutes:g} min{f' (after {offset:g} min before)' if offset else ''}, "
-                             f"checkpoints at {', '.join(f'{m:g}' for m in marks)} min (log {training.log})")
+                             f"checkpoints at {', '.join(f'{m:g}' for m in marks)} min{also_at} (log {training.log})")
                 loads[f"{deploy}_start"] = list(os.getloadavg())
                 stack.enter_context(training)
-                _train(ctx, training, token, where, minutes, marks, poll_s, points, found, offset)
+                _train(ctx, training, token, where, minutes, marks, poll_s, points, found, offset, to_take[deploy],
+                       steps_offset)
                 loads[f"{deploy}_end_of_training"] = list(os.getloadavg())
             state.add_part(minutes, [{**p, "deploy": deploy} for p in points],
                            [{**c, "deploy": deploy} for c in found], loads, advance=deploy == deploys[-1])
@@ -365,18 +382,19 @@ def run(ctx: BenchContext) -> SuiteResult:
             state.random = _evaluate(ctx, env_id, "random policy", None, *args)
             state.save(workdir)
         for c in pending:
-            name = f"{c['deploy']} checkpoint {c['minute']:g} min"
+            name = f"{c['deploy']} checkpoint {checkpoint_label(c)}"
             c["episodes"] = _evaluate(ctx, env_id, name, c["dir"], *args)
             if also >= 0:  # the random policy ignores epsilon: its episodes above stand for both rates
                 c["episodes_also"] = _evaluate(ctx, env_id, f"{name}, epsilon {also:g}", c["dir"], seeds, also,
                                                *args[2:])
             state.save(workdir)
         for c in [c for c in state.checkpoints if c.get("best") and "episodes" not in c["best"]]:
-            c["best"]["episodes"] = _evaluate(ctx, env_id, f"{c['deploy']} kept best at {c['minute']:g} min",
+            c["best"]["episodes"] = _evaluate(ctx, env_id, f"{c['deploy']} kept best at {checkpoint_label(c)}",
                                               c["best"]["file"], *args)
             state.save(workdir)
         loads["end"] = list(os.getloadavg())
         settings = {**recipe, **evaluation, "minutes": state.trained_minutes, "checkpoint_at": marks,
+                    "checkpoint_steps": step_marks,
                     "eval_episodes": episodes, "eval_workers": workers, "parts": state.training_parts,
                     "workdir": str(workdir) if ctx.option("workdir", "") else None}
         result = summarize(settings, state.points, state.checkpoints, state.random, loads)

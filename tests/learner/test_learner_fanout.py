@@ -1,0 +1,142 @@
+"""The weights fan-out budget: the pure rule (FanoutShaper), and the weights PUB over real sockets counting its
+subscribers and sending only the newest version at the shaped spacing."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import zmq
+
+from flywheel import proto
+from flywheel.services.learner.fanout import FanoutShaper, fanout_interval
+from flywheel.services.learner.settings import LearnerSettings
+from flywheel.services.learner.transport import WeightsPublisher
+from flywheel.settings import setting_default
+from flywheel.transport import subscriber
+
+DEADLINE_S = 20.0
+MARIO_WEIGHTS_BYTES = 461_872  # one encoded Mario weights message (docs/benchmarks/results/load_20261204)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def test_the_interval_is_subscribers_times_bytes_over_the_budget() -> None:
+    assert fanout_interval(10, 1000, 5000.0) == pytest.approx(2.0)
+    assert fanout_interval(0, 1000, 5000.0) == 0.0  # nobody to send to
+    assert fanout_interval(10, 1000, 0.0) == 0.0  # no budget
+
+
+def test_the_default_budget_leaves_16_actors_alone_and_stretches_256() -> None:
+    budget = setting_default(LearnerSettings, "weights_fanout_mb_per_s") * 1e6
+    # the load test's learner published 1.6 times a second at 16 actors and 0.84 at 256 (two busy cores)
+    assert fanout_interval(2, MARIO_WEIGHTS_BYTES, budget) < fanout_interval(16, MARIO_WEIGHTS_BYTES, budget) < 0.2
+    assert fanout_interval(256, MARIO_WEIGHTS_BYTES, budget) > 1 / 0.84
+
+
+def test_a_version_due_early_waits_and_the_republish_obeys_the_budget() -> None:
+    shaper = FanoutShaper(bytes_per_s=1000.0, republish_s=5.0)  # 4 subscribers x 500 bytes: one send per 2 s
+    assert shaper.offer(0.0, 4, 500)  # the first goes at once
+    shaper.sent(0.0)
+    assert not shaper.binding
+    assert not shaper.offer(1.0, 4, 500) and not shaper.offer(1.5, 4, 500)  # the second replaces the first
+    assert shaper.deferred_total == 2 and shaper.waiting and shaper.binding
+    assert not shaper.due(1.9, 4, 500) and shaper.due(2.0, 4, 500)  # the waiting one: at the interval
+    shaper.sent(2.0)
+    assert not shaper.due(6.9, 4, 500) and shaper.due(7.0, 4, 500)  # nothing waits: after republish_s
+    assert not shaper.due(8.0, 40, 500) and shaper.due(22.0, 40, 500)  # 40 subscribers: 20 s > republish_s
+    assert shaper.deferred_total == 2
+
+
+def test_binding_stops_only_when_the_budget_is_free_for_two_intervals() -> None:
+    shaper = FanoutShaper(bytes_per_s=1000.0, republish_s=60.0)  # 2 s between sends
+    shaper.sent(0.0)
+    assert not shaper.offer(1.0, 4, 500) and shaper.binding
+    shaper.sent(2.0)
+    assert shaper.offer(5.0, 4, 500) and shaper.binding  # 3 s after: sent, but it still binds (no flapping)
+    shaper.sent(5.0)
+    assert shaper.offer(9.0, 4, 500) and not shaper.binding  # 4 s = two intervals after: it no longer binds
+    shaper.sent(9.0)
+    assert shaper.offer(9.5, 0, 500)  # nobody subscribed: nothing to shape
+    assert shaper.deferred_total == 1
+
+
+def weights(version: int) -> proto.Weights:
+    return proto.Weights(version=version, network="test-net", tensors={"w": np.full(256, version, np.float32)},
+                         run_id="ab12")
+
+
+def pump(pub: WeightsPublisher, until: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not until():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        pub.tick(time.monotonic())
+        time.sleep(0.01)
+
+
+def versions(sub: zmq.Socket, count: int) -> list[int]:
+    """The next ``count`` versions ``sub`` receives, then any more that came within 0.3 s."""
+    out: list[int] = []
+    while sub.poll(int(DEADLINE_S * 1000) if len(out) < count else 300):
+        out.append(proto.decode(sub.recv_multipart(), expect=proto.Weights).version)
+    return out
+
+
+def test_subscribers_are_counted_up_and_down_over_real_sockets(ctx: zmq.Context) -> None:
+    pub = WeightsPublisher(ctx, "tcp://127.0.0.1:0", republish_s=3600.0, fanout_bytes_per_s=0.0)
+    subs = [subscriber(ctx, pub.endpoint) for _ in range(5)]
+    try:
+        pump(pub, lambda: pub.subscribers == 5, "5 subscribers")
+        for sub in subs[:2]:
+            sub.close(0)
+        pump(pub, lambda: pub.subscribers == 3, "3 subscribers after 2 closed")
+        subs.append(subscriber(ctx, pub.endpoint))  # one joins again: a new connection
+        pump(pub, lambda: pub.subscribers == 4, "4 subscribers")
+        pub.publish(weights(1))
+        assert [versions(sub, 1) for sub in subs[2:]] == [[1]] * 4
+        assert pub.fanout_bytes_total == 4 * sum(memoryview(f).nbytes for f in proto.encode(weights(1)))
+    finally:
+        for sub in subs:
+            sub.close(0)
+        pub.close()
+
+
+def test_a_burst_under_a_tiny_budget_delivers_only_the_newest_at_the_shaped_spacing(
+        ctx: zmq.Context, caplog: pytest.LogCaptureFixture) -> None:
+    pub = WeightsPublisher(ctx, "tcp://127.0.0.1:0", republish_s=1.0, fanout_bytes_per_s=1.0)  # an hour apart
+    subs = [subscriber(ctx, pub.endpoint) for _ in range(3)]
+    try:
+        pump(pub, lambda: pub.subscribers == 3, "3 subscribers")
+        with caplog.at_level(logging.INFO, logger="flywheel.learner"):
+            for version in range(1, 6):
+                pub.publish(weights(version))  # the first goes at once, the other four wait
+            first = pub.shaper.last_send
+            interval = pub.min_interval
+            assert interval > 600 and pub.shaper.deferred_total == 4
+            pub.tick(first + interval * 0.999)  # neither the waiting version nor a republish (1 s) goes yet
+            assert pub.shaper.waiting and pub.shaper.last_send == first
+            pub.tick(first + interval)  # now the newest, once
+            assert not pub.shaper.waiting and pub.shaper.last_send == first + interval
+            pub.tick(first + interval + 2.0)  # a republish would be due after 1 s: the budget holds it back
+        assert [versions(sub, 2) for sub in subs] == [[1, 5]] * 3
+        binds = [r.getMessage() for r in caplog.records if "fan-out budget" in r.getMessage()]
+        assert len(binds) == 1 and "binds: 3 subscribers" in binds[0]  # one line, not one per deferral
+
+        caplog.clear()
+        pub.shaper.bytes_per_s = 0.0  # the budget lifted: the next version goes at once, and it no longer binds
+        with caplog.at_level(logging.INFO, logger="flywheel.learner"):
+            pub.publish(weights(6), now=first + interval + 3.0)  # the clock the ticks above were given
+        assert [versions(sub, 1) for sub in subs] == [[6]] * 3 and pub.shaper.deferred_total == 4
+        assert [r.getMessage() for r in caplog.records if "no longer binds" in r.getMessage()] != []
+    finally:
+        for sub in subs:
+            sub.close(0)
+        pub.close()
