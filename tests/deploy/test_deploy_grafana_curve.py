@@ -182,8 +182,13 @@ def handshake(server: security.CurveKeys, client_public: bytes, client_secret: b
         req.setsockopt(zmq.CURVE_SERVERKEY, server.server_public)
         req.setsockopt(zmq.CURVE_PUBLICKEY, client_public)
         req.setsockopt(zmq.CURVE_SECRETKEY, client_secret)
+        req.setsockopt(zmq.SNDTIMEO, timeout_ms)  # a REQ whose only peer was refused has no pipe: send would block
         req.connect(rep.getsockopt(zmq.LAST_ENDPOINT).decode())
-        req.send(b"ping")
+        try:
+            req.send(b"ping")
+        except zmq.Again:  # refused before the send: the pipe was already gone
+            assert handler.refused["unauthorized_key"] >= 1, "refused by ZAP, not lost"
+            return False
         if not rep.poll(timeout_ms):
             assert handler.refused["unauthorized_key"] >= 1, "refused by ZAP, not lost"
             return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -166,7 +167,11 @@ def test_flywheel_run_learns_the_corridor(tmp_path: Path) -> None:
     assert f"training {CORRIDOR}" in result.stdout
     with open(ckpt / "progress.csv", newline="") as fh:
         greedy = [float(row["greedy_return"]) for row in csv.DictReader(fh) if row.get("greedy_return")]
-    assert greedy, result.stdout[-3000:]
-    assert max(greedy) >= 0.9, f"best greedy return {max(greedy):.2f} (optimum {OPTIMUM}, random about -0.5)\n" + (
-        result.stdout[-3000:])
+    # what stopped it: actor 0's rolling greedy return, or the learner's greedy evaluation of a version it trained
+    # (v1, the network above, scored under the target; the run may stop on v2 before actor 0's greedy env catches up)
+    kept = re.search(r"kept best policy \(v(\d+)\) scored (-?[\d.]+)", result.stdout)
+    learned = kept is not None and int(kept.group(1)) >= 2 and float(kept.group(2)) >= 0.9
+    assert learned or (greedy and max(greedy) >= 0.9), (
+        f"best greedy return {max(greedy, default=float('nan')):.2f} (optimum {OPTIMUM}, random about -0.5)\n"
+        + result.stdout[-3000:])
     assert "reached the target 0.9" in result.stdout
