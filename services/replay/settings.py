@@ -42,7 +42,9 @@ class ReplaySettings(CommonSettings):
                                   "(comma-separated, e.g. ipc:///tmp/flywheel-replay.ipc,tcp://*:5555; an address "
                                   "other hosts reach needs CURVE keys or allow_plaintext)")
     sample_bind: str = Field("tcp://127.0.0.1:5556", description="ROUTER endpoint(s) learners sample from")
-    transitions_hwm: int = Field(64, ge=1, description="receive high-water mark for transition batches")
+    transitions_hwm: int = Field(4, ge=1, description="receive high-water mark for transition batches, per actor "
+                                 "connection (a batch is up to 256 rows: what waits for a rate limiter that holds "
+                                 "inserts back grows with it and with the actors)")
     transitions_buffer_kb: int = Field(0, ge=0, le=1 << 20, description="kernel receive buffer of each transitions "
                                        "connection, KiB (0: the OS default, which TCP grows to a few MiB)")
     max_pending_requests: int = Field(256, ge=1, description="sample requests queued while the limiter waits")

@@ -43,7 +43,7 @@ class ReplayServer:
     def __init__(
         self, core: ReplayCore, ctx: zmq.Context, *, transitions_bind: str, sample_bind: str,
         telemetry: TelemetryReporter, control: ControlSubscriber, faults: FaultCounter,
-        transitions_hwm: int = 64, max_pending: int = 256, max_message_bytes: int = 256 << 20,
+        transitions_hwm: int = 4, max_pending: int = 256, max_message_bytes: int = 256 << 20,
         transitions_rcvbuf: int = 0, max_batch_size: int = 8192,
         snapshotter: Snapshotter | None = None, checkpoint_interval_s: float = 0.0, shm: ShmSlots | None = None,
     ) -> None:
