@@ -66,6 +66,11 @@ class CommonSettings(BaseSettings):
         return init_settings, env_settings, dotenv_settings, PresetSource(settings_cls), file_secret_settings
 
 
+# a learner's torch threads when sized from the cores (flywheel run's rule and a learner started alone): a 42x42 or
+# 84x84 network's update gains little past this (docs/benchmarks/learner.md)
+MAX_TORCH_THREADS = 8
+
+
 def setting_default(cls: type[BaseSettings], name: str) -> Any:
     """A settings field's default, for a config record that mirrors the field (the value is written once)."""
     return cls.model_fields[name].default

@@ -30,18 +30,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flywheel import presets
+from flywheel.launch import runplan
+from flywheel.launch.run import learner_core_share
+from flywheel.services.learner.settings import LearnerSettings
+from flywheel.settings import setting_default
+
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "results"
 DEFAULT_RUNS = [f"mario_60min_lr25_seed{k}.json" for k in (1, 2, 3)] + ["mario_long_lr25_seed4_part1.json"]
 DEFAULT_GRID = "learner_grid_20261205/grid_200updates_5runs.json"
 DEFAULT_LOAD = "load_20261204/load_rate8.json"
 ACTORS = (2, 8, 16, 64, 256)
-SPI = 8.0  # the mario preset's samples per insert
-BATCH = 32
-PUBLISH_EVERY = 50  # updates between weight versions (the pixel preset)
-FANOUT_BUDGET_MB_S = 64.0  # learner.weights_fanout_mb_per_s's default
-LEARNER_SHARE = 0.3  # the pixel preset's run.learner_core_share
-MAX_THREADS = 8
-
+BATCH = 32  # the batch the per-unit costs were measured at (the mario preset's)
+_MARIO = presets.load("mario")
+SPI = float(_MARIO.section("replay")["samples_per_insert"])
+PUBLISH_EVERY = int(_MARIO.section("learner")["publish_interval_updates"])
+FANOUT_BUDGET_MB_S = float(setting_default(LearnerSettings, "weights_fanout_mb_per_s"))
+LEARNER_SHARE = learner_core_share(_MARIO)
 
 def _load(name: str) -> dict[str, Any]:
     path = Path(name) if Path(name).is_file() else RESULTS / name
@@ -76,9 +81,8 @@ def threads_model(grid: dict[str, Any]) -> tuple[float, float]:
 
 
 def learner_threads(cores: int) -> int:
-    """flywheel run's rule with one actor per core: the preset's share of the cores, 1 to MAX_THREADS."""
-    return max(1, min(MAX_THREADS, round(cores * LEARNER_SHARE)))
-
+    """flywheel run's rule with one actor per core (its preset share of the cores)."""
+    return runplan.learner_threads(cores, cores, share=LEARNER_SHARE)
 
 def project(c: dict[str, float], speedup2: float, cpu2: float, io_ms_per_mb: float, weights_mb: float,
             steps_to_flags: float) -> list[dict[str, Any]]:

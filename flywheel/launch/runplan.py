@@ -22,6 +22,7 @@ from flywheel.launch.runfolder import IF_EXISTS
 from flywheel.launch.tracking_cli import add_track_flags
 from flywheel.presets import DEFAULT_ENV as DEFAULT_ENV  # the default job (flywheel/presets names it)
 from flywheel.presets import Preset
+from flywheel.settings import MAX_TORCH_THREADS
 
 MAX_RESTARTS = 5  # restarts of one child allowed within RESTART_WINDOW_S; its next exit stops the run
 RESTART_WINDOW_S = 120.0
@@ -33,8 +34,6 @@ CHILD_SEED_BOUND = 2**30  # a child's seed, below this: env slot i takes seed + 
 FIRST_WEIGHTS_WAIT_S = 60  # actors wait this long for the learner's first weights (a learner starts in seconds)
 SEEDED = ("replay", "learner", "actor")  # the services flywheel run hands a seed (the gateway draws nothing)
 REPLAY_CORES = 1  # the core flywheel run leaves to its replay when it sizes the learner's torch threads
-# past 8 threads the 42x42 network's update gains little (2 threads: 1.3-1.6x one, docs/benchmarks/learner.md)
-MAX_LEARNER_THREADS = 8
 _N = TypeVar("_N", int, float)
 
 
@@ -70,9 +69,9 @@ def _seed(text: str) -> int:
 def learner_threads(actors: int, cores: int | None = None, share: float = 0.0) -> int:
     """The learner's torch threads when its setting is 0: the cores left after the run's local actors (one core
     each) and its replay, or the preset's ``run.learner_core_share`` of the machine when the actors fill it, whichever
-    is more; at least 1, at most MAX_LEARNER_THREADS. On 2 cores with 2 actors and Mario's 0.3: 1, as measured."""
+    is more; at least 1, at most MAX_TORCH_THREADS. On 2 cores with 2 actors and Mario's 0.3: 1, as measured."""
     cores = cores or os.cpu_count() or 1
-    return max(1, min(MAX_LEARNER_THREADS, max(cores - actors - REPLAY_CORES, round(cores * share))))
+    return max(1, min(MAX_TORCH_THREADS, max(cores - actors - REPLAY_CORES, round(cores * share))))
 
 
 def draw_seed() -> int:

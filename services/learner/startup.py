@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from flywheel.demos.format import DemoFileError
-from flywheel.settings import shared_values
+from flywheel.settings import MAX_TORCH_THREADS, shared_values
 
 from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, reserved_version
 from .core import CoreConfig, LearnerCore
@@ -31,7 +31,6 @@ def _spec_shape(settings: LearnerSettings, spec: Any) -> tuple[tuple[int, ...], 
 
 
 CGROUP = Path("/sys/fs/cgroup")
-MAX_THREADS = 8  # a 42x42 or 84x84 network's update gains little past this (docs/benchmarks/learner.md)
 
 
 def cpu_quota(quota: str, period: str) -> int | None:
@@ -60,13 +59,13 @@ def usable_cores(cgroup: Path = CGROUP) -> int:
     """Threads for a learner whose torch_threads is 0 and that no `flywheel run` sized: its container's CPU quota
     (docker --cpus, a Kubernetes CPU limit: the pod's budget is the learner's own) within its CPU affinity; with no
     quota (Compose as shipped: the host is shared with the replay and the actors) every core it may run on but one;
-    at least 1, at most MAX_THREADS. On a 2-core host: 1, as the presets had it."""
+    at least 1, at most MAX_TORCH_THREADS. On a 2-core host: 1, as the presets had it."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
     quota = _container_quota(cgroup)
-    return max(1, min(MAX_THREADS, min(cores, quota) if quota else cores - 1))
+    return max(1, min(MAX_TORCH_THREADS, min(cores, quota) if quota else cores - 1))
 
 
 def pick_device(choice: str) -> torch.device:

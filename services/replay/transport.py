@@ -12,6 +12,7 @@ import zmq
 from flywheel import proto
 from flywheel.metrics_spec import ReplayCounters, ReplayGauges
 from flywheel.proto.messages import SampleRefused
+from flywheel.settings import setting_default
 from flywheel.transport import (
     ControlSubscriber,
     FaultCounter,
@@ -24,6 +25,7 @@ from flywheel.transport import (
 
 from .core import InsertRejected, ReplayCore
 from .refusals import Refused
+from .settings import ReplaySettings
 from .shm import ShmFull, ShmSlots, SlotSegment, peer_address, peer_is_local
 from .snapshot import Snapshotter
 from .storage import SchemaMismatch
@@ -43,7 +45,8 @@ class ReplayServer:
     def __init__(
         self, core: ReplayCore, ctx: zmq.Context, *, transitions_bind: str, sample_bind: str,
         telemetry: TelemetryReporter, control: ControlSubscriber, faults: FaultCounter,
-        transitions_hwm: int = 4, max_pending: int = 256, max_message_bytes: int = 256 << 20,
+        transitions_hwm: int = setting_default(ReplaySettings, "transitions_hwm"), max_pending: int = 256,
+        max_message_bytes: int = 256 << 20,
         transitions_rcvbuf: int = 0, max_batch_size: int = 8192,
         snapshotter: Snapshotter | None = None, checkpoint_interval_s: float = 0.0, shm: ShmSlots | None = None,
     ) -> None:
