@@ -98,3 +98,12 @@ def test_a_protocol_comes_from_run_json_and_defaults_to_greedy(tmp_path: Path) -
     assert caption(7, "best", protocol, {"progress": None, "return": 500.0, "end": "truncated"}) == (
         "v7 best | eps 0.05 | return 500.0 | truncated")  # an env without a progress measure
     assert np.isfinite(record["return"])
+
+
+def test_a_pool_plays_the_film_only_where_episodes_are_pictures() -> None:
+    """Two processes for image observations (a Mario episode takes seconds); this process for a vector env, where
+    starting two interpreters that import torch took longer than the episodes (about 4 s of a CartPole run's stop)."""
+    from flywheel.tools.film import film_workers
+
+    assert film_workers("CartPole-v1") == 1
+    assert film_workers("SuperMarioBros-1-1-v0?size=42,crop_top=32") == 2

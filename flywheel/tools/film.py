@@ -89,8 +89,19 @@ class CaptionedFrames:
         self.append_to(np.concatenate([frame, self._strip], axis=0))
 
 
-def compare(checkpoint_dir: Path, env_id: str, protocol: Protocol, *, workers: int = 2) -> dict[str, Any]:
-    """Play the newest weights and the kept best (if any) on the same seeds; the choice and every record."""
+def film_workers(env_id: str) -> int:
+    """Processes that play the film's episodes: two for an env with image observations, whose episodes take
+    seconds each; one (this process) otherwise, where starting a pool of interpreters that import torch would take
+    longer than the episodes."""
+    from flywheel.envs import env_spec
+
+    return 2 if len(env_spec(env_id).obs_shape) > 1 else 1
+
+
+def compare(checkpoint_dir: Path, env_id: str, protocol: Protocol, *, workers: int | None = None) -> dict[str, Any]:
+    """Play the newest weights and the kept best (if any) on the same seeds; the choice and every record.
+    ``workers``: processes per candidate (None: ``film_workers``)."""
+    workers = film_workers(env_id) if workers is None else workers
     learner = checkpoint_dir / "learner"
     candidates = {"latest": learner / CHECKPOINT_FILE}
     if (learner / BEST_FILE).is_file():

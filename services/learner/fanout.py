@@ -20,6 +20,9 @@ class FanoutShaper:
 
     ``offer`` is a new version: sent at once when the budget allows, else it waits (``deferred_total`` counts
     those) and a newer version offered meanwhile replaces it, so subscribers get the newest, never a queue.
+    ``joined`` is a new subscriber: the newest goes again as soon as the budget allows, so an actor that starts or
+    reconnects acts within one budget interval instead of up to ``republish_s`` (the last-value cache of the ZeroMQ
+    guide; with 256 actors joining at once the budget still spaces the sends, each reaching every one joined so far).
     ``due`` says when the waiting version, or a republish of the newest, may go. ``binding`` turns on at the first
     deferral and off when a new version finds the budget free for ``RELEASE`` intervals (so it does not flap).
     """
@@ -45,6 +48,10 @@ class FanoutShaper:
         self.waiting = self.binding = True
         self.deferred_total += 1
         return False
+
+    def joined(self) -> None:
+        """A subscriber joined: the newest is owed to it, sent once the budget allows (not counted as deferred)."""
+        self.waiting = True
 
     def due(self, now: float, subscribers: int, message_bytes: int) -> bool:
         """Whether to send the newest version now: the waiting one once the budget allows, else a republish."""

@@ -61,8 +61,10 @@ class LearnerSettings(CommonSettings, NetworkSpec):
                                                   "version and training moved on (0 = only every K updates)")
     metrics_interval_updates: int = Field(100, ge=1, le=1_000_000,
                                           description="read loss/TD/Q sums from the device every N updates")
-    weights_republish_s: float = Field(5.0, gt=0, le=3600,
-                                       description="re-send the latest weights (same version) when idle this long")
+    weights_republish_s: float = Field(
+        5.0, gt=0, le=3600,
+        description="re-send the latest weights (same version) when idle this long; a joining subscriber gets "
+                    "them at once")
     weights_fanout_mb_per_s: float = Field(
         64.0, ge=0, le=1_000_000, description="the weights fan-out budget: MB (10^6 bytes) a second the weights PUB "
         "may send over all its subscribers together. Sends (republishes too) are at least subscribers x message "

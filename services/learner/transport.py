@@ -285,7 +285,7 @@ def open_feeder(config: FeedConfig, core: LearnerCore, ctx: zmq.Context, faults:
 
 
 class WeightsPublisher:
-    """The weights XPUB: each new version once, and the newest again every ``republish_s`` for late subscribers,
+    """The weights XPUB: each new version once, the newest again when a subscriber joins and every ``republish_s``,
     within a fan-out budget of ``fanout_bytes_per_s`` over all subscribers (0: none; ``FanoutShaper``).
 
     Subscribers are counted from their subscriptions (XPUB_VERBOSER): a SUB subscribes on each connection (a
@@ -336,6 +336,8 @@ class WeightsPublisher:
             first = frames[0].bytes[:1]
             if len(frames) == 1 and first in (b"\x00", b"\x01"):
                 self.subscribers = max(0, self.subscribers + (1 if first == b"\x01" else -1))
+                if first == b"\x01" and self._frames is not None:
+                    self.shaper.joined()
 
     def _send(self, now: float) -> None:
         assert self._frames is not None

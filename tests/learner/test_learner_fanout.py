@@ -69,6 +69,16 @@ def test_binding_stops_only_when_the_budget_is_free_for_two_intervals() -> None:
     assert shaper.deferred_total == 1
 
 
+def test_a_joining_subscriber_is_owed_the_newest_within_the_budget() -> None:
+    shaper = FanoutShaper(bytes_per_s=1000.0, republish_s=60.0)  # 4 subscribers x 500 bytes: one send per 2 s
+    assert shaper.offer(0.0, 4, 500)
+    shaper.sent(0.0)
+    shaper.joined()  # not after republish_s (60 s): at the budget's interval
+    assert not shaper.due(1.9, 4, 500) and shaper.due(2.0, 4, 500)
+    shaper.sent(2.0)
+    assert not shaper.due(30.0, 4, 500) and shaper.deferred_total == 0  # owed once, then the republish timer
+
+
 def weights(version: int) -> proto.Weights:
     return proto.Weights(version=version, network="test-net", tensors={"w": np.full(256, version, np.float32)},
                          run_id="ab12")
@@ -139,4 +149,23 @@ def test_a_burst_under_a_tiny_budget_delivers_only_the_newest_at_the_shaped_spac
     finally:
         for sub in subs:
             sub.close(0)
+        pub.close()
+
+
+def test_a_late_subscriber_gets_the_newest_version_at_once_not_at_the_republish(ctx: zmq.Context) -> None:
+    pub = WeightsPublisher(ctx, "tcp://127.0.0.1:0", republish_s=3600.0, fanout_bytes_per_s=0.0)
+    early = subscriber(ctx, pub.endpoint)
+    late: zmq.Socket | None = None
+    try:
+        pump(pub, lambda: pub.subscribers == 1, "the first subscriber")
+        pub.publish(weights(1))
+        assert versions(early, 1) == [1]
+        late = subscriber(ctx, pub.endpoint)  # joins after version 1 went out; the republish is an hour away
+        pump(pub, lambda: late is not None and bool(late.poll(0)), "version 1 for the late subscriber")
+        assert versions(late, 1) == [1]
+        assert versions(early, 1) == [1]  # a PUB sends to all: the early one sees it again, as at a republish
+    finally:
+        early.close(0)
+        if late is not None:
+            late.close(0)
         pub.close()
