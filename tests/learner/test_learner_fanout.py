@@ -169,3 +169,27 @@ def test_a_late_subscriber_gets_the_newest_version_at_once_not_at_the_republish(
         if late is not None:
             late.close(0)
         pub.close()
+
+
+def test_what_a_peer_sends_upstream_that_is_no_subscription_is_ignored(ctx: zmq.Context) -> None:
+    """An XSUB peer may send anything up to the weights XPUB: an empty message, a multipart one, text. None changes
+    the subscriber count (its real subscription after them does); one past the 4 KiB inbound limit ends its
+    connection and so its subscription; none stops the next version reaching a real subscriber."""
+    pub = WeightsPublisher(ctx, "tcp://127.0.0.1:0", republish_s=3600.0, fanout_bytes_per_s=0.0)
+    rogue = ctx.socket(zmq.XSUB)
+    rogue.connect(pub.endpoint)
+    sub = subscriber(ctx, pub.endpoint)
+    try:
+        pump(pub, lambda: pub.subscribers == 1, "the real subscriber")
+        for message in ([b""], [b"\x07", b"two frames"], [b"\x02not a subscription"], [b"\x05" * 3]):
+            rogue.send_multipart(message)
+        rogue.send(b"\x01")  # then a real subscription, behind the others on the same connection
+        pump(pub, lambda: pub.subscribers == 2, "the rogue's real subscription")
+        rogue.send(b"x" * 10_000)  # past the inbound limit: libzmq drops the connection, and its subscription
+        pump(pub, lambda: pub.subscribers == 1, "the oversized sender's subscription to end")
+        pub.publish(weights(3))
+        assert versions(sub, 1) == [3]
+    finally:
+        rogue.close(0)
+        sub.close(0)
+        pub.close()
