@@ -14,12 +14,12 @@ ARGS ?=
 # pytest-xdist workers for make test and test-fast: 0 runs every test in pytest's own process, N in N worker
 # processes, each test file on one worker (--dist loadfile: a module's shared fixture starts once), the files in the
 # order tests/conftest.py gives them, the longest first (xdist's own order puts the files with most tests first,
-# which left the one-test compose and install files to run alone at the end). 3 on a 2-core machine: with 2 the
-# cores were idle 19% of the time (tests waiting on Docker builds, pip, sockets and sleeps) and a clean clone's
-# make test took 1,238 s; with 3 it took 1,074 s (2026-12-05, the same machine and session)
-TEST_WORKERS ?= 3
+# which left the one-test compose and install files to run alone at the end). 2 on a 2-core machine, though the cores
+# idle a fifth of the time while system tests wait: 3 workers took a clean clone's make test from 1,238 s to 1,074 s
+# once (2026-12-05), but at a load average of 14-17 tests that time CPU seconds or train for a fixed 24 s failed
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
-PYTEST = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup dev-setup system-deps run test test-fast lint bench bench-setup wheel clean
 
@@ -71,9 +71,7 @@ test:
 	wait $$typecheck; typed=$$?; echo "== mypy (scripts/typecheck.py, run beside pytest) =="; \
 	cat $(VENV)/typecheck.log; test $$tests -eq 0 -a $$typed -eq 0
 
-# the tests marked neither system nor slow (tests/conftest.py, CONTRIBUTING.md); these keep the cores busy, so two
-# workers (a third would only add its own start)
-test-fast: TEST_WORKERS = 2
+# the tests marked neither system nor slow (tests/conftest.py, CONTRIBUTING.md)
 test-fast: dev-setup
 	$(PYTEST) -m "not system and not slow"
 

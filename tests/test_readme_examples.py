@@ -298,8 +298,7 @@ def test_service_examples_validate(tmp_path: Path) -> None:
 
 
 # ---- the standalone services, for real ---------------------------------------------------------------------------
-PIPELINE_TIMEOUT_S = 200  # keys made to the actor acting with a learner's second weight version (~25 s alone, 3x
-# that beside two other test workers)
+PIPELINE_TIMEOUT_S = 100  # keys made to the actor acting with a learner's second weight version (~25 s here)
 CONTROL_TIMEOUT_S = 30  # a command reaching every service (the learner reads control between updates of ~3 s)
 STOP_TIMEOUT_S = 30  # each service, after SIGINT, before SIGKILL
 _TCP = re.compile(r"tcp://([^:/\s]+):(\d+)")
