@@ -147,6 +147,7 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
         engine.compose(compose_file, "up", "-d", "--no-build", "--scale", f"actor={ACTORS}", *SERVICES, timeout=600)
         log(f"{len(SERVICES) + ACTORS - 1} containers up in {time.monotonic() - t2:.0f} s")
         check_the_images_read_the_presets(engine, compose_file)  # the learner's probe joins the replay's IPC
+        check_the_learner_compiles(engine, compose_file)
         token = check_the_running_system(engine, compose_file, port)
         check_curve_is_on(engine, compose_file, port)
         check_prometheus_scrapes_the_gateway(prometheus_port)
@@ -172,94 +173,57 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
             log("docker image prune took over 5 minutes; the rest is left for the next run")
 
 
-# Runs in a service's container: each case's settings built from exactly the environment Compose gives that service
-# (the image's own variables kept), then, when asked, a torch.compile'd function (the learner's inductor backend).
-SETTINGS_PROBE = """
-import json, os, sys
-from flywheel.launch.registry import settings_class
-cases, compile_too = json.loads(sys.argv[1]), sys.argv[2] == "compile"
-image_env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
-dumps = []
-for service, env in cases:
-    os.environ.clear()
-    os.environ.update(image_env, **env)
-    dumps.append(settings_class(service)().model_dump(mode="json"))
-if compile_too:
-    import torch
-    f = torch.compile(lambda x: torch.relu(x) * 2.0 + 1.0)
-    dumps.append(float(f(torch.arange(-2.0, 2.0)).sum()))
-print(json.dumps(dumps))
-"""
-
-
-def service_environments(engine: Engine, compose_file: Path) -> dict[str, dict[str, str]]:
-    """Each service's environment as `docker compose run` would set it, from `docker compose config`."""
-    config = json.loads(engine.compose(compose_file, "config", "--format", "json", timeout=120).stdout)
-    environments: dict[str, dict[str, str]] = {}
-    for name, service in config["services"].items():
-        env = service.get("environment") or {}
-        # a bare name (null) passes the variable through from Compose's own environment, when it has one
-        environments[name] = {k: str(v) if v is not None else engine.env[k] for k, v in env.items()
-                              if v is not None or k in engine.env}
-    return environments
-
-
-def probe(engine: Engine, compose_file: Path, service: str, cases: list[tuple[str, dict[str, str]]],
-          compile_too: bool = False) -> list[Any]:
-    out = engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python", service, "-c",
-                         SETTINGS_PROBE, json.dumps(cases), "compile" if compile_too else "-", timeout=600).stdout
-    return json.loads(out.strip().splitlines()[-1])
+SETTINGS_PROBE = ("import json, sys; from flywheel.launch.registry import settings_class; "
+                  "s = settings_class(sys.argv[1])(); print(json.dumps(s.model_dump(mode='json')))")
 
 
 def check_the_images_read_the_presets(engine: Engine, compose_file: Path) -> None:
     """Each service's settings as its container builds them: the compose file's default env (the default job) comes
     with the mario preset, FLYWHEEL_ENV_ID=CartPole-v1 with the vector one, and variables still win (the learner's lr;
-    the learner's and the replay's seeds, which `flywheel bench mario --opt deploy=compose --opt train_seed=K` sets).
-    Then the pixel preset's compiled update: the services image has the C++ compiler and headers that torch.compile's
-    CPU backend builds its kernels with (docker/ensure-compiler.sh), so it does not fall back.
-
-    One container per image (the learner's joins the replay's IPC) builds every case's settings in turn, each from
-    the environment `docker compose config` gives that service under that case's variables."""
+    the learner's and the replay's seeds, which `flywheel bench mario --opt deploy=compose --opt train_seed=K` sets)."""
     from flywheel import presets
     from flywheel.launch.runplan import DEFAULT_ENV
 
     saved = dict(engine.env)
-    checks: list[tuple[str, str | None, str]] = []  # (service, env id, preset) per case
-    cases: dict[str, list[tuple[str, dict[str, str]]]] = {"learner": [], "actor": []}  # by the image's service
     try:
         for name in LIGHT:
             engine.env.pop(name, None)
         for env_id, preset in ((None, "mario"), ("CartPole-v1", "vector")):
             if env_id:
                 engine.env["FLYWHEEL_ENV_ID"] = env_id
-            environments = service_environments(engine, compose_file)
             for service in ("replay", "learner", "actor"):
-                cases["actor" if service == "actor" else "learner"].append((service, environments[service]))
-                checks.append((service, env_id, preset))
+                out = engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python",
+                                     service, "-c", SETTINGS_PROBE, service, timeout=300).stdout
+                settings = json.loads(out.strip().splitlines()[-1])
+                assert settings["env_id"] == (env_id or DEFAULT_ENV), (service, settings["env_id"])
+                assert service == "actor" or settings["seed"] is None, f"{service}: an empty seed variable seeds"
+                common = presets.load(preset).sections.get("common", {})
+                for key, value in presets.load(preset).section(service).items():
+                    if key in common and key not in settings:  # a common value (the network) this service lacks
+                        continue
+                    assert settings[key] == value, f"{service}: {key}={settings[key]}, the {preset} preset's {value}"
         engine.env.update(FLYWHEEL_LEARNER_LR="0.0123", FLYWHEEL_LEARNER_SEED="7", FLYWHEEL_REPLAY_SEED="7")
-        environments = service_environments(engine, compose_file)
-        overrides = [("learner", {"lr": 0.0123, "seed": 7}), ("replay", {"seed": 7})]
-        cases["learner"] += [(service, environments[service]) for service, _ in overrides]
-        *in_learner_image, compiled = probe(engine, compose_file, "learner", cases["learner"], compile_too=True)
-        in_actor_image = probe(engine, compose_file, "actor", cases["actor"])
+        for service, wanted in (("learner", {"lr": 0.0123, "seed": 7}), ("replay", {"seed": 7})):
+            out = engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python", service,
+                                 "-c", SETTINGS_PROBE, service, timeout=300).stdout
+            settings = json.loads(out.strip().splitlines()[-1])
+            assert {k: settings[k] for k in wanted} == wanted, f"{service}: variables override the preset"
     finally:
         engine.env.clear()
         engine.env.update(saved)
-    dumps = iter(in_learner_image)
-    by_case = {case: next(dumps) for case in checks if case[0] != "actor"}
-    by_case.update(zip([case for case in checks if case[0] == "actor"], in_actor_image, strict=True))
-    for (service, env_id, preset), settings in by_case.items():
-        assert settings["env_id"] == (env_id or DEFAULT_ENV), (service, settings["env_id"])
-        assert service == "actor" or settings["seed"] is None, f"{service}: an empty seed variable seeds"
-        common = presets.load(preset).sections.get("common", {})
-        for key, value in presets.load(preset).section(service).items():
-            if key in common and key not in settings:  # a common value (the network) this service lacks
-                continue
-            assert settings[key] == value, f"{service}: {key}={settings[key]}, the {preset} preset's {value}"
-    for (service, wanted), settings in zip(overrides, dumps, strict=True):
-        assert {k: settings[k] for k in wanted} == wanted, f"{service}: variables override the preset"
     log("the images read the presets: the default job with mario's values, CartPole-v1 with vector's")
-    assert compiled == 6.0, f"torch.compile in the learner's container returned {compiled!r}"
+
+
+COMPILE_PROBE = ("import torch; f = torch.compile(lambda x: torch.relu(x) * 2.0 + 1.0); "
+                 "print(float(f(torch.arange(-2.0, 2.0)).sum()))")
+
+
+def check_the_learner_compiles(engine: Engine, compose_file: Path) -> None:
+    """The pixel preset compiles the learner's update: the services image has the C++ compiler and headers that
+    torch.compile's CPU backend builds its kernels with (docker/ensure-compiler.sh), so it does not fall back."""
+    out = engine.compose(compose_file, "run", "--rm", "--no-deps", "-T", "--entrypoint", "python", "learner",
+                         "-c", COMPILE_PROBE, timeout=600).stdout
+    assert out.strip().splitlines()[-1] == "6.0", f"torch.compile in the learner's container printed {out!r}"
     log("the learner's image compiles with torch.compile (inductor, g++)")
 
 
