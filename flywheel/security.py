@@ -265,6 +265,12 @@ def prepare_bind(sock: zmq.Socket, endpoint: str) -> None:
     sock.setsockopt(zmq.CURVE_SERVER, 1)
 
 
+def monitored_by_owner(sock: zmq.Socket) -> None:
+    """``sock``'s owner reads its one monitor (``flywheel.connections``) and passes refused handshakes on to the
+    ZAP handler: ``prepare_bind`` then leaves it unwatched."""
+    _watched.add(sock)
+
+
 def identify_peers(sock: zmq.Socket) -> None:
     """Before its binds: ``sock``'s CURVE clients are named on each message (``peer_key``); no-op without CURVE."""
     if _active is None:

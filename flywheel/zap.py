@@ -20,6 +20,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 import zmq
 import zmq.utils.z85
@@ -47,6 +48,13 @@ def refused_counts() -> dict[str, int]:
         for reason, count in handler.refused.items():
             counts[reason] = counts.get(reason, 0) + count
     return counts
+
+
+def handshake_failed(ctx: zmq.Context, event: Mapping[str, Any]) -> None:
+    """Count a refused handshake seen by a monitor the socket's owner reads (``flywheel.connections``)."""
+    handler = _handlers.get(ctx.underlying)
+    if handler is not None:
+        handler.count_failure(event)
 
 
 _FAILED: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
@@ -137,6 +145,10 @@ class ZapHandler(Authenticator):
             event = parse_monitor_message(frames)
         except (ValueError, TypeError, IndexError):
             return
+        self.count_failure(event)
+
+    def count_failure(self, event: Mapping[str, Any]) -> None:
+        """Count (and log the first of each reason) a monitor's handshake-failed event; other events are ignored."""
         reason = _FAILED.get(event["event"])
         if reason is None:
             return

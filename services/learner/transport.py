@@ -23,6 +23,7 @@ import torch
 import zmq
 
 from flywheel import proto
+from flywheel.connections import ConnectionCount
 from flywheel.services.replay.client import ReplayClient
 from flywheel.settings import setting_default, shared_values
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket, queued_frames
@@ -288,9 +289,10 @@ class WeightsPublisher:
     """The weights XPUB: each new version once, the newest again when a subscriber joins and every ``republish_s``,
     within a fan-out budget of ``fanout_bytes_per_s`` over all subscribers (0: none; ``FanoutShaper``).
 
-    Subscribers are counted from their subscriptions (XPUB_VERBOSER): a SUB subscribes on each connection (a
-    reconnect is a new one) and libzmq hands up an unsubscribe when it ends. Not from a socket monitor: a socket has
-    one, flywheel.zap's on CURVE servers, and its handshake events name the bound address, not the connection.
+    Subscribers are counted from their subscriptions (XPUB_VERBOSER: a SUB subscribes on each connection, a
+    reconnect is a new one, and libzmq hands up an unsubscribe when it ends), at most one per open connection
+    (``flywheel.connections``): a peer that repeats its subscribe message counts once, not once per message, so it
+    cannot shrink everyone's fan-out budget. A republish for a joining subscriber is owed once per new connection.
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, republish_s: float,
@@ -298,13 +300,17 @@ class WeightsPublisher:
                  ) -> None:
         self.sock = make_socket(ctx, zmq.XPUB, sndhwm=4, max_msg_bytes=4096)  # inbound: subscriptions only
         self.sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe, and every unsubscribe of a leaving peer
+        self.connections = ConnectionCount(self.sock)  # before the bind: its monitor sees every connection
         try:
             self.endpoint = bind(self.sock, endpoint, "learner weights PUB", "--weights-bind")
         except Exception:
+            self.connections.close()
             self.sock.close(0)
             raise
         self.shaper = FanoutShaper(fanout_bytes_per_s, republish_s)
-        self.subscribers = 0
+        self.subscriptions = 0  # subscribe messages less unsubscribes
+        self.subscribers = 0  # the subscriptions, at most one per open connection
+        self._joined_upto = 0  # connections accepted when a republish was last owed to a joining subscriber
         self.fanout_bytes_total = 0  # the message's bytes times the subscribers, summed over sends
         self._frames: list | None = None
         self._bytes = 0
@@ -332,12 +338,19 @@ class WeightsPublisher:
             self._send(now)
 
     def _count_subscribers(self) -> None:
+        subscribed = False
         for frames in queued_frames(self.sock, refused=lambda exc: None):  # not a subscription: ignored
             first = frames[0].bytes[:1]
             if len(frames) == 1 and first in (b"\x00", b"\x01"):
-                self.subscribers = max(0, self.subscribers + (1 if first == b"\x01" else -1))
-                if first == b"\x01" and self._frames is not None:
-                    self.shaper.joined()
+                self.subscriptions = max(0, self.subscriptions + (1 if first == b"\x01" else -1))
+                subscribed = subscribed or first == b"\x01"
+        self.connections.poll()  # after the subscriptions: each one's connection was accepted before it came
+        connections = self.connections.count
+        self.subscribers = self.subscriptions if connections is None else min(self.subscriptions, connections)
+        accepted = self.connections.accepted_total
+        if subscribed and self._frames is not None and (connections is None or accepted > self._joined_upto):
+            self.shaper.joined()
+            self._joined_upto = accepted
 
     def _send(self, now: float) -> None:
         assert self._frames is not None
@@ -358,6 +371,7 @@ class WeightsPublisher:
                      "%d versions deferred so far)", self.subscribers, self.min_interval, self.shaper.deferred_total)
 
     def close(self) -> None:
+        self.connections.close()
         self.sock.close(0)
 
 

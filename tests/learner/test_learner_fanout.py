@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
 
-from flywheel import proto
+from flywheel import keyfiles, proto, security
+from flywheel.security import load_keys
 from flywheel.services.learner.fanout import FanoutShaper, fanout_interval
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.transport import WeightsPublisher
@@ -193,3 +195,62 @@ def test_what_a_peer_sends_upstream_that_is_no_subscription_is_ignored(ctx: zmq.
         rogue.close(0)
         sub.close(0)
         pub.close()
+
+
+def test_a_peer_that_repeats_its_subscription_counts_once_and_is_owed_one_republish(ctx: zmq.Context) -> None:
+    """Subscribers are counted at most one per open connection (the socket monitor's accepts and disconnects): an
+    XSUB that sends the subscribe message 1,000 times is one subscriber, makes one republish (owed to its new
+    connection), not 1,000, and leaves nothing counted when it closes."""
+    pub = WeightsPublisher(ctx, "tcp://127.0.0.1:0", republish_s=3600.0, fanout_bytes_per_s=0.0)
+    sub = subscriber(ctx, pub.endpoint)
+    rogue = ctx.socket(zmq.XSUB)
+    rogue.connect(pub.endpoint)
+    late: zmq.Socket | None = None
+    try:
+        pump(pub, lambda: pub.subscribers == 1 and pub.connections.count == 2, "the subscriber and the rogue")
+        pub.publish(weights(1))
+        assert versions(sub, 1) == [1]
+        for _ in range(1000):
+            rogue.send(b"\x01")
+        pump(pub, lambda: pub.subscriptions == 1001, "the rogue's 1,000 subscribe messages")
+        assert pub.subscribers == 2 and pub.min_interval == 0.0
+        settle = time.monotonic() + 0.5
+        pump(pub, lambda: time.monotonic() > settle, "a moment of ticks")
+        assert versions(sub, 1) == [1]  # one republish for the rogue's connection, then nothing (0.3 s)
+        rogue.close(0)
+        pump(pub, lambda: pub.subscribers == 1 and pub.connections.count == 1, "the rogue to be gone")
+        late = subscriber(ctx, pub.endpoint)
+        pump(pub, lambda: pub.subscribers == 2, "a new subscriber counted after the rogue left")
+        assert versions(late, 1) == [1]
+    finally:
+        for sock in (sub, rogue, late):
+            if sock is not None:
+                sock.close(0)
+        pub.close()
+
+
+def test_over_curve_the_connection_count_keeps_counting_refused_handshakes(ctx: zmq.Context, tmp_path: Path) -> None:
+    """The publisher reads its socket's one monitor (flywheel.connections), so the ZAP handler does not: the
+    handshakes it refuses still reach the process's refusal counts, and a CURVE subscriber counts as one."""
+    folder = tmp_path / "keys"
+    keyfiles.generate(folder)
+    before = security.active()
+    security.configure(load_keys(folder, role="learner"), service="learner")
+    try:
+        pub = WeightsPublisher(ctx, "tcp://127.0.0.1:0", republish_s=3600.0, fanout_bytes_per_s=0.0)
+        refused = security.refused_counts().get("protocol", 0)
+        plain = ctx.socket(zmq.SUB)  # no CURVE: refused before ZAP is asked
+        plain.setsockopt(zmq.SUBSCRIBE, b"")
+        plain.connect(pub.endpoint)
+        sub = subscriber(ctx, pub.endpoint)  # the process's keys: a CURVE client
+        try:
+            pump(pub, lambda: pub.subscribers == 1 and security.refused_counts().get("protocol", 0) > refused,
+                 "the CURVE subscriber, and the plain one refused")
+            pub.publish(weights(2))
+            assert versions(sub, 1) == [2] and not plain.poll(300)
+        finally:
+            plain.close(0)
+            sub.close(0)
+            pub.close()
+    finally:
+        security.configure(before)
