@@ -1,10 +1,11 @@
 """The best policy so far (SB3's EvalCallback best_model): the learner's weights evaluated on a schedule.
 
-Every ``interval_s`` the learner writes its online network to a candidate file and a child process (spawned once, at
-a lower CPU priority than the actors, one torch thread) plays ``episodes`` episodes of it with
-flywheel/evaluation.py, the code the benchmarks evaluate with: greedy by default, or at ``epsilon`` after
-0..``noop_max`` no-ops (an emulated game's preset: its evaluation protocol, since a greedy policy on a deterministic
-emulator plays one episode however many seeds it is given; a best.json scored another way is not compared with).
+Every ``interval_s`` the learner writes its online network to a candidate file and a child process (spawned once,
+``SPAWN_LEAD_S`` before the first round is due, at a lower CPU priority than the actors, one torch thread) plays
+``episodes`` episodes of it with flywheel/evaluation.py, the code the benchmarks evaluate with: greedy by default,
+or at ``epsilon`` after 0..``noop_max`` no-ops (an emulated game's preset: its evaluation protocol, since a greedy
+policy on a deterministic emulator plays one episode however many seeds it is given; a best.json scored another
+way is not compared with).
 The success rate and progress of each evaluation are the env's own measures (flywheel.envs.measures). Each round
 plays new seeds (``seed + episodes * k`` for round k), as ``flywheel bench sb3`` does. A candidate whose round beats
 the best so far is played once more on the next round's seeds before it is kept, and its score is the mean of both
@@ -44,6 +45,7 @@ from .state import network_spec
 
 BEST_JSON = "best.json"
 CANDIDATE_FILE = ".best-candidate.safetensors"
+SPAWN_LEAD_S = 30.0  # the child is spawned this long before the first round is due (at once for shorter intervals)
 EVAL_TIMEOUT_S = 1800.0  # an evaluation with no result after this long (or 3 intervals) is given up
 log = logging.getLogger("flywheel.learner")
 
@@ -68,6 +70,8 @@ def _evaluator_main(conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(10)
     torch.set_num_threads(1)
+    import flywheel.evaluation  # noqa: F401  (imported while the first interval runs, not when the first round is due)
+
     while True:
         try:
             task = conn.recv()
@@ -235,6 +239,8 @@ class BestKeeper:
 
     def tick(self, now: float, core: LearnerCore, version: int) -> None:
         """Take a finished round; start the next one when due and the weights are new since the last."""
+        if self.child is None and now >= self.next_at - SPAWN_LEAD_S:
+            self.child = EvaluatorChild()  # its imports take seconds: done while the interval runs out
         if self.pending is not None and self.child is not None and self.child.ready():
             done, self.pending = self.pending, None
             self._finish(done, now)
@@ -262,7 +268,7 @@ class BestKeeper:
         """Play the candidate file on the next round's seeds (a confirmation of ``first`` when given)."""
         seeds = list(range(self.seed + self.episodes * self.rounds, self.seed + self.episodes * (self.rounds + 1)))
         self.rounds += 1
-        if self.child is None:
+        if self.child is None:  # a child that gave no result was stopped
             self.child = EvaluatorChild()
         self.child.submit((self.env_id, str(self.candidate), seeds, self.max_steps, self.epsilon, self.noop_max))
         self.pending = Round(version, now, seeds, first_records or [], first.seeds if first else [])

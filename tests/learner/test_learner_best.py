@@ -14,7 +14,7 @@ import torch
 from flywheel.envs.measures import Measures
 from flywheel.metrics_spec import GreedyEvalCounters, GreedyEvalGauges
 from flywheel.policy import Policy, PolicyError
-from flywheel.services.learner.best import BEST_JSON, CANDIDATE_FILE, BestKeeper, measures
+from flywheel.services.learner.best import BEST_JSON, CANDIDATE_FILE, SPAWN_LEAD_S, BestKeeper, measures
 from flywheel.services.learner.checkpoint import save_checkpoint
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.testing.cartpole import cartpole_core, set_policy
@@ -71,6 +71,24 @@ def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path
     again = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=3, seed=11)  # a resumed learner
     assert again.best is not None and again.best["weight_version"] == 5 and again.best["mean_return"] == 500.0
     again.close()
+
+
+@pytest.mark.system
+def test_the_child_is_spawned_ahead_of_the_first_round_and_plays_the_rounds(tmp_path: Path) -> None:
+    core = cartpole_core()
+    set_policy(core, right_when_leaning_right=True)
+    keeper = BestKeeper(tmp_path, "CartPole-v1", interval_s=SPAWN_LEAD_S + 60, episodes=1, seed=0)
+    try:
+        keeper.tick(time.monotonic(), core, 1)
+        assert keeper.child is None  # a round more than SPAWN_LEAD_S away: nothing started yet
+        keeper.tick(keeper.next_at - SPAWN_LEAD_S + 1, core, 1)
+        assert keeper.child is not None and keeper.child.process.is_alive() and keeper.pending is None
+        pid = keeper.child.process.pid  # its imports run while the interval runs out
+        evaluate_now(keeper, core, 1)
+        assert keeper.child.process.pid == pid and keeper.counters().greedy_evaluations_total == 2.0  # and confirmed
+    finally:
+        keeper.close()
+    assert keeper.child is None
 
 
 @pytest.mark.system
