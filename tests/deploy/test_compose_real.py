@@ -38,6 +38,7 @@ from flywheel.testing.dockerhost import (
     base_image,
     docker_engine,
     log,
+    run,
     stage_build_context,
     wheelhouse,
 )
@@ -134,9 +135,7 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
     engine.compose(compose_file, "down", "-v", "--remove-orphans", "-t", "5", timeout=120, check=False)
     try:
         t1 = time.monotonic()
-        # one build at a time: the second image then reuses the first one's dependency layers, also with the
-        # classic builder (Compose v5 falls back to it where the buildx plugin is missing)
-        engine.compose(compose_file, "--parallel", "1", "build", timeout=1200, capture=False)
+        build_images(engine, compose_file)
         log(f"images built in {time.monotonic() - t1:.0f} s")
         sizes = {image: int(engine.docker_cmd("image", "inspect", "--format", "{{.Size}}", image).stdout)
                  for image in [*IMAGES.values(), base]}
@@ -171,6 +170,20 @@ def run_compose_scenario(engine: Engine, tmp_path: Path) -> None:
                               check=False)
         except subprocess.TimeoutExpired:
             log("docker image prune took over 5 minutes; the rest is left for the next run")
+
+
+def build_images(engine: Engine, compose_file: Path) -> None:
+    """The images ``docker compose build`` makes, from the compose file's own resolved build sections (context,
+    Dockerfile, args, tag), each built by ``docker build``: Compose's fallback to the classic builder (where the
+    buildx plugin is missing, as here) streams the 380 MB context about 2x slower (38 s against 17 s for both
+    images, cached, on a quiet 2-core machine). One at a time: the second reuses the first's dependency layers."""
+    config = json.loads(engine.compose(compose_file, "config", "--format", "json", timeout=120).stdout)
+    builds = {service["image"]: service["build"] for service in config["services"].values() if "build" in service}
+    assert set(builds) == set(IMAGES.values()), builds
+    for image, build in sorted(builds.items()):
+        args = [f"--build-arg={key}={value}" for key, value in sorted(build.get("args", {}).items())]
+        run([engine.docker, "build", "--tag", image, "--file", str(Path(build["context"]) / build["dockerfile"]),
+             *args, build["context"]], env=engine.env, timeout=1200, capture=False)  # a cold build's steps shown
 
 
 SETTINGS_PROBE = ("import json, sys; from flywheel.launch.registry import settings_class; "

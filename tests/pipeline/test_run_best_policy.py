@@ -4,27 +4,47 @@ and best.json, the progress line shows the best beside the actors' greedy return
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pipeline_helpers import clean_env
-from test_run_folder_runs import flywheel_run
+from pipeline_helpers import clean_env, wait_until
+from test_run_folder_runs import CHEAP
+
+from flywheel.processes import launch
 
 pytestmark = pytest.mark.system
 
 
+def shown_best(learner: Path, log: Path) -> dict[str, Any] | None:
+    """best.json once the progress line shows it (`` best RETURN (vVERSION)``)."""
+    try:
+        best = json.loads((learner / "best.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return best if f" best {best['mean_return']:.1f} (v{best['weight_version']:,})" in log.read_text() else None
+
+
 def test_a_run_keeps_its_best_policy_and_play_takes_it(tmp_path: Path) -> None:
-    run = flywheel_run(tmp_path, "--checkpoint-dir", "ckpt", "--time-limit", "45",
-                       "--set", "learner.best_eval_interval_s=4", "--set", "learner.best_eval_episodes=2")
-    assert run.returncode == 0, run.stdout + run.stderr
-    learner = tmp_path / "ckpt" / "learner"
-    best = json.loads((learner / "best.json").read_text())
+    log, learner = tmp_path / "run.log", tmp_path / "ckpt" / "learner"
+    run = launch(["run", *CHEAP, "--checkpoint-dir", "ckpt", "--time-limit", "120", "--set",
+                  "learner.best_eval_interval_s=4", "--set", "learner.best_eval_episodes=2"], clean_env(), log,
+                 cwd=tmp_path)
+    try:  # stopped (Ctrl-C) once a best is kept and shown, not after a fixed time
+        wait_until(lambda: shown_best(learner, log), 110, "a kept best on the progress line", [log])
+        run.send_signal(signal.SIGINT)
+        assert run.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    best = shown_best(learner, log)  # the best kept last was shown too
+    assert best is not None, log.read_text()[-3000:]
     assert best["episodes"] == 4 and best["weight_version"] >= 1 and best["epsilon"] == 0.0  # 2, and 2 confirming
     assert (learner / "best.safetensors").is_file() and not (learner / ".best-candidate.safetensors").exists()
-    assert any(f" best {best['mean_return']:.1f} (v{best['weight_version']:,})" in line
-               for line in run.stdout.splitlines()), run.stdout
     logs = (tmp_path / "ckpt" / "logs" / "learner-0.log").read_text()
     assert "greedy evaluation of weight version" in logs and "the best so far" in logs, logs[-3000:]
 
