@@ -1,5 +1,6 @@
-"""scripts/import_cycles.py: it finds cycles and library-to-service imports in a made-up graph, and the package has
-none (make lint runs it too)."""
+"""The package's layers: scripts/import_cycles.py finds cycles and library-to-service imports in a made-up graph,
+and the package has none (make lint runs it too); and no module outside the env families, presets and bench names
+a game."""
 
 from __future__ import annotations
 
@@ -38,3 +39,20 @@ def test_the_package_has_no_import_cycle_and_no_library_module_imports_a_service
     assert len(graph) > 100 and "flywheel.services.learner.core" in graph
     assert import_cycles.cycles(graph) == []
     assert import_cycles.layer_breaks(graph) == []
+
+
+GAME_WORDS = ("mario", "x_pos")
+GAME_FOLDERS = ("flywheel/envs", "flywheel/presets", "flywheel/bench", "flywheel/examples")
+
+
+def test_no_module_outside_the_env_families_presets_and_bench_names_a_game() -> None:
+    """A game is known only by its env module (its measures), its preset and the bench: services, proto and the
+    rest of flywheel/ name none, comments and page templates included (a second game needs no edit there)."""
+    files = [path for top in ("services", "proto", "flywheel") for path in (ROOT / top).rglob("*")
+             if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".so")
+             and not str(path.relative_to(ROOT)).startswith(GAME_FOLDERS)]
+    assert len(files) > 100
+    naming = [f"{path.relative_to(ROOT)}:{number}" for path in files
+              for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+              if any(word in line.lower() for word in GAME_WORDS)]
+    assert naming == []

@@ -69,7 +69,8 @@ def _seed(text: str) -> int:
 def learner_threads(actors: int, cores: int | None = None, share: float = 0.0) -> int:
     """The learner's torch threads when its setting is 0: the cores left after the run's local actors (one core
     each) and its replay, or the preset's ``run.learner_core_share`` of the machine when the actors fill it, whichever
-    is more; at least 1, at most MAX_TORCH_THREADS. On 2 cores with 2 actors and Mario's 0.3: 1, as measured."""
+    is more; at least 1, at most MAX_TORCH_THREADS. On 2 cores with 2 actors and the default
+    job's 0.3: 1, as measured."""
     cores = cores or os.cpu_count() or 1
     return max(1, min(MAX_TORCH_THREADS, max(cores - actors - REPLAY_CORES, round(cores * share))))
 
