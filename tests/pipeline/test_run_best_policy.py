@@ -34,15 +34,16 @@ def test_a_run_keeps_its_best_policy_and_play_takes_it(tmp_path: Path) -> None:
                   "learner.best_eval_interval_s=4", "--set", "learner.best_eval_episodes=2"], clean_env(), log,
                  cwd=tmp_path)
     try:  # stopped (Ctrl-C) once a best is kept and shown, not after a fixed time
-        wait_until(lambda: shown_best(learner, log), 110, "a kept best on the progress line", [log])
+        shown = wait_until(lambda: shown_best(learner, log), 110, "a kept best on the progress line", [log])
         run.send_signal(signal.SIGINT)
         assert run.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
         if run.poll() is None:
             run.kill()
             run.wait()
-    best = shown_best(learner, log)  # the best kept last was shown too
-    assert best is not None, log.read_text()[-3000:]
+    # a round may end between the last progress line and the stop: the best kept last is the shown one or better
+    best = json.loads((learner / "best.json").read_text())
+    assert best["mean_return"] >= shown["mean_return"] and best["weight_version"] >= shown["weight_version"], best
     assert best["episodes"] == 4 and best["weight_version"] >= 1 and best["epsilon"] == 0.0  # 2, and 2 confirming
     assert (learner / "best.safetensors").is_file() and not (learner / ".best-candidate.safetensors").exists()
     logs = (tmp_path / "ckpt" / "logs" / "learner-0.log").read_text()
