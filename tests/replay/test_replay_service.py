@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,14 @@ from flywheel.processes import launch
 from flywheel.services.replay.client import ReplayClient
 
 pytestmark = pytest.mark.system
+
+
+@pytest.fixture(autouse=True)
+def _remove_sockets(tmp_path: Path) -> Iterator[None]:
+    """The ipc socket files ``endpoints`` names live in /tmp (short paths): removed after each test."""
+    yield
+    for path in Path("/tmp").glob(f"fw-replay-{os.getpid()}-{tmp_path.name[-20:]}-*"):
+        path.unlink(missing_ok=True)
 
 
 def endpoints(tmp_path: Path) -> dict[str, str]:
