@@ -73,7 +73,8 @@ def _written_since(path: Path, since: float) -> bool:
 
 
 def restart_values(plan: Plan, child: Child, resume: bool, since: float) -> dict[str, str]:
-    """The settings a child restarts with: its own, the learner resuming and the replay restoring its checkpoint.
+    """The settings a child restarts with: its own, the learner resuming, the replay restoring its checkpoint and an
+    actor reading its start-state pools.
 
     Only a checkpoint this run wrote (at or after ``since``, wall clock) or, with ``--resume``, the one it started
     from counts: a fresh run in a folder holding an older run's checkpoints must not pick those up on a restart.
@@ -83,6 +84,10 @@ def restart_values(plan: Plan, child: Child, resume: bool, since: float) -> dict
         index = child.name.rpartition("-")[2]
         if index.isdigit() and int(index) < len(plan.actor_extra):
             values.update(plan.actor_extra[int(index)])
+        if values.get("CHECKPOINT_DIR"):  # its pools, <instance>-env<slot>.npz (flywheel.envs.vector.pool_file)
+            pools = list(Path(values["CHECKPOINT_DIR"]).glob(f"{child.name}-env*.npz"))
+            ours = resume or any(_written_since(f, since) for f in pools)
+            values["RESUME"] = str(ours).lower()
     elif child.service == "learner" and values.get("CHECKPOINT_DIR"):
         ours = resume or _written_since(Path(values["CHECKPOINT_DIR"]) / "learner.safetensors", since)
         values["RESUME"] = "auto" if ours else "false"  # auto: versions go on above every one published

@@ -116,6 +116,27 @@ def test_restart_values_resume_only_from_this_runs_checkpoints(tmp_path: Path) -
 
 
 @pytest.mark.system
+def test_a_restarted_actor_reads_the_pools_this_run_wrote(tmp_path: Path) -> None:
+    pools = tmp_path / "actors"
+    plan = _plan(tmp_path)
+    plan.actor_extra[:] = [{"CHECKPOINT_DIR": str(pools), "RESUME": "false"}] * 2
+    actor = _child("actor", "actor-1", tmp_path)
+    since = time.time()
+    assert restart_values(plan, actor, False, since)["RESUME"] == "false"  # no pools yet
+    pools.mkdir()
+    own, other = pools / "actor-1-env0.npz", pools / "actor-0-env0.npz"
+    for path in (own, other):
+        path.write_bytes(b"x")
+        os.utime(path, (since - 100, since - 100))  # an older run's pools in the same folder
+    assert restart_values(plan, actor, False, since)["RESUME"] == "false"
+    assert restart_values(plan, actor, True, since)["RESUME"] == "true"  # --resume: the pools it started from
+    os.utime(other, (since + 1, since + 1))  # another actor's, written by this run
+    assert restart_values(plan, actor, False, since)["RESUME"] == "false"
+    os.utime(own, (since + 1, since + 1))  # its own, written by this run
+    assert restart_values(plan, actor, False, since)["RESUME"] == "true"
+
+
+@pytest.mark.system
 def test_supervisor_restarts_real_processes_then_gives_up(tmp_path: Path) -> None:
     """Children that exit with code 1 after 0.2 s: restarted twice with backoff, the third exit is returned."""
     started: list[str] = []
