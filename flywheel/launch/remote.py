@@ -44,7 +44,7 @@ ENDPOINTS = tuple(connect for _, _, connect in REMOTE_PORTS)
 # What a join document may set in an actor: an allow-list. Every actor setting is in exactly one of TRAINING, CHECKED,
 # IGNORED and REFUSED (tests/test_join_trust.py checks it), so a new setting is refused from documents until placed.
 TRAINING = frozenset({
-    "NUM_ENVS", "VECTOR_MODE", "WORKERS", "N_STEP", "GAMMA", "DUELING",
+    "NUM_ENVS", "VECTOR_MODE", "WORKERS", "N_STEP", "CUT_AT_EXPLORATION", "EPISODE_NOOPS_MAX", "GAMMA", "DUELING",
     "HIDDEN", "HEAD", "NUM_QUANTILES", "C51_ATOMS", "INFERENCE", "TORCH_FREEZE", "EPSILON", "EPSILON_BASE",
     "EPSILON_ALPHA", "CLIP_MAX_STEPS", "SEND_BATCH", "ON_FULL", "SEND_HWM", "SEND_STALL_S", "SEND_BUFFER_KB",
     "WEIGHTS_INTERVAL_S", "START_STATE_SHARE", "START_STATE_MARGIN", "START_STATE_WINDOW", "START_STATE_POOL",

@@ -102,7 +102,8 @@ class ActorCore:
 
     def __init__(self, vec: VectorEnv, policy: Policy, *, n_step: int, gamma: float,
                  eval_vec: VectorEnv | None = None, seed: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter, start_states: StartStateConfig | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, start_states: StartStateConfig | None = None,
+                 cut_at_exploration: bool = False, episode_noops_max: int = 0) -> None:
         self.clock = clock  # what the time split counts: wall time (telemetry) or thread CPU time (benchmarks)
         self.start_states = start_states  # the curriculum ``vec``'s envs run (None: off), for telemetry
         self.vec = vec
@@ -114,6 +115,12 @@ class ActorCore:
         first = vec.reset()
         self.obs = [np.array(first[g.start:g.stop]) for g in self.groups]
         self.n_step = n_step  # n of the n-step returns emitted
+        self.cut_at_exploration = cut_at_exploration  # returns end before an exploratory action (NStepAccumulator.cut)
+        # no-op starts: each slot's episode begins with 0..episode_noops_max actions 0 (drawn per episode), as the
+        # evaluation's do; they count as exploratory for the cut (None: off)
+        self.episode_noops_max = episode_noops_max
+        self.noops_left = (self.rng.integers(episode_noops_max + 1, size=self.groups[-1].stop) if episode_noops_max
+                           else None)
         self.nstep = [NStepAccumulator(len(g), vec.obs_shape, vec.obs_dtype, n_step, gamma, stream_base=g.start)
                       for g in self.groups]
         self.actions = [np.zeros(len(g), dtype=np.int64) for g in self.groups]
@@ -177,6 +184,17 @@ class ActorCore:
         explore = self.rng.random(n) < self.epsilons[group.start:group.stop]
         if explore.any():
             actions = np.where(explore, self.rng.integers(0, self.n_actions, n), actions)
+        if self.noops_left is not None:
+            left = self.noops_left[group.start:group.stop]  # a view: counted down in place
+            forced = left > 0
+            if forced.any():
+                actions = np.where(forced, 0, actions)
+                left[forced] -= 1
+                explore = explore | forced
+        if self.cut_at_exploration and explore.any():
+            cut = self.nstep[g].cut(explore, self.obs[g], q.max(axis=1))
+            if cut is not None:
+                ready.append(cut)
         self.actions[g] = actions
         self.q_sa[g] = q[np.arange(n), actions]
         wait_start = self.clock()
@@ -212,6 +230,8 @@ class ActorCore:
         self.obs[g] = next_obs  # a fresh array each step: the n-step window holds it by reference
         for episode in res.episodes:
             self.stats.record(episode)
+            if self.noops_left is not None:
+                self.noops_left[episode.slot] = self.rng.integers(self.episode_noops_max + 1)
         self.env_steps += len(res.reward)
         return env_s
 
@@ -242,7 +262,8 @@ def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int, gamma
                eval_envs: int = 0, seed: int | None = None,
                vector_mode: Literal["inprocess", "subprocess"] = "inprocess", workers: int | None = None,
                start_states: StartStateConfig | None = None,
-               load_pools: Callable[[VectorEnv], object] | None = None) -> ActorCore:
+               load_pools: Callable[[VectorEnv], object] | None = None, cut_at_exploration: bool = False,
+               episode_noops_max: int = 0) -> ActorCore:
     """An ActorCore over ``num_envs`` slots of ``env_id``; ``eval_envs`` adds one greedy env (one simulation).
 
     ``start_states`` (the start-state curriculum) goes to the training envs only: the greedy env starts every
@@ -260,7 +281,8 @@ def build_core(env_id: str, num_envs: int, policy: Policy, *, n_step: int, gamma
             eval_id = evaluation_env_id(env_id)
             eval_vec = make_vector_env(eval_id, env_spec(eval_id).agents, None if seed is None else seed + 10_000)
         return ActorCore(vec, policy, n_step=n_step, gamma=gamma, eval_vec=eval_vec, seed=seed,
-                         start_states=start_states)
+                         start_states=start_states, cut_at_exploration=cut_at_exploration,
+                         episode_noops_max=episode_noops_max)
     except BaseException:
         vec.close()
         if eval_vec is not None:

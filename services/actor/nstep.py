@@ -149,6 +149,35 @@ class NStepAccumulator:
             out[rows] = batch[env_idx[rows]]
         return out
 
+    def cut(self, explored: np.ndarray, obs: np.ndarray, max_q: np.ndarray) -> Emitted | None:
+        """End the returns of envs whose next action is exploratory (``explored``): their waiting entries leave now,
+        bootstrapped from ``obs``, the observations about to be acted on, with ``max_q`` of them (Watkins's Q(lambda)
+        cut: a return never runs through a random action, so its target is the greedy policy's). Call it after
+        ``finish`` and before the ``push`` of the step that takes those actions."""
+        envs = np.flatnonzero(explored & (self.filled > 0))
+        if not len(envs):
+            return None
+        depth = int(self.filled[envs].max())
+        newest = self.t - 1  # the step of age 0: the last one pushed
+        slots_by_age = (newest - np.arange(depth)) % self.size
+        returns = np.empty((depth, len(envs)))
+        returns[0] = self.rew_w[slots_by_age[0], envs]
+        for j in range(1, depth):
+            returns[j] = self.rew_w[slots_by_age[j], envs] + self.gamma * returns[j - 1]
+        take = np.arange(depth)[:, None] < self.filled[envs][None, :]  # (age, env) pairs that are waiting
+        pos, older = np.nonzero(take[::-1].T)  # env-major, oldest step first
+        age_idx = depth - 1 - older
+        env_idx, slots = envs[pos], slots_by_age[age_idx]
+        rows = Emitted(obs=self._gather(slots, env_idx), action=self.act_w[slots, env_idx],
+                       reward=returns[age_idx, pos].astype(np.float32),
+                       discount=(self.gamma ** (age_idx + 1)).astype(np.float32),
+                       next_obs=np.asarray(obs)[env_idx], priority=np.zeros(len(env_idx), dtype=np.float32),
+                       stream=(env_idx + self.stream_base).astype(np.int64))
+        rows.priority[:] = np.abs(rows.reward - self.qsa_w[slots, env_idx] + rows.discount * max_q[env_idx])
+        self.filled[envs] = 0
+        self.all_full = False
+        return rows
+
     def finish(self, max_q: np.ndarray) -> Emitted | None:
         """Complete pending rows with max-Q of the observations each env is about to act on."""
         if self.pending is None:

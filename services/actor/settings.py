@@ -34,6 +34,13 @@ class ActorSettings(CommonSettings, NetworkSpec):
         "(double-buffered: inference overlaps stepping)")
     workers: int = Field(0, ge=0, le=256, description="worker processes in subprocess mode (0: the usable cores)")
     n_step: int = Field(3, ge=1, le=100, description="steps in each n-step return")
+    cut_at_exploration: bool = Field(False, description="end a slot's n-step returns before each exploratory "
+                                     "(random) action and bootstrap there, so no return runs through one (Watkins's "
+                                     "Q(lambda) cut; off: returns run through them uncorrected, as in Ape-X)")
+    episode_noops_max: int = Field(0, ge=0, le=1000, description="each training episode starts with 0 to this "
+                                   "many actions 0 (the no-op of every built-in action set), drawn per episode, as "
+                                   "the evaluation's episodes do (learner.best_eval_noop_max, flywheel evaluate); "
+                                   "0: none (Atari envs have their own noop_max option)")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     inference: Literal["auto", "numpy", "torch"] = Field(
         "auto", description="forward pass in NumPy (MLP only: the actor then never imports torch) or torch "

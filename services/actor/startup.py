@@ -32,7 +32,9 @@ def build_acting(settings: ActorSettings, pools: StartPools | None = None) -> tu
                           gamma=settings.gamma, eval_envs=settings.eval_envs, seed=settings.seed,
                           vector_mode=settings.vector_mode, workers=settings.workers or None,
                           start_states=settings.start_states(),
-                          load_pools=pools.load if pools is not None and settings.resume else None)
+                          load_pools=pools.load if pools is not None and settings.resume else None,
+                          cut_at_exploration=settings.cut_at_exploration,
+                          episode_noops_max=settings.episode_noops_max)
     except UnknownEnvironmentError:
         raise
     except (TypeError, ValueError, ImportError, RuntimeError) as exc:

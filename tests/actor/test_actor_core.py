@@ -158,6 +158,71 @@ def test_streams_are_env_slots_in_step_order(env_id: str, num_envs: int) -> None
     assert full > 100 * num_envs and terminal > 3 * num_envs  # episodes ended, and the order held across them
 
 
+def test_returns_are_cut_before_exploratory_actions() -> None:
+    """With cut_at_exploration a greedy slot (epsilon 0) keeps full 3-step returns, an always-random slot (1) makes
+    1-step ones, and every row of k steps bootstraps from its stream's row k later: the cut keeps step order."""
+    policy = build_policy((4,), 2, hidden=32, seed=0)
+    core = build_core("CartPole-v1", 4, policy, n_step=3, gamma=0.9, seed=3, cut_at_exploration=True)
+    core.epsilon = np.array([0.0, 1.0, 0.3, 0.3])
+    calls = 300
+    try:
+        streams = by_stream(collect(core, calls))
+    finally:
+        core.close()
+    steps_of: dict[int, list[int]] = {}
+    for slot, rows in streams.items():
+        assert calls - 1 - 3 <= len(rows) <= calls - 1  # every step once, less the ones still maturing
+        for k, (_, next_obs, discount) in enumerate(rows):
+            if discount == 0.0:
+                continue  # the episode's last steps
+            n = round(np.log(discount) / np.log(0.9))
+            steps_of.setdefault(slot, []).append(n)
+            if k + n < len(rows):
+                np.testing.assert_array_equal(next_obs, rows[k + n][0])
+    assert set(steps_of[0]) == {3} and set(steps_of[1]) == {1}
+    assert set(steps_of[2]) == {1, 2, 3} and set(steps_of[3]) == {1, 2, 3}
+
+
+class AlwaysRight:
+    """A network whose greedy action is always 1 (CartPole: push right), so action 0 is a no-op start's."""
+
+    name = "always-right"
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        return np.tile(np.array([0.0, 1.0], dtype=np.float32), (len(obs), 1))
+
+    def load(self, msg: object) -> None:
+        raise NotImplementedError
+
+
+def test_episodes_start_with_their_drawn_no_ops() -> None:
+    """episode_noops_max=5: each episode of each slot begins with 0-5 actions 0 (various counts), then the greedy
+    policy's; with cut_at_exploration the no-ops end returns as random actions do (a step followed by a no-op makes
+    a 1-step return, the rest full 3-step ones or the episode's end)."""
+    core = build_core("CartPole-v1", 3, AlwaysRight(), n_step=3, gamma=0.9, seed=4, episode_noops_max=5,
+                      cut_at_exploration=True)
+    core.epsilon = 0.0
+    try:
+        rows = collect(core, 400)
+    finally:
+        core.close()
+    leading: list[int] = []
+    for slot in range(3):
+        actions = np.concatenate([r.action[r.stream == slot] for r in rows])
+        discounts = np.concatenate([r.discount[r.stream == slot] for r in rows])
+        ends = np.flatnonzero(discounts == 0.0)
+        ends = ends[np.r_[np.diff(ends) > 1, True]]  # an episode's last 3 steps all end it: the last of each run
+        for start, end in zip(ends[:-1] + 1, ends[1:], strict=True):  # whole episodes after the first
+            episode, discount = actions[start:end], discounts[start:end]
+            noops = int(np.argmax(episode != 0)) if (episode != 0).any() else len(episode)
+            assert (episode[noops:] == 1).all()  # after the no-ops, only the policy's actions
+            np.testing.assert_allclose(discount[:max(noops - 1, 0)], 0.9)  # cut before the next no-op
+            rest = discount[max(noops - 1, 0):]
+            np.testing.assert_allclose(rest[rest > 0], 0.9**3, rtol=1e-6)  # the episode's last steps: 0
+            leading.append(noops)
+    assert len(leading) > 30 and max(leading) <= 5 and len(set(leading)) >= 4, leading
+
+
 @pytest.mark.system
 def test_subprocess_double_buffered_core_equals_inprocess() -> None:
     policy = build_policy((4,), 2, hidden=32)

@@ -27,9 +27,10 @@ def rows_of(emitted: list[Emitted]) -> list[Row]:
     return out
 
 
-def simulate(num_envs: int, n: int, gamma: float, steps: int, seed: int, p_end: float = 0.15
-             ) -> tuple[list[Row], list[Row]]:
-    """Drive the accumulator like ActorCore does and build the brute-force answer alongside."""
+def simulate(num_envs: int, n: int, gamma: float, steps: int, seed: int, p_end: float = 0.15,
+             p_explore: float = 0.0) -> tuple[list[Row], list[Row]]:
+    """Drive the accumulator like ActorCore does and build the brute-force answer alongside; with ``p_explore``
+    each action is exploratory with that chance and returns are cut before it (``cut``)."""
     rng = np.random.default_rng(seed)
     acc = NStepAccumulator(num_envs, (2,), np.float32, n, gamma)
     next_id = iter(range(1, 10**9))
@@ -38,11 +39,16 @@ def simulate(num_envs: int, n: int, gamma: float, steps: int, seed: int, p_end: 
     obs = np.array([[next(next_id), episode[e]] for e in range(num_envs)], dtype=np.float32)
     history: list[list[list[tuple]]] = [[[]] for _ in range(num_envs)]  # env -> episodes -> steps
     emitted: list[Emitted] = []
-    for step in range(steps):
+    for _ in range(steps):
         out = acc.finish(max_q_of(obs))
         if out is not None:
             emitted.append(out)
         action = rng.integers(0, 4, num_envs)
+        explored = rng.random(num_envs) < p_explore if p_explore else np.zeros(num_envs, dtype=bool)
+        if explored.any():
+            out = acc.cut(explored, obs, max_q_of(obs))
+            if out is not None:
+                emitted.append(out)
         q_sa = rng.normal(size=num_envs)
         reward = rng.normal(size=num_envs).round(2)
         terminated = rng.random(num_envs) < p_end
@@ -51,7 +57,7 @@ def simulate(num_envs: int, n: int, gamma: float, steps: int, seed: int, p_end: 
         following = final.copy()
         for e in range(num_envs):
             history[e][-1].append((obs[e, 0], action[e], q_sa[e], reward[e], terminated[e], truncated[e], final[e, 0],
-                                   step))
+                                   explored[e]))
             if terminated[e] or truncated[e]:
                 history[e].append([])
                 episode[e] = next_episode
@@ -71,9 +77,10 @@ def simulate(num_envs: int, n: int, gamma: float, steps: int, seed: int, p_end: 
         for ep in env_history:
             ended = bool(ep) and (ep[-1][4] or ep[-1][5])
             for t in range(len(ep)):
-                # The entry leaves at the first later push where it is n - 1 steps old,
-                # or at its episode's last step.
-                leaves = [j for j in range(t, len(ep)) if j - t >= n - 1 or (ended and j == len(ep) - 1)]
+                # The entry leaves at the first later push where it is n - 1 steps old, at its episode's last step,
+                # or (cut) at the step before the next exploratory action of its episode.
+                leaves = [j for j in range(t, len(ep)) if j - t >= n - 1 or (ended and j == len(ep) - 1)
+                          or (j + 1 < len(ep) and ep[j + 1][7])]
                 if not leaves:
                     continue  # not mature yet when the run stopped
                 k = leaves[0] - t + 1
@@ -110,6 +117,36 @@ def test_matches_brute_force_reference(n: int, num_envs: int, seed: int) -> None
 def test_extreme_episode_lengths(p_end: float) -> None:
     got, expected = simulate(3, 4, 0.97, 60, 11, p_end=p_end)
     assert_same_rows(got, expected)
+
+
+@pytest.mark.parametrize("p_explore", [0.05, 0.4, 1.0])
+@pytest.mark.parametrize("seed", range(3))
+def test_returns_cut_before_exploratory_actions_match_the_reference(p_explore: float, seed: int) -> None:
+    got, expected = simulate(4, 5, 0.9, 150, seed, p_end=0.05, p_explore=p_explore)
+    assert_same_rows(got, expected)
+    got, expected = simulate(4, 5, 0.9, 150, seed, p_end=0.0, p_explore=p_explore)  # no episode ends: only cuts
+    assert_same_rows(got, expected)
+    short = [row for row in got if row[3] > 0.9**5 + 1e-6]  # fewer than 5 steps: cut before a random action
+    assert short and (len(short) == len(got) if p_explore == 1.0 else len(short) < len(got))
+
+
+def test_a_cut_bootstraps_from_the_observation_about_to_be_acted_on() -> None:
+    acc = NStepAccumulator(2, (2,), np.float32, 3, 0.5)
+    obs = [np.array([[10 * i, 0], [10 * i + 1, 0]], dtype=np.float32) for i in range(3)]
+    no = np.zeros(2, dtype=bool)
+    for i in range(2):
+        pushed = acc.push(obs[i], np.array([i, i]), np.array([0.5, 0.5]), np.array([1.0, 2.0]), no, no, obs[i + 1])
+        assert pushed is None
+    assert acc.finish(np.array([7.0, 7.0])) is None  # two steps waiting in each env: none mature yet at n = 3
+    out = acc.cut(np.array([False, True]), obs[2], np.array([7.0, 4.0]))  # env 1's next action is random
+    assert out is not None and len(out) == 2 and acc.filled.tolist() == [2, 0]
+    np.testing.assert_array_equal(out.obs[:, 0], [1, 11])  # env 1's two steps, oldest first
+    np.testing.assert_array_equal(out.next_obs[:, 0], [21, 21])
+    np.testing.assert_allclose(out.reward, [2.0 + 0.5 * 2.0, 2.0])
+    np.testing.assert_allclose(out.discount, [0.25, 0.5])
+    np.testing.assert_allclose(out.priority, [abs(3.0 + 0.25 * 4 - 0.5), abs(2.0 + 0.5 * 4 - 0.5)])
+    np.testing.assert_array_equal(out.stream, [1, 1])
+    assert acc.cut(np.array([False, True]), obs[2], np.array([7.0, 4.0])) is None  # nothing left to cut
 
 
 def test_truncated_episode_bootstraps_from_final_observation() -> None:
