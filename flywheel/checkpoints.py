@@ -13,6 +13,21 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 had no RNG, step or gradient-scaler entries
 
 
+ACTING_PREFIX = "acting"  # the learner's averaged acting network (learner.acting_ema), when it keeps one apart
+POLICY_PREFIXES = (ACTING_PREFIX, "online")  # what a checkpoint's policy is: the acting average, else online
+
+
+def policy_tensors(handle: Any) -> dict[str, Any]:
+    """The policy's tensors in an open safetensors file (keys without their prefix): the acting average where the
+    file holds one, else the online network."""
+    keys = list(handle.keys())
+    for prefix in POLICY_PREFIXES:
+        chosen = [key for key in keys if key.startswith(prefix + ".")]
+        if chosen:
+            return {key[len(prefix) + 1:]: handle.get_tensor(key) for key in chosen}
+    return {}
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable or made for another network; the message is one line."""
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from flywheel.checkpoints import CHECKPOINT_FILE, CheckpointError, check_format
+from flywheel.checkpoints import CHECKPOINT_FILE, CheckpointError, check_format, policy_tensors
 from flywheel.nets import C51_ATOMS, QNetwork, build_q_network
 
 RUN_JSON = "run.json"
@@ -132,7 +132,8 @@ class Policy:
     @classmethod
     def load(cls, checkpoint_dir: str | Path, *, env_id: str | None = None, device: str = "cpu",
              which: str = "auto") -> Policy:
-        """Read the policy file ``find_checkpoint(checkpoint_dir, which)`` and build its online network.
+        """Read the policy file ``find_checkpoint(checkpoint_dir, which)`` and build its policy network (the acting
+        average where the learner kept one, else the online network: ``flywheel.checkpoints.policy_tensors``).
 
         The env id comes from ``env_id``, else the checkpoint's metadata, else a run.json beside it (or one folder
         up); the network from the metadata's spec, else (older checkpoints) from the env and the network's name.
@@ -144,7 +145,7 @@ class Policy:
         try:
             with safe_open(str(path), framework="pt", device="cpu") as fh:
                 meta = json.loads((fh.metadata() or {}).get("flywheel", "null"))
-                tensors = {key[len("online."):]: fh.get_tensor(key) for key in fh.keys() if key.startswith("online.")}
+                tensors = policy_tensors(fh)
         except (SafetensorError, OSError, ValueError) as exc:
             raise PolicyError(f"{path} is not a readable learner checkpoint: {exc}".splitlines()[0]) from None
         meta = check_format(meta, path, PolicyError)
@@ -167,7 +168,7 @@ class Policy:
                               "pass the env id the run trained on")
         own = net.state_dict()
         if set(tensors) != set(own) or any(tensors[k].shape != v.shape for k, v in own.items()):
-            raise PolicyError(f"{path}: the online network's tensors do not fit {net.name!r}")
+            raise PolicyError(f"{path}: the policy network's tensors do not fit {net.name!r}")
         net.load_state_dict({k: v.to(own[k].dtype) for k, v in tensors.items()})
         return cls(net, chosen, updates=int(meta.get("updates", 0)), weight_version=int(meta.get("weight_version", 0)),
                    path=path, device=device)

@@ -114,10 +114,12 @@ _NAME = re.compile(r"(?P<kind>mlp|conv|nature)-(?P<shape>[0-9x]+)-(?P<actions>\d
 
 
 def checkpoint_policy(directory: str | Path, obs_shape: tuple[int, ...], n_actions: int) -> Policy:
-    """Greedy actions of the online network in a learner checkpoint (safetensors; nothing executed on load)."""
+    """Greedy actions of the policy network in a learner checkpoint (the acting average where the learner kept one,
+    else the online network; safetensors, nothing executed on load)."""
     import torch  # only here: scripted experts start their workers without it
     from safetensors import safe_open
 
+    from flywheel.checkpoints import policy_tensors
     from flywheel.nets import C51_ATOMS, QNetwork
 
     path = Path(directory)
@@ -127,7 +129,7 @@ def checkpoint_policy(directory: str | Path, obs_shape: tuple[int, ...], n_actio
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = json.loads((fh.metadata() or {}).get("flywheel", "{}"))
-            tensors = {k[len("online."):]: fh.get_tensor(k) for k in fh.keys() if k.startswith("online.")}
+            tensors = policy_tensors(fh)
     except Exception as exc:  # safetensors raises its own error types for damaged files
         raise PolicyError(f"{path} is not a readable learner checkpoint: {exc}") from None
     match = _NAME.fullmatch(str(meta.get("network", "")))

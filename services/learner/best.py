@@ -51,12 +51,13 @@ log = logging.getLogger("flywheel.learner")
 
 
 def write_policy(path: Path, core: LearnerCore, weight_version: int, env_id: str) -> None:
-    """The online network alone, in the checkpoint format ``Policy.load`` reads; tmp + fsync + os.replace.
+    """The acting network alone (the online one, or its average), in the checkpoint format ``Policy.load`` reads;
+    tmp + fsync + os.replace.
 
     ``weight_version`` is the version published last; the network may be a few updates past it (``updates``
     says exactly where)."""
     tensors = {f"online.{k}": v.detach().to("cpu", copy=True).contiguous()
-               for k, v in core.online.state_dict().items()}
+               for k, v in core.acting.state_dict().items()}
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "network": core.name, "updates": int(core.updates),
             "network_spec": network_spec(core.online), "weight_version": int(weight_version),
             "saved_at": time.time(), "env_id": env_id, "policy_only": True}

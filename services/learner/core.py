@@ -59,6 +59,7 @@ class CoreConfig:
     grad_clip_norm: float = _default("grad_clip_norm")
     target_update_interval: int = _default("target_update_interval")
     tau: float = _default("tau")
+    acting_ema: float = _default("acting_ema")
     double: bool = _default("double")
     dueling: bool = _default("dueling")
     munchausen: bool = _default("munchausen")
@@ -148,13 +149,20 @@ class LearnerCore:
         nets = [build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden,
                                 head=config.head, num_quantiles=config.num_quantiles,
                                 v_min=config.c51_v_min, v_max=config.c51_v_max, c51_atoms=config.c51_atoms)
-                for _ in range(2)]
+                for _ in range(3 if config.acting_ema > 0 else 2)]
         if (self.cuda or config.channels_last) and nets[0].kind != "mlp":
             nets = [_channels_last(net) for net in nets]  # faster cuDNN / inductor convolutions
         self.online: QNetwork = nets[0].to(self.device)
         self.target: QNetwork = nets[1].to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
+        # what acts and is evaluated: the online network, or (acting_ema) its Polyak average, against policy churn
+        self.acting: QNetwork = self.online
+        if config.acting_ema > 0:
+            self.acting = nets[2].to(self.device)
+            self.acting.load_state_dict(self.online.state_dict())
+            self.acting.requires_grad_(False)
+            self.acting.eval()
         self.name = self.online.name
         self.obs_shape, self.n_actions = self.online.obs_shape, self.online.n_actions
         self.params: list[torch.Tensor] = list(self.online.parameters())
@@ -349,6 +357,10 @@ class LearnerCore:
         self.steps += 1
         self._micro = 0
         self._refresh_target()
+        if self.acting is not self.online:
+            with torch.no_grad():
+                torch._foreach_lerp_(list[torch.Tensor](self.acting.parameters()), list[torch.Tensor](self.params),
+                                     self.config.acting_ema)
         return found_inf
 
     def _refresh_target(self) -> None:

@@ -77,7 +77,7 @@ class LearnerLoop:
         self.sampler, self.group = self.feeder.client, self.feeder.group
         self.weights, self.telemetry = sockets.weights, sockets.telemetry
         self.weights_endpoint = self.weights.endpoint
-        self.snapshots = WeightsSnapshots(core.online, core.name, start_version=start_version,
+        self.snapshots = WeightsSnapshots(core.acting, core.name, start_version=start_version,
                                           every_updates=config.publish_interval_updates,
                                           every_seconds=config.publish_interval_s,
                                           reserve=self._reserve_versions if config.checkpoint_dir else None)

@@ -33,6 +33,9 @@ class LearnerSettings(CommonSettings, NetworkSpec):
     target_update_interval: int = Field(2500, ge=1, le=10_000_000,
                                         description="copy online -> target network every K updates (when tau = 0)")
     tau: float = Field(0.0, ge=0, le=1, description="Polyak factor per update for the target network (0 = hard copies)")
+    acting_ema: float = Field(0.0, ge=0, lt=1, description="Polyak rate per update of an averaged copy of the "
+                              "online network that the actors act with, checkpoints and the kept best hold, and "
+                              "evaluation plays (0 = off: the online network itself)")
     munchausen: bool = Field(
         False, description="Munchausen-DQN targets: a log-policy bonus on the taken action and a soft bootstrap from "
                            "the target network, in place of double DQN's (head q only)")

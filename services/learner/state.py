@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
+from flywheel.checkpoints import ACTING_PREFIX as ACTING
 from flywheel.nets import QNetwork
 
 
@@ -24,6 +25,8 @@ class LearnerCore(Protocol):
     def online(self) -> QNetwork: ...
     @property
     def target(self) -> QNetwork: ...
+    @property
+    def acting(self) -> QNetwork: ...
     @property
     def optimizer(self) -> torch.optim.Optimizer: ...
     @property
@@ -55,9 +58,13 @@ def network_spec(net: QNetwork) -> dict[str, Any]:
 
 
 def core_state(core: LearnerCore) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """CPU copies of the online and target networks and of Adam's moments, and the core's counters."""
+    """CPU copies of the online and target networks (and the acting average, when it is one of its own) and of
+    Adam's moments, and the core's counters."""
     tensors: dict[str, torch.Tensor] = {}
-    for prefix, net in (("online", core.online), ("target", core.target)):
+    nets = [("online", core.online), ("target", core.target)]
+    if core.acting is not core.online:
+        nets.append((ACTING, core.acting))
+    for prefix, net in nets:
         for key, value in net.state_dict().items():
             tensors[f"{prefix}.{key}"] = value.detach().to("cpu", copy=True).contiguous()
     for index, entry in core.optimizer.state_dict()["state"].items():
@@ -88,7 +95,7 @@ def _optimizer(core: LearnerCore, tensors: dict[str, torch.Tensor]) -> dict[int,
     params = list(core.online.parameters())
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        if key.startswith(("online.", "target.")):
+        if key.startswith(("online.", "target.", ACTING + ".")):
             continue
         parts = key.split(".")
         if parts[0] != "optim":
@@ -111,6 +118,8 @@ def load_core_state(core: LearnerCore, tensors: dict[str, torch.Tensor], meta: d
         raise StateError(f"it is for network {meta.get('network')!r} but this learner builds {core.name!r}; "
                          "check --env-id, --dueling, --hidden, --head, --num-quantiles and --c51-atoms")
     online, target = _net("online", core.online, tensors), _net("target", core.target, tensors)
+    saved_acting = any(key.startswith(ACTING + ".") for key in tensors)
+    acting = _net(ACTING, core.acting, tensors) if saved_acting and core.acting is not core.online else online
     if core.online.support is not None and not torch.allclose(online["support"].float(), core.online.support.cpu()):
         saved = online["support"]
         raise StateError(f"its c51 support is [{float(saved[0]):g}, {float(saved[-1]):g}] but this learner's is "
@@ -123,6 +132,8 @@ def load_core_state(core: LearnerCore, tensors: dict[str, torch.Tensor], meta: d
         raise StateError("metadata field 'grad_scaler' is not a gradient-scaler state")
     core.online.load_state_dict(online)
     core.target.load_state_dict(target)
+    if core.acting is not core.online:  # a checkpoint without an average starts it at the online network
+        core.acting.load_state_dict(acting)
     optim_state = core.optimizer.state_dict()
     optim_state["state"] = state
     core.optimizer.load_state_dict(optim_state)

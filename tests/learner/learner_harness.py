@@ -73,7 +73,8 @@ class Harness:
         )
         values.update(overrides)
         self.settings = LearnerSettings(**values)
-        self.core = LearnerCore((4,), 2, CoreConfig(lr=self.settings.lr), device=device)
+        self.core = LearnerCore((4,), 2, CoreConfig(lr=self.settings.lr, acting_ema=self.settings.acting_ema),
+                                device=device)
         self.start_version = 0
         if self.settings.resume:
             self.start_version = load_checkpoint(tmp_path, self.core).weight_version

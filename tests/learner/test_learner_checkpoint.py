@@ -156,3 +156,42 @@ def test_foreign_entries_are_refused(tmp_path: Path) -> None:
     save_file({**tensors, "pickle.data": torch.zeros(1)}, str(path), metadata=meta)
     with pytest.raises(CheckpointError, match="unexpected entry"):
         load_checkpoint(tmp_path, LearnerCore((4,), 2, CONFIG))
+
+
+def test_the_acting_average_round_trips_and_starts_at_the_online_network_where_none_was_kept(tmp_path: Path) -> None:
+    averaged = CoreConfig(lr=1e-3, target_update_interval=4, acting_ema=0.1)
+    core = LearnerCore((4,), 2, averaged)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        core.update(make_batch(rng, 32))
+    save_checkpoint(tmp_path, core, weight_version=2)
+    restored = LearnerCore((4,), 2, averaged)
+    load_checkpoint(tmp_path, restored)
+    for a, b in zip(core.acting.state_dict().values(), restored.acting.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    plain = LearnerCore((4,), 2, CONFIG)  # a run without the average resumes from it: the average is left out
+    load_checkpoint(tmp_path, plain)
+    assert plain.acting is plain.online
+    for a, b in zip(core.online.state_dict().values(), plain.online.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    save_checkpoint(tmp_path, _trained(3), weight_version=1)  # no average kept: a new one starts at online
+    fresh = LearnerCore((4,), 2, averaged)
+    load_checkpoint(tmp_path, fresh)
+    for a, b in zip(fresh.acting.state_dict().values(), fresh.online.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_policy_of_a_checkpoint_is_its_acting_average(tmp_path: Path) -> None:
+    from flywheel.policy import Policy
+
+    core = LearnerCore((4,), 2, CoreConfig(lr=1e-2, acting_ema=0.1))
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        core.update(make_batch(rng, 32))
+    core.env_id = "CartPole-v1"  # type: ignore[attr-defined]  # what services/learner/main.py sets
+    save_checkpoint(tmp_path / "learner", core, weight_version=3)
+    obs = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)
+    with torch.no_grad():
+        acting, online = core.acting(torch.from_numpy(obs)).numpy(), core.online(torch.from_numpy(obs)).numpy()
+    assert not np.allclose(acting, online, atol=1e-4)  # the average lags the online network
+    np.testing.assert_allclose(Policy.load(tmp_path).q_values(obs), acting, atol=1e-6)

@@ -81,6 +81,22 @@ def test_polyak_target_moves_by_tau() -> None:
         torch.testing.assert_close(t1, t0 + tau * (o - t0))
 
 
+def test_the_acting_average_follows_the_online_network_by_its_rate() -> None:
+    plain = LearnerCore((4,), 2, CoreConfig())
+    assert plain.acting is plain.online  # off: the online network acts
+    rate = 0.25
+    core = LearnerCore((4,), 2, CoreConfig(lr=1e-2, acting_ema=rate))
+    assert core.acting is not core.online and _same(_params(core.acting), _params(core.online))
+    assert not any(p.requires_grad for p in core.acting.parameters())
+    batch = make_batch(np.random.default_rng(4), 32)
+    for _ in range(3):
+        before = _params(core.acting)
+        core.update(batch)
+        for a0, a1, o in zip(before, _params(core.acting), _params(core.online), strict=True):
+            torch.testing.assert_close(a1, a0 + rate * (o - a0))
+    assert not _same(_params(core.acting), _params(core.online))  # it lags the online network
+
+
 def test_learns_one_step_rewards() -> None:
     q, table = fit_one_step_rewards(LearnerCore((4,), 2, CoreConfig(lr=3e-3), "cpu"), seed=5)
     np.testing.assert_allclose(q, table, atol=0.05)

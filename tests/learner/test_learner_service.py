@@ -32,6 +32,21 @@ def test_publishes_by_time_only_while_training(harness) -> None:
     assert h.versions[-1] == latest and h.versions.count(latest) >= 2  # re-sent for late subscribers
 
 
+def test_publishes_the_acting_average_where_the_learner_keeps_one(harness) -> None:
+    h = harness(publish_interval_updates=4, publish_interval_s=0, acting_ema=0.05)
+    h.loop.start()
+    h.drive(lambda: h.core.steps >= 20 and h.loop.version >= 5)
+    h.replay.answer = False  # no more batches: the last trained weights go out, then only repeats
+    h.drive(lambda: len(h.replay.pending) == 3 and h.loop.waiting_batches == 0, timeout=10)
+    trained = h.core.steps
+    h.drive(lambda: h.loop.snapshots.steps_at_last == trained and h.versions[-1] == h.loop.version, timeout=5)
+    last = h.weights[-1]
+    for key, value in h.core.acting.state_dict().items():
+        np.testing.assert_array_equal(last.tensors[key], value.numpy())
+    online = h.core.online.state_dict()
+    assert any(not np.array_equal(last.tensors[key], online[key].numpy()) for key in online)
+
+
 def test_publishes_every_k_updates_with_strictly_increasing_versions(harness) -> None:
     h = harness(publish_interval_updates=4, publish_interval_s=0)
     h.loop.start()
