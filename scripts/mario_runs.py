@@ -7,7 +7,9 @@ CPU model, load, the whole machine's busy cores while it trained (busy CPU secon
 first and last poll of its last part), the mean and median furthest x and the flag rate with their intervals. Per
 side (``--side NAME FILE...``, repeatable: with and without a setting): the median and interquartile mean of the
 run scores with a bootstrap over runs (rliable's stratified bootstrap for one task), and the pooled episodes with
-a two-level bootstrap (flywheel.stats.across_runs). ``FILE#DEPLOY`` takes one deploy of a
+a two-level bootstrap (flywheel.stats.across_runs). ``--paired`` (two sides, one run per training seed each) adds
+B minus A per training seed and over the pairs, with a two-level paired bootstrap (flywheel.stats.paired_difference:
+pairs, then the evaluation seeds both played). ``FILE#DEPLOY`` takes one deploy of a
 ``--opt deploy=run,compose`` result (its checkpoints and polls; its rates first to last poll of that deploy).
 Prints markdown and writes one JSON document with every figure and where it came from.
 
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.bench.parts.records import flag, furthest_x
-from flywheel.stats import across_runs, summarize
+from flywheel.stats import across_runs, paired_difference, summarize
 
 
 class RunsError(Exception):
@@ -84,6 +86,7 @@ def one_run(spec: str, minute: float | None, steps: int | None = None) -> dict[s
     loads = [p["load"][0] for p in points if p.get("load")]
     busy = _per_second(points, "machine_cpu_s")
     return {"file": spec, "command": result.get("command"), "time": result.get("time"),
+            "train_seed": result.get("options", {}).get("train_seed"),
             "cpu_model": result.get("machine", {}).get("cpu_model"), "minute": c["minute"],
             "steps_mark": c.get("steps_mark"),
             "env_steps": c.get("env_steps"), "updates": c.get("checkpoint_updates"),
@@ -98,6 +101,47 @@ def aggregate(sides: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     if len(seeds) != 1:
         raise RunsError("the runs' checkpoints were evaluated on different seeds: they cannot be compared")
     return {name: across_runs([r["x"] for r in runs], [r["flags"] for r in runs]) for name, runs in sides.items()}
+
+
+def paired(sides: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The second side minus the first, pairing runs by training seed (each side one run per seed, the same seeds)."""
+    if len(sides) != 2:
+        raise RunsError("--paired compares two sides")
+    (a_name, a_runs), (b_name, b_runs) = sides.items()
+    by_seed = []
+    for name, runs in sides.items():
+        seeds = [r["train_seed"] for r in runs]
+        if None in seeds or len(set(seeds)) != len(seeds):
+            raise RunsError(f"--paired: side {name!r} needs one run per training seed (--opt train_seed), got {seeds}")
+        by_seed.append({r["train_seed"]: r for r in runs})
+    if set(by_seed[0]) != set(by_seed[1]):
+        raise RunsError(f"--paired: the sides' training seeds differ ({sorted(by_seed[0])} and {sorted(by_seed[1])})")
+    seeds = sorted(by_seed[0], key=int)
+    a, b = [by_seed[0][s] for s in seeds], [by_seed[1][s] for s in seeds]
+    out = paired_difference([r["x"] for r in a], [r["x"] for r in b], [r["flags"] for r in a],
+                            [r["flags"] for r in b])
+    return {"a": a_name, "b": b_name, "train_seeds": seeds, **out}
+
+
+def paired_markdown(diff: dict[str, Any], sides: dict[str, list[dict[str, Any]]]) -> str:
+    """Each training seed's two runs and their difference, then the difference over the pairs."""
+    runs = {name: {r["train_seed"]: r["summary"] for r in rs} for name, rs in sides.items()}
+    a, b = runs[diff["a"]], runs[diff["b"]]
+    lines = [f"| training seed | {diff['a']}: flags | {diff['b']}: flags | difference | {diff['a']}: mean x | "
+             f"{diff['b']}: mean x | difference |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for i, seed in enumerate(diff["train_seeds"]):
+        lines.append(f"| {seed} | {a[seed]['flag_rate']:.0%} | {b[seed]['flag_rate']:.0%} | "
+                     f"{diff['pair_flag_rate_differences'][i]:+.0%} | {a[seed]['mean']:,.0f} | "
+                     f"{b[seed]['mean']:,.0f} | {diff['pair_mean_differences'][i]:+,.0f} |")
+    fl, mx = diff["flag_rate_difference_ci"], diff["mean_difference_ci"]
+    lines += ["", f"{diff['b']} minus {diff['a']} over {diff['pairs']} paired training seeds, {diff['episodes']} "
+              f"evaluation episodes each: flag rate {diff['flag_rate_difference']:+.1%} (95% paired bootstrap "
+              f"{fl[0]:+.1%} to {fl[1]:+.1%}; median pair {diff['median_flag_rate_difference']:+.1%}; ahead on "
+              f"{diff['flag_rate_b_ahead']}, behind on {diff['flag_rate_b_behind']}), mean x "
+              f"{diff['mean_difference']:+,.0f} ({mx[0]:+,.0f} to {mx[1]:+,.0f}; ahead on {diff['mean_b_ahead']}, "
+              f"behind on {diff['mean_b_behind']}). With few pairs the interval is narrower than 95% "
+              "(flywheel.stats.paired_difference)."]
+    return "\n".join(lines)
 
 
 def markdown(sides: dict[str, list[dict[str, Any]]], totals: dict[str, Any]) -> str:
@@ -134,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--minute", type=float, default=None, help="which checkpoint (default: each run's last)")
     which.add_argument("--steps", type=int, default=None, metavar="N",
                        help="the checkpoint at the agent-step mark N (--opt checkpoint_steps) instead of a minute")
+    parser.add_argument("--paired", action="store_true",
+                        help="two sides, one run per training seed each: B minus A per seed and over the pairs")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON document here")
     args = parser.parse_args(argv)
     try:
@@ -141,16 +187,17 @@ def main(argv: list[str] | None = None) -> int:
             raise RunsError("--side takes a name and at least one result file")
         sides = {side[0]: [one_run(f, args.minute, args.steps) for f in side[1:]] for side in args.side}
         totals = aggregate(sides)
+        diff = paired(sides) if args.paired else None
     except RunsError as exc:
         print(f"mario_runs: {exc}", file=sys.stderr)
         return 2
-    text = markdown(sides, totals)
+    text = markdown(sides, totals) + ("" if diff is None else "\n\n" + paired_markdown(diff, sides))
     print(text)
     if args.out is not None:
         runs = {name: [{k: v for k, v in r.items() if k not in ("x", "flags", "seeds")} for r in rs]
                 for name, rs in sides.items()}
         document = {"command": shlex.join(["python", *sys.argv]), "minute": args.minute, "steps": args.steps,
-                    "runs": runs, "aggregate": totals, "markdown": text}
+                    "runs": runs, "aggregate": totals, "paired": diff, "markdown": text}
         args.out.write_text(json.dumps(document, indent=1) + "\n")
     return 0
 

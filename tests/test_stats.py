@@ -12,6 +12,7 @@ from flywheel.stats import (
     across_runs,
     bootstrap_ci,
     interquartile_mean,
+    paired_difference,
     summarize,
     wilson_interval,
 )
@@ -100,3 +101,45 @@ def test_across_runs_pooled_interval_coverage_with_four_runs() -> None:
             "pooled_mean_ci"]
         hits += low <= 1000.0 <= high
     assert 165 <= hits <= 185, hits  # 175 with NumPy 2 (fixed seeds); the bounds allow another draw of the data
+
+
+def test_paired_difference_pairs_runs_and_episodes() -> None:
+    """Per-pair differences are exact; a constant shift of every episode gives an interval of that shift alone
+    (episodes are paired: an unpaired bootstrap would be as wide as the episodes' spread); A against itself is 0."""
+    rng = np.random.default_rng(5)
+    a = [rng.normal(1000.0, 400.0, size=20) for _ in range(3)]
+    a_flags = [rng.random(20) < 0.3 for _ in range(3)]
+    shifted = paired_difference(a, [x + 25.0 for x in a], a_flags, a_flags, resamples=500)
+    assert shifted["pair_mean_differences"] == pytest.approx([25.0] * 3)
+    assert shifted["mean_difference_ci"] == pytest.approx([25.0, 25.0])
+    assert (shifted["mean_b_ahead"], shifted["mean_b_behind"]) == (3, 0)
+    assert shifted["flag_rate_difference"] == 0.0 and shifted["flag_rate_difference_ci"] == [0.0, 0.0]
+    b_flags = [np.ones(20, dtype=bool), a_flags[1], np.zeros(20, dtype=bool)]
+    out = paired_difference(a, a, a_flags, b_flags, resamples=500)
+    expected = [1.0 - a_flags[0].mean(), 0.0, -a_flags[2].mean()]
+    assert out["pair_flag_rate_differences"] == pytest.approx(expected)
+    assert out["median_flag_rate_difference"] == pytest.approx(0.0)
+    assert (out["flag_rate_b_ahead"], out["flag_rate_b_behind"]) == (1, 1)
+    low, high = out["flag_rate_difference_ci"]
+    assert low < out["flag_rate_difference"] < high
+    with pytest.raises(ValueError, match="as many runs"):
+        paired_difference(a, a[:2], a_flags, a_flags[:2])
+
+
+@pytest.mark.parametrize("pairs,measured", [(3, 151), (5, 167)])
+def test_paired_difference_coverage_with_few_pairs(pairs: int, measured: int) -> None:
+    """The paired interval's coverage, measured: 200 made-up experiments where an arm's effect varies from seed to
+    seed (sd 150 around 50) more than 15 episodes' noise (sd 100). Nominal 95%; 151 of 200 (75.5%) hold the true
+    mean effect with 3 pairs, 167 (83.5%) with 5: the interval over few pairs is too narrow, as documented. The
+    bounds keep the binomial noise of 200 draws."""
+    rng = np.random.default_rng(2024)
+    hits = 0
+    for _ in range(200):
+        seeds, effects = rng.normal(1000.0, 150.0, size=pairs), rng.normal(50.0, 150.0, size=pairs)
+        a = [rng.normal(m, 100.0, size=15) for m in seeds]
+        b = [rng.normal(m + e, 100.0, size=15) for m, e in zip(seeds, effects, strict=True)]
+        none = [[False] * 15] * pairs
+        low, high = paired_difference(a, b, none, none, resamples=1000, seed=int(rng.integers(2**31)))[
+            "mean_difference_ci"]
+        hits += low <= 50.0 <= high
+    assert measured - 12 <= hits <= measured + 12, hits

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from flywheel.stats import across_runs, interquartile_mean
+from flywheel.testing.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mario_runs.py"
 
@@ -46,9 +46,11 @@ def test_across_runs_medians_and_intervals() -> None:
         across_runs([[1.0, 2.0]], [[True]])
 
 
-def _bench_result(path: Path, x: float, flags: int, seeds: range, minute: float = 60.0) -> Path:
+def _bench_result(path: Path, x: float, flags: int, seeds: range, minute: float = 60.0,
+                  train_seed: int | None = None) -> Path:
     episodes = [{"seed": s, "x_pos_max": x + (i % 2) * 100, "flag": i < flags} for i, s in enumerate(seeds)]
     result = {"command": "flywheel bench mario --opt minutes=60", "time": "2026-11-26T12:00:00+0000",
+              "options": {} if train_seed is None else {"train_seed": str(train_seed)},
               "machine": {"cpu_model": "AMD EPYC"},
               "extra": {"scale_model": {"env_steps_per_s": 140.0, "updates_per_s": 35.0},
                         "points": [{"t": 10.0, "machine_cpu_s": 100.0, "load": [1.8, 1.7, 1.6]},
@@ -130,11 +132,7 @@ def test_the_script_takes_one_deploy_of_a_run_and_compose_result(tmp_path: Path)
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mario_runs", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "mario_runs")
 
 
 def test_steps_picks_each_runs_checkpoint_at_that_agent_steps_mark(tmp_path: Path) -> None:
@@ -155,3 +153,26 @@ def test_steps_picks_each_runs_checkpoint_at_that_agent_steps_mark(tmp_path: Pat
     with pytest.raises(runs.RunsError, match=r"no checkpoint at the 250000 agent steps mark \(it has 30, 60 min and "
                                              r"the agent-step marks 500000\)"):
         runs.one_run(str(path), None, 250_000)
+
+
+def test_paired_takes_the_second_side_minus_the_first_by_training_seed(tmp_path: Path, capsys) -> None:
+    runs, seeds = _script(), range(100, 120)
+    base = [_bench_result(tmp_path / f"a{k}.json", 1000.0 + 100 * k, 4, seeds, train_seed=k) for k in (1, 2, 3)]
+    arm = [_bench_result(tmp_path / f"b{k}.json", 1050.0 + 100 * k, 4 + 2 * (k != 2), seeds, train_seed=k)
+           for k in (3, 1, 2)]  # listed in another order: pairs follow the training seeds
+    out = tmp_path / "paired.json"
+    assert runs.main(["--minute", "60", "--paired", "--side", "default", *map(str, base), "--side", "arm",
+                      *map(str, arm), "--out", str(out)]) == 0
+    diff = json.loads(out.read_text())["paired"]
+    assert (diff["a"], diff["b"], diff["train_seeds"]) == ("default", "arm", ["1", "2", "3"])
+    assert diff["pair_mean_differences"] == pytest.approx([50.0] * 3) and diff["mean_difference_ci"] == \
+        pytest.approx([50.0, 50.0])
+    assert diff["pair_flag_rate_differences"] == pytest.approx([0.1, 0.0, 0.1])
+    assert (diff["flag_rate_b_ahead"], diff["flag_rate_b_behind"]) == (2, 0)
+    text = capsys.readouterr().out
+    assert "| 2 | 20% | 20% | +0% | 1,250 | 1,300 | +50 |" in text and "ahead on 2, behind on 0" in text
+    unpaired = [_bench_result(tmp_path / f"c{k}.json", 1000.0, 0, seeds, train_seed=k) for k in (1, 2, 4)]
+    assert runs.main(["--paired", "--side", "default", *map(str, base), "--side", "other", *map(str, unpaired)]) == 2
+    assert "training seeds differ" in capsys.readouterr().err
+    assert runs.main(["--paired", "--side", "default", *map(str, base)]) == 2
+    assert "--paired compares two sides" in capsys.readouterr().err

@@ -1,0 +1,208 @@
+"""A paired Mario trial: arms (settings over the default job) x training seeds, each a `flywheel bench mario` run.
+
+Every arm runs every training seed, one run at a time; the arms' order alternates from seed to seed (A B, B A, ...)
+so a machine that slows through the day weighs on every arm alike. Each run keeps its folder under ``--root``
+(``ARM/seedS/out/mario.json`` when done): running the same command again, in a later session, skips what is done
+and starts again a run that was cut off. Each run is appended to ``ROOT/trial.jsonl`` with its start, end, the load
+average at both, the CPU model and the checkout's commit. ``--report`` (also at the end) compares every arm with the
+first, paired by training seed, at every checkpoint (minutes and agent-step marks) with scripts/mario_runs.py
+``--paired``, into ``ROOT/report.md`` and ``ROOT/report-<checkpoint>-<arm>.json``. Run it from a clone of its own:
+the bench imports parts of flywheel as it goes, so editing the checkout it runs from can change a run midway.
+
+Decide on validation seeds (``--eval validation``: evaluation seeds 300000-300099) and report on the test seeds
+(``--eval test``: 500000-500099), which no decision may have seen.
+
+    python scripts/mario_trial.py --root /work/trials/ema --arm default= --arm ema=learner.acting_ema=0.001 \
+        --seeds 1,2,3 --minutes 60 --checkpoint-at 30,60 --checkpoint-steps 250000,500000
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EVAL_SEED_BASES = {"validation": 300_000, "test": 500_000}
+RESULT = "mario.json"
+DEFAULT = "the default"
+
+
+def arms_of(specs: list[str]) -> dict[str, str]:
+    """``NAME=SETTINGS`` (settings as bench mario's ``set=`` option takes them: ``a.b=1;c.d=2``; empty: the default)."""
+    arms: dict[str, str] = {}
+    for spec in specs:
+        name, sep, sets = spec.partition("=")
+        if not sep or not name or not name.replace("-", "").replace("_", "").isalnum() or name in arms:
+            raise SystemExit(f"mario_trial: --arm takes NAME=SETTINGS with a new name of letters, digits, - and _; "
+                             f"got {spec!r}")
+        arms[name] = sets
+    if len(arms) < 2:
+        raise SystemExit("mario_trial: a trial needs at least two arms (the first is the one the rest are compared to)")
+    return arms
+
+
+def plan(arms: dict[str, str], seeds: list[int]) -> list[tuple[str, int]]:
+    """(arm, seed) in the order they run: every arm for one seed, the arms' order reversed on every other seed."""
+    names = list(arms)
+    return [(arm, seed) for i, seed in enumerate(seeds) for arm in (names if i % 2 == 0 else names[::-1])]
+
+
+def bench_command(args: argparse.Namespace, sets: str, seed: int, folder: Path) -> list[str]:
+    """The `flywheel bench mario` command of one run."""
+    opts = {"minutes": f"{args.minutes:g}", "checkpoint_at": args.checkpoint_at, "eval_episodes": str(args.episodes),
+            "seed_base": str(EVAL_SEED_BASES[args.eval]), "actors": str(args.actors), "train_seed": str(seed),
+            "workdir": str(folder / "work")}
+    if args.checkpoint_steps:
+        opts["checkpoint_steps"] = args.checkpoint_steps
+    if args.also_epsilon:
+        opts["also_epsilon"] = args.also_epsilon
+    if sets:
+        opts["set"] = sets
+    command = [*shlex.split(args.flywheel), "bench", "mario"]
+    for key, value in opts.items():
+        command += ["--opt", f"{key}={value}"]
+    return [*command, "--out", str(folder / "out")]
+
+
+def _load() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _code_version() -> str:
+    """The checkout's commit (``-dirty`` with uncommitted changes): what the runs' code was."""
+    done = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
+
+
+def run_all(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> int:
+    """Run what is not done yet, in ``plan`` order; the number of runs that failed."""
+    failed = 0
+    todo = plan(arms, seeds)
+    for k, (arm, seed) in enumerate(todo, 1):
+        folder = args.root / arm / f"seed{seed}"
+        if (folder / "out" / RESULT).is_file():
+            print(f"mario_trial: [{k}/{len(todo)}] {arm} seed {seed}: done already ({folder / 'out' / RESULT})")
+            continue
+        command = bench_command(args, arms[arm], seed, folder)
+        if args.dry_run:
+            print(f"mario_trial: [{k}/{len(todo)}] {arm} seed {seed}: would run {shlex.join(command)}")
+            continue
+        if folder.exists():
+            print(f"mario_trial: {arm} seed {seed} was cut off before its result: starting it again")
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        record: dict[str, Any] = {"arm": arm, "seed": seed, "command": shlex.join(command), "cpu_model": _cpu_model(),
+                                  "code": _code_version(),
+                                  "start": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_at_start": _load()}
+        if record["load_at_start"][0] > args.quiet_load:
+            print(f"mario_trial: the machine is not quiet (load {record['load_at_start'][0]}): this run's speed and "
+                  "its place in the comparison are recorded in trial.jsonl")
+        print(f"mario_trial: [{k}/{len(todo)}] {arm} seed {seed}: {shlex.join(command)} (log {folder / 'bench.log'})",
+              flush=True)
+        with (folder / "bench.log").open("w") as log:
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        record.update(end=time.strftime("%Y-%m-%dT%H:%M:%S%z"), load_at_end=_load(), exit_code=code)
+        with (args.root / "trial.jsonl").open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if code != 0 or not (folder / "out" / RESULT).is_file():
+            failed += 1
+            print(f"mario_trial: {arm} seed {seed} failed (exit code {code}); see {folder / 'bench.log'}")
+    return failed
+
+
+def checkpoints_of(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(label, mario_runs.py selector) for every checkpoint the runs take."""
+    out = [(f"{m}min", ["--minute", m]) for m in args.checkpoint_at.split(",") if m]
+    out += [(f"{s}steps", ["--steps", s]) for s in (args.checkpoint_steps or "").split(",") if s]
+    return out
+
+
+def report(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> int:
+    """Every arm against the first, paired by seed, at every checkpoint; 0 when every run had a result."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import mario_runs
+
+    files = {arm: [args.root / arm / f"seed{s}" / "out" / RESULT for s in seeds] for arm in arms}
+    missing = [str(f) for fs in files.values() for f in fs if not f.is_file()]
+    if missing:
+        print(f"mario_trial: no report yet: {len(missing)} runs have no result ({missing[0]} ...)")
+        return 1
+    first, *others = arms
+    sections = [f"# Paired Mario trial in {args.root}", "",
+                f"Arms (over the default job): {', '.join(f'{a} ({arms[a] or DEFAULT})' for a in arms)}; "
+                f"training seeds {', '.join(map(str, seeds))}; evaluation on the {args.eval} seeds "
+                f"({EVAL_SEED_BASES[args.eval]}+, {args.episodes} episodes). Runs: {args.root / 'trial.jsonl'}."]
+    for label, selector in checkpoints_of(args):
+        for arm in others:
+            out = args.root / f"report-{label}-{arm}.json"
+            argv = [*selector, "--paired", "--side", first, *map(str, files[first]), "--side", arm,
+                    *map(str, files[arm]), "--out", str(out)]
+            with contextlib.redirect_stdout(io.StringIO()):
+                code = mario_runs.main(argv)
+            if code != 0:
+                return code
+            sections += ["", f"## {arm} against {first} at {label}", "", json.loads(out.read_text())["markdown"]]
+    (args.root / "report.md").write_text("\n".join(sections) + "\n")
+    print("\n".join(sections))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, required=True, help="the trial's folder (kept across sessions)")
+    parser.add_argument("--arm", action="append", required=True, metavar="NAME=SETTINGS",
+                        help="an arm: its name and bench mario's set= value (empty: the default job); the first arm "
+                             "is the one the others are compared to")
+    parser.add_argument("--seeds", required=True, help="training seeds, e.g. 1,2,3")
+    parser.add_argument("--eval", choices=sorted(EVAL_SEED_BASES), default="validation")
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--checkpoint-at", default="30,60", help="checkpoint minutes")
+    parser.add_argument("--checkpoint-steps", default="", help="checkpoint agent-step marks, e.g. 250000,500000")
+    parser.add_argument("--episodes", type=int, default=100, help="evaluation episodes per checkpoint")
+    parser.add_argument("--actors", type=int, default=2)
+    parser.add_argument("--also-epsilon", default="", help="a second evaluation epsilon, e.g. 0.001")
+    parser.add_argument("--quiet-load", type=float, default=1.0, help="a 1-minute load above this at a run's start "
+                        "is reported as a machine that is not quiet")
+    parser.add_argument("--flywheel", default=f"{shlex.quote(sys.executable)} -m flywheel",
+                        help="how to call flywheel")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs still to make, run nothing")
+    parser.add_argument("--report", action="store_true", help="only compare the runs made so far")
+    args = parser.parse_args(argv)
+    arms = arms_of(args.arm)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        raise SystemExit(f"mario_trial: --seeds takes whole numbers separated by commas, got {args.seeds!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise SystemExit("mario_trial: --seeds needs at least one seed, each once")
+    args.root.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        failed = run_all(args, arms, seeds)
+        if args.dry_run:
+            return 0
+        if failed:
+            return 1
+    return report(args, arms, seeds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""scripts/mario_trial.py: the paired plan (arms alternate from seed to seed), the bench commands, skipping what is
+done, recording a failed run, and the paired report over result files in `flywheel bench mario`'s layout."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from flywheel.testing.scripts import load_script
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mario_trial.py"
+
+
+def _script() -> ModuleType:
+    return load_script(SCRIPT, "mario_trial")
+
+
+def _result(path: Path, seed: int, x: float, flags: int) -> None:
+    """A finished run's result: checkpoints at 60 min and at the 500,000-step mark on evaluation seeds 300000+."""
+    episodes = [{"seed": 300_000 + i, "x_pos_max": x, "flag": i < flags} for i in range(20)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"options": {"train_seed": str(seed)}, "machine": {"cpu_model": "AMD EPYC"}, "extra": {
+        "scale_model": {}, "points": [], "checkpoints": [
+            {"minute": 40.0, "steps_mark": 500_000, "env_steps": 500_100, "episodes": episodes},
+            {"minute": 60.0, "env_steps": 700_000, "episodes": episodes}]}}))
+
+
+def test_arms_alternate_their_order_from_seed_to_seed() -> None:
+    trial = _script()
+    arms = trial.arms_of(["default=", "ema=learner.acting_ema=0.001;actor.cut_at_exploration=true"])
+    assert arms == {"default": "", "ema": "learner.acting_ema=0.001;actor.cut_at_exploration=true"}
+    assert trial.plan(arms, [1, 2, 3]) == [("default", 1), ("ema", 1), ("ema", 2), ("default", 2), ("default", 3),
+                                           ("ema", 3)]
+    for bad in (["default="], ["default=", "default=x=1"], ["no-equals-sign", "b="], ["a b=", "c="]):
+        with pytest.raises(SystemExit, match="mario_trial"):
+            trial.arms_of(bad)
+
+
+def test_a_dry_run_prints_the_bench_commands_of_the_runs_not_done(tmp_path: Path, capsys) -> None:
+    trial = _script()
+    _result(tmp_path / "default" / "seed1" / "out" / "mario.json", 1, 1000.0, 2)
+    assert trial.main(["--root", str(tmp_path), "--arm", "default=", "--arm", "ema=learner.acting_ema=0.001",
+                       "--seeds", "1,2", "--checkpoint-steps", "250000,500000", "--eval", "test", "--also-epsilon",
+                       "0.001", "--flywheel", "flywheel", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "[1/4] default seed 1: done already" in lines[0]
+    commands = [shlex.split(line.split("would run ", 1)[1]) for line in lines[1:]]
+    assert [c[c.index("--out") + 1] for c in commands] == [str(tmp_path / p / "out") for p in
+                                                           ("ema/seed1", "ema/seed2", "default/seed2")]
+    ema = commands[0]
+    assert ema[:3] == ["flywheel", "bench", "mario"]
+    opts = dict(ema[i + 1].split("=", 1) for i, word in enumerate(ema) if word == "--opt")
+    assert opts == {"minutes": "60", "checkpoint_at": "30,60", "eval_episodes": "100", "seed_base": "500000",
+                    "actors": "2", "train_seed": "1", "workdir": str(tmp_path / "ema" / "seed1" / "work"),
+                    "checkpoint_steps": "250000,500000", "also_epsilon": "0.001", "set": "learner.acting_ema=0.001"}
+    assert "set" not in dict(c.split("=", 1) for c in commands[2] if "=" in c and not c.startswith("/"))
+    assert not (tmp_path / "ema").exists()  # a dry run makes nothing
+
+
+@pytest.mark.system
+def test_a_failed_run_is_recorded_and_a_cut_off_one_starts_again(tmp_path: Path, capsys) -> None:
+    trial = _script()
+    cut_off = tmp_path / "b" / "seed7"
+    (cut_off / "work").mkdir(parents=True)
+    (cut_off / "work" / "left-over").write_text("x")
+    code = trial.main(["--root", str(tmp_path), "--arm", "a=", "--arm", "b=x.y=1", "--seeds", "7",
+                       "--flywheel", "false"])  # a real command that fails at once
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "b seed 7 was cut off before its result: starting it again" in out and "a seed 7 failed (exit code 1)" in out
+    assert not (cut_off / "work" / "left-over").exists() and (cut_off / "bench.log").is_file()
+    records = [json.loads(line) for line in (tmp_path / "trial.jsonl").read_text().splitlines()]
+    assert [(r["arm"], r["seed"], r["exit_code"]) for r in records] == [("a", 7, 1), ("b", 7, 1)]
+    assert all(len(r["load_at_start"]) == 3 and r["cpu_model"] and r["end"] and r["code"] for r in records)
+
+
+def test_the_report_pairs_every_arm_with_the_first_at_every_checkpoint(tmp_path: Path, capsys) -> None:
+    trial = _script()
+    for seed, (x, flags) in {1: (1000.0, 2), 2: (1200.0, 4), 3: (900.0, 0)}.items():
+        _result(tmp_path / "default" / f"seed{seed}" / "out" / "mario.json", seed, x, flags)
+        _result(tmp_path / "ema" / f"seed{seed}" / "out" / "mario.json", seed, x + 100.0, flags + 2)
+    args = ["--root", str(tmp_path), "--arm", "default=", "--arm", "ema=learner.acting_ema=0.001", "--seeds",
+            "1,2,3", "--checkpoint-at", "60", "--checkpoint-steps", "500000"]
+    assert trial.main([*args, "--report"]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "## ema against default at 60min" in text and "## ema against default at 500000steps" in text
+    assert "| 2 | 20% | 30% | +10% | 1,200 | 1,300 | +100 |" in text
+    paired = json.loads((tmp_path / "report-500000steps-ema.json").read_text())["paired"]
+    assert paired["pair_flag_rate_differences"] == pytest.approx([0.1] * 3) and paired["flag_rate_b_ahead"] == 3
+    assert trial.main([*args, "--report", "--seeds", "1,2,3,4"]) == 1  # seed 4 has no runs yet
+    assert "no report yet: 2 runs have no result" in capsys.readouterr().out
