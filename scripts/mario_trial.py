@@ -23,7 +23,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -31,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from flywheel.bench.runner import _cpu_model
 
 EVAL_SEED_BASES = {"validation": 300_000, "test": 500_000}
 RESULT = "mario.json"
@@ -76,14 +77,6 @@ def bench_command(args: argparse.Namespace, sets: str, seed: int, folder: Path) 
 
 def _load() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def _code_version() -> str:

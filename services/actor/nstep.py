@@ -79,12 +79,8 @@ class NStepAccumulator:
             self.all_full = bool((self.filled == self.n - 1).all())
             self.t += 1
             return None
-        # Return of the entry of age j: G_j = r(age j) + gamma * G_{j-1}, G_0 = r(age 0).
         slots_by_age = (self.t - np.arange(depth)) % self.size
-        returns = np.empty((depth, self.num_envs))
-        returns[0] = self.rew_w[slots_by_age[0]]
-        for j in range(1, depth):
-            returns[j] = self.rew_w[slots_by_age[j]] + self.gamma * returns[j - 1]
+        returns = self._returns(slots_by_age, self._envs)
         # Env-major, oldest step first: the rows of each env (stream) leave in step order.
         env_idx, newer = np.nonzero(emit[::-1].T)
         age_idx = depth - 1 - newer
@@ -139,6 +135,14 @@ class NStepAccumulator:
         self.pending_base = rows.reward - self.qsa_w[oldest]
         self.t += 1
 
+    def _returns(self, slots_by_age: np.ndarray, envs: np.ndarray) -> np.ndarray:
+        """(age, env) returns of ``envs``' entries: G_j = r(age j) + gamma * G_{j-1}, G_0 = r(age 0)."""
+        returns = np.empty((len(slots_by_age), len(envs)))
+        returns[0] = self.rew_w[slots_by_age[0], envs]
+        for j in range(1, len(slots_by_age)):
+            returns[j] = self.rew_w[slots_by_age[j], envs] + self.gamma * returns[j - 1]
+        return returns
+
     def _gather(self, slots: np.ndarray, env_idx: np.ndarray) -> np.ndarray:
         """Observations of (slot, env) pairs, copied out of the referenced batches."""
         out = np.empty((len(env_idx), *self.obs_shape), dtype=self.obs_dtype)
@@ -160,10 +164,7 @@ class NStepAccumulator:
         depth = int(self.filled[envs].max())
         newest = self.t - 1  # the step of age 0: the last one pushed
         slots_by_age = (newest - np.arange(depth)) % self.size
-        returns = np.empty((depth, len(envs)))
-        returns[0] = self.rew_w[slots_by_age[0], envs]
-        for j in range(1, depth):
-            returns[j] = self.rew_w[slots_by_age[j], envs] + self.gamma * returns[j - 1]
+        returns = self._returns(slots_by_age, envs)
         take = np.arange(depth)[:, None] < self.filled[envs][None, :]  # (age, env) pairs that are waiting
         pos, older = np.nonzero(take[::-1].T)  # env-major, oldest step first
         age_idx = depth - 1 - older

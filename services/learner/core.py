@@ -166,6 +166,7 @@ class LearnerCore:
         self.name = self.online.name
         self.obs_shape, self.n_actions = self.online.obs_shape, self.online.n_actions
         self.params: list[torch.Tensor] = list(self.online.parameters())
+        self._acting_params: list[torch.Tensor] = list(self.acting.parameters())
         self.optimizer = self._adam()
         self.amp_dtype = AMP_DTYPES.get(config.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
@@ -359,8 +360,7 @@ class LearnerCore:
         self._refresh_target()
         if self.acting is not self.online:
             with torch.no_grad():
-                torch._foreach_lerp_(list[torch.Tensor](self.acting.parameters()), list[torch.Tensor](self.params),
-                                     self.config.acting_ema)
+                torch._foreach_lerp_(self._acting_params, self.params, self.config.acting_ema)
         return found_inf
 
     def _refresh_target(self) -> None:
