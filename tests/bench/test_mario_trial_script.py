@@ -40,6 +40,16 @@ def test_arms_alternate_their_order_from_seed_to_seed() -> None:
             trial.arms_of(bad)
 
 
+
+def test_bad_seeds_are_one_clear_error(tmp_path: Path) -> None:
+    trial = _script()
+    arms = ["--root", str(tmp_path), "--arm", "a=", "--arm", "b=x.y=1", "--dry-run"]
+    with pytest.raises(SystemExit, match="--seeds takes whole numbers"):
+        trial.main([*arms, "--seeds", "1,x"])
+    with pytest.raises(SystemExit, match="each once"):
+        trial.main([*arms, "--seeds", "1,1"])
+
+
 def test_a_dry_run_prints_the_bench_commands_of_the_runs_not_done(tmp_path: Path, capsys) -> None:
     trial = _script()
     _result(tmp_path / "default" / "seed1" / "out" / "mario.json", 1, 1000.0, 2)

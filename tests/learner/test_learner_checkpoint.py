@@ -195,3 +195,27 @@ def test_the_policy_of_a_checkpoint_is_its_acting_average(tmp_path: Path) -> Non
         acting, online = core.acting(torch.from_numpy(obs)).numpy(), core.online(torch.from_numpy(obs)).numpy()
     assert not np.allclose(acting, online, atol=1e-4)  # the average lags the online network
     np.testing.assert_allclose(Policy.load(tmp_path).q_values(obs), acting, atol=1e-6)
+
+
+def test_a_damaged_acting_average_is_refused_untouched_by_the_learner_and_by_play(tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from flywheel.policy import Policy, PolicyError
+
+    averaged = CoreConfig(lr=1e-3, target_update_interval=4, acting_ema=0.1)
+    core = LearnerCore((4,), 2, averaged)
+    core.env_id = "CartPole-v1"  # type: ignore[attr-defined]  # what services/learner/main.py sets
+    path = save_checkpoint(tmp_path, core, weight_version=1)
+    with safe_open(str(path), "pt") as fh:
+        meta = fh.metadata()
+    tensors = load_file(str(path))
+    dropped = next(key for key in tensors if key.startswith("acting."))
+    save_file({k: v for k, v in tensors.items() if k != dropped}, str(path), metadata=meta)
+    fresh = LearnerCore((4,), 2, averaged)
+    before = [p.detach().clone() for p in fresh.acting.parameters()]
+    with pytest.raises(CheckpointError, match="acting network keys differ"):
+        load_checkpoint(tmp_path, fresh)
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.acting.parameters(), strict=True))
+    with pytest.raises(PolicyError, match="the policy network's tensors do not fit"):
+        Policy.load(tmp_path, which="latest")
