@@ -245,6 +245,9 @@ class ActorGauges(Gauges):
     start_state_progress_mean: Annotated[
         float | None, "mean progress (the env's measure) the last 100 restarted episodes began at"] = None
     start_states_kept: Annotated[float | None, "start states kept, summed over the env slots"] = None
+    start_state_death_point_mean: Annotated[
+        float | None, "start_state_choice deaths: mean progress of the death points the envs draw from (where the "
+        "actor's level-start episodes at low exploration ended short of the goal)"] = None
     restarted_return_mean: Annotated[float | None, "mean return of the last 100 restarted episodes"] = None
     restarted_progress_mean: Annotated[
         float | None, "mean progress (the env's measure, its maximum in an episode) of the last 100 restarted "

@@ -7,8 +7,12 @@ steps into the game) over its last ``window`` episodes, keeps the state of an ep
 ``frontier - margin`` (at most one per episode, at most ``pool`` states; a state behind that point or kept for
 ``window`` episodes is replaced, the least advanced first), and starts a share of its episodes from one of them,
 picked uniformly. Restarted episodes are marked in ``info`` (``restarted``, ``start_progress``) so that the actor
-keeps them out of its level-start episode statistics. Only training envs get it: evaluation always starts at the
-level start.
+keeps them out of its level-start episode statistics. With ``choice="deaths"`` the point is not the frontier but
+``margin`` before a death point drawn per episode from :attr:`StartStateCurriculum.targets`, the places where the
+actor's level-start episodes at low exploration ended short of the goal (the actor measures and sends them:
+services/actor/deaths.py); a kept state is then replaced once it has been kept for ``window`` episodes. Only
+training envs get it: evaluation always starts at the level start. Death points are not written with the pool: a
+resumed actor measures them anew (until its first ones arrive its envs keep states by the frontier rule).
 
 A curriculum's pool (its kept states with their progress, and its frontier window) goes to a file and back
 (:func:`save_pool`, :func:`load_pool`: an ``.npz`` of a JSON record and one uint8 array a state, never a pickle)
@@ -29,8 +33,11 @@ from typing import Any, Protocol, runtime_checkable
 import gymnasium
 import numpy as np
 
+from flywheel.envs.measures import measures_of
+
 # info keys every step of a wrapped env carries (the vector copies them into EpisodeEnd)
 RESTARTED, START_PROGRESS, STATES_KEPT = "restarted", "start_progress", "start_states_kept"
+CHOICES = ("frontier", "deaths")  # where states are kept: near the frontier, or before where episodes die
 
 
 @runtime_checkable
@@ -98,9 +105,15 @@ class StartStateConfig:
     margin: float = 100.0
     window: int = 20
     pool: int = 8
+    choice: str = "frontier"  # "deaths": before death points the actor sends (module docstring)
+    death_epsilon: float = 0.1  # deaths: the actor counts those of its slots exploring at no more than this
 
     def __post_init__(self) -> None:
         """Reject bad values with a clear message."""
+        if self.choice not in CHOICES:
+            raise ValueError(f"start state choice must be one of {', '.join(CHOICES)}, got {self.choice!r}")
+        if not (isinstance(self.death_epsilon, int | float) and 0.0 <= self.death_epsilon <= 1.0):
+            raise ValueError(f"start state death epsilon must be a number in [0, 1], got {self.death_epsilon!r}")
         if not (isinstance(self.share, int | float) and 0.0 <= self.share <= 1.0):
             raise ValueError(f"start state share must be a number in [0, 1], got {self.share!r}")
         if not (isinstance(self.margin, int | float) and math.isfinite(self.margin) and self.margin >= 0):
@@ -151,6 +164,9 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
         states = start_states_of(env)
         if states is None:
             raise StartStatesUnsupported(env_id)
+        if config.choice == "deaths" and measures_of(env).progress is None:
+            raise ValueError(f"start_state_choice 'deaths' needs an env with a progress measure (where its episodes "
+                             f"die); {env_id!r} has none (use start_state_choice 'frontier')")
         self.states = states
         self.config = config
         self.env_id = env_id
@@ -163,6 +179,8 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
         self.best = 0.0  # furthest progress of this episode
         self.saved = False  # a state was kept in this episode
         self.episodes = 0  # episodes finished
+        self.targets: list[float] = []  # choice "deaths": death points (progress) the actor sent, drawn per episode
+        self.target: float | None = None  # this episode's drawn death point (None: the frontier rule)
 
     @property
     def frontier(self) -> float | None:
@@ -187,6 +205,8 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
         if kept is not None:
             obs, info = self.states.restore(kept.slot)
         self.restarted = kept is not None
+        self.target = (self.targets[int(self.rng.integers(len(self.targets)))]
+                       if self.config.choice == "deaths" and self.targets else None)
         self.start_progress = self.best = self.states.progress(info)
         self.saved = False
         return obs, self._mark(info)
@@ -203,14 +223,19 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
             self._maybe_keep(progress)
         return obs, reward, terminated, truncated, self._mark(info)
 
+    def set_targets(self, targets: list[float]) -> None:
+        """Take the death points the next episodes draw from (choice "deaths"; non-finite values are dropped)."""
+        self.targets = [float(t) for t in targets if isinstance(t, int | float) and math.isfinite(t)]
+
     def _maybe_keep(self, progress: float) -> None:
         """Keep this state if it is past ``frontier - margin`` and the pool has room, or holds a state behind that
         point or kept for ``window`` episodes already (so a state where every episode dies does not stay forever):
-        the least advanced of those is replaced."""
-        frontier = self.frontier
-        if frontier is None or progress <= self.start_progress:
+        the least advanced of those is replaced. With a drawn death point (choice "deaths") the point is
+        ``target - margin``, and only a state kept for ``window`` episodes is replaced."""
+        point = self.frontier if self.target is None else self.target
+        if point is None or progress <= self.start_progress:
             return
-        threshold = frontier - self.config.margin
+        threshold = point - self.config.margin
         if progress < threshold:
             return
         if len(self.kept) < self.capacity:
@@ -218,7 +243,7 @@ class StartStateCurriculum(gymnasium.Wrapper[np.ndarray, Any, np.ndarray, Any]):
             slot = len(self.kept) - 1
         else:
             replaceable = [k for k in self.kept if self.episodes - k.episode >= self.config.window
-                           or k.progress < threshold]
+                           or (self.target is None and k.progress < threshold)]
             if not replaceable:
                 return
             victim = min(replaceable, key=lambda k: k.progress)

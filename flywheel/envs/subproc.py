@@ -3,9 +3,10 @@
 The vector is split into two groups (halves). Every worker owns a contiguous run of slots in each
 group, so while the workers step group A the caller computes actions for group B, and no core
 idles. Observations, rewards, flags and actions live in one shared-memory file mapped by every
-process; the pipes carry only a one-byte command and a short JSON reply (the episodes that ended),
-never an observation and never a pickle. A worker that dies or raises is reported as
-:class:`EnvWorkerError` naming the worker, its slots and the cause, never as a hang.
+process; the pipes carry only a short command (a step's may carry the start-state curriculum's death points
+as JSON) and a short JSON reply (the episodes that ended), never an observation and never a pickle. A worker
+that dies or raises is reported as :class:`EnvWorkerError` naming the worker, its slots and the cause, never as
+a hang.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ def _worker_main(index: int, env_id: str, options_json: str, path: str, layout_j
             start, stop = ranges[group]
             vec = vectors[group]
             assert vec is not None
+            if len(command) > 2:  # death points for the start-state curriculum ride on a step: a JSON list
+                vec.set_start_targets(json.loads(command[2:]))
             result = vec.step(arrays["action"][start:stop])
             arrays["obs"][start:stop] = result.obs
             arrays["final_obs"][start:stop] = result.final_obs
@@ -176,6 +179,8 @@ class SubprocessVector(VectorEnv):
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._in_flight: set[int] = set()  # groups stepped and not yet waited for
+        self._targets = b""  # the start-state curriculum's death points, as JSON (set_start_targets)
+        self._targets_due: set[tuple[int, int]] = set()  # (worker, group) whose next step carries them
         self._closed = False
         try:
             os.ftruncate(fd, layout["_size"][0])
@@ -259,8 +264,16 @@ class SubprocessVector(VectorEnv):
             raise ValueError(f"group {group} has {len(grp)} slots, got actions of shape {actions.shape}")
         self._arrays["action"][grp.start:grp.stop] = actions
         for w in self._workers_in(group):
-            self._send(w, b"s" + bytes([group]))
+            targets = self._targets if (w, group) in self._targets_due else b""
+            self._targets_due.discard((w, group))
+            self._send(w, b"s" + bytes([group]) + targets)
         self._in_flight.add(group)
+
+    def set_start_targets(self, targets: list[float]) -> None:
+        """Send ``targets`` with each worker's next step of each of its groups (no step is held up for them)."""
+        self._targets = json.dumps([float(t) for t in targets]).encode()
+        self._targets_due = {(w, g) for w in range(len(self._procs)) for g in range(len(self._groups))
+                             if self._ranges[w][g][1] > self._ranges[w][g][0]}
 
     def step_wait(self, group: int) -> VectorStep:
         """Wait for the group's workers; the arrays returned are views valid until the group's next step."""

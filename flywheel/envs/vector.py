@@ -174,6 +174,10 @@ class VectorEnv:
         faulty leaves its slot's pool empty, and is reported."""
         return PoolReport()
 
+    def set_start_targets(self, targets: list[float]) -> None:
+        """Give every env's start-state curriculum the death points its next episodes draw from (choice "deaths";
+        taken by each env before its next step; a vector without a curriculum ignores them)."""
+
     def close(self) -> None:
         """Free the environments; safe to call twice."""
 
@@ -341,6 +345,12 @@ class InProcessVector(SyncVectorEnv):
             report.states += taken
             report.dropped += dropped
         return report
+
+    def set_start_targets(self, targets: list[float]) -> None:
+        """Each env with a start-state curriculum takes ``targets``."""
+        for env in self.envs:
+            if (curriculum := curriculum_of(env)) is not None:
+                curriculum.set_targets(targets)
 
     def close(self) -> None:
         """Close every env once."""

@@ -14,6 +14,7 @@ import numpy as np
 from flywheel.envs import EpisodeEnd, StartStateConfig, VectorEnv, make_vector_env
 from flywheel.envs.vector import PROGRESS_METRIC, STATES_METRIC, SUCCESS_METRIC
 
+from .deaths import DeathPoints
 from .nstep import Emitted, NStepAccumulator
 from .policy import Policy
 
@@ -106,6 +107,9 @@ class ActorCore:
                  cut_at_exploration: bool = False, episode_noops_max: int = 0) -> None:
         self.clock = clock  # what the time split counts: wall time (telemetry) or thread CPU time (benchmarks)
         self.start_states = start_states  # the curriculum ``vec``'s envs run (None: off), for telemetry
+        # its "deaths" choice: where this actor's evaluation-like episodes die, sent to the envs (actor/deaths.py)
+        self.deaths = (DeathPoints(start_states.death_epsilon) if start_states is not None
+                       and start_states.choice == "deaths" else None)
         self.vec = vec
         self.eval_vec = eval_vec
         self.policy = policy
@@ -230,6 +234,10 @@ class ActorCore:
         self.obs[g] = next_obs  # a fresh array each step: the n-step window holds it by reference
         for episode in res.episodes:
             self.stats.record(episode)
+            if self.deaths is not None and self.deaths.record(episode, float(self.epsilons[episode.slot])):
+                if self.deaths.counted == self.deaths.every:
+                    log.info("start states: the first %d death points sent to the envs", self.deaths.counted)
+                self.vec.set_start_targets(list(self.deaths.points))
             if self.noops_left is not None:
                 self.noops_left[episode.slot] = self.rng.integers(self.episode_noops_max + 1)
         self.env_steps += len(res.reward)

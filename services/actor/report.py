@@ -46,6 +46,8 @@ def actor_report(core: ActorCore, sender: TransitionSender, weights: WeightsRece
         episode_length_mean=_mean(stats.lengths), lease_index=lease.index, lease_slots=lease.count,
         paused=float(paused), send_blocked_seconds=sender.blocked_s, num_envs=core.num_envs,
         slot_groups=len(core.groups), n_step=core.n_step, **episode_gauges(stats, core.start_states is not None),
+        start_state_death_point_mean=_mean(core.deaths.points) if core.deaths is not None and core.deaths.points
+        else None,
     )
     times = core.times
     counters = ActorCounters(

@@ -86,6 +86,12 @@ class ActorSettings(CommonSettings, NetworkSpec):
                                     "each env's last this many episodes")
     start_state_pool: int = Field(8, ge=1, le=1024, description="start states each env keeps at most (the least "
                                   "advanced replaced first; an env may keep fewer)")
+    start_state_choice: Literal["frontier", "deaths"] = Field(
+        "frontier", description="where states are kept: start_state_margin before the frontier, or (deaths) "
+        "before a point drawn per episode from where this actor's level-start episodes of slots exploring at no "
+        "more than start_state_death_epsilon ended short of the goal (envs with a progress measure: Mario)")
+    start_state_death_epsilon: float = Field(0.1, ge=0, le=1, description="deaths: the episodes counted are those "
+                                             "of slots exploring at no more than this")
     checkpoint_dir: str | None = Field(None, max_length=4096, description="folder of this actor's start-state "
                                        "pools (each env slot's kept states, written as <instance>-env<slot>.npz; "
                                        "unset: none; flywheel run: CHECKPOINT_DIR/actors)")
@@ -105,4 +111,4 @@ class ActorSettings(CommonSettings, NetworkSpec):
         if self.start_state_share <= 0:
             return None
         return StartStateConfig(self.start_state_share, self.start_state_margin, self.start_state_window,
-                                self.start_state_pool)
+                                self.start_state_pool, self.start_state_choice, self.start_state_death_epsilon)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 import zmq
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 
 from flywheel.envs import StartStateConfig, StartStatesUnsupported, env_spec
 from flywheel.envs.start_states import StartStateCurriculum
+from flywheel.envs.vector import PROGRESS_METRIC, SUCCESS_METRIC, EpisodeEnd, InProcessVector, VectorStep, curriculum_of
 from flywheel.services.actor.core import ActorCore, build_core
 from flywheel.services.actor.policy import build_policy
 from flywheel.services.actor.report import StepRate, actor_report
@@ -93,6 +95,7 @@ def test_telemetry_reports_the_curriculum(played: ActorCore) -> None:
     assert gauges["start_state_share_actual"] == pytest.approx(restarts.episodes / len(restarts.recent))
     assert gauges["start_state_progress_mean"] > 40
     assert gauges["start_states_kept"] == 2  # pool 1 on each of the 2 env slots
+    assert "start_state_death_point_mean" not in gauges  # the frontier choice has no death points
     assert "restarted_return_mean" in gauges
     # the training distance of restarted episodes, shown apart from the level-start episodes'
     assert gauges["restarted_progress_mean"] > 40 and 0 <= gauges["restarted_success_rate"] <= 1
@@ -112,7 +115,8 @@ def test_without_the_curriculum_nothing_is_wrapped_or_reported() -> None:
 
 @pytest.mark.parametrize(("name", "value"), [("start_state_share", 1.5), ("start_state_share", -0.5),
                                              ("start_state_margin", -1.0), ("start_state_margin", float("nan")),
-                                             ("start_state_window", 0), ("start_state_pool", 0)])
+                                             ("start_state_window", 0), ("start_state_pool", 0),
+                                             ("start_state_choice", "ends"), ("start_state_death_epsilon", 1.5)])
 def test_settings_validation(name: str, value: float) -> None:
     with pytest.raises(ValidationError, match=name):
         ActorSettings(**{name: value})
@@ -122,6 +126,44 @@ def test_settings_give_the_curriculum_only_when_on() -> None:
     assert ActorSettings().start_states() is None  # default: off
     on = ActorSettings(start_state_share=0.25, start_state_margin=64, start_state_window=5, start_state_pool=3)
     assert on.start_states() == StartStateConfig(share=0.25, margin=64.0, window=5, pool=3)
+    deaths = ActorSettings(start_state_share=0.25, start_state_choice="deaths", start_state_death_epsilon=0.05)
+    assert deaths.start_states() == StartStateConfig(share=0.25, choice="deaths", death_epsilon=0.05)
+
+
+def test_the_deaths_choice_sends_where_low_exploration_level_start_episodes_die() -> None:
+    """Slot 0 explores at 1.0 (too much to count), slot 1 at 0.05: the death points are slot 1's level-start
+    episodes that ended short of the flag, and every env's curriculum is given them each time 8 more arrive."""
+    core = mario_core(StartStateConfig(share=0.5, margin=50.0, window=4, pool=1, choice="deaths",
+                                       death_epsilon=0.1))
+    core.epsilon = np.array([1.0, 0.05])
+    seen: list[EpisodeEnd] = []
+    step_wait = core.vec.step_wait
+
+    def spy(group: int) -> VectorStep:
+        result = step_wait(group)
+        seen.extend(result.episodes)
+        return result
+
+    core.vec.step_wait = spy  # type: ignore[method-assign]
+    try:
+        assert core.deaths is not None
+        for _ in range(3000):
+            core.step()
+            if core.deaths.counted >= 16:
+                break
+        expected = [e.metrics[PROGRESS_METRIC] for e in seen
+                    if e.slot == 1 and not e.restarted and not e.metrics[SUCCESS_METRIC]]
+        assert len(expected) >= 16 and list(core.deaths.points) == expected
+        assert any(e.slot == 0 and not e.restarted for e in seen)  # slot 0's deaths were there, and left out
+        assert any(e.restarted for e in seen)  # restarted episodes too
+        sent = expected[:len(expected) // 8 * 8]
+        assert isinstance(core.vec, InProcessVector)
+        for env in core.vec.envs:
+            curriculum = curriculum_of(env)
+            assert curriculum is not None and curriculum.targets == sent
+        assert report(core)[1]["start_state_death_point_mean"] == pytest.approx(np.mean(expected))
+    finally:
+        core.close()
 
 
 def test_an_env_that_cannot_save_state_stops_the_actor_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:

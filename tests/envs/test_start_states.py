@@ -124,9 +124,12 @@ def test_the_level_start_is_rebuilt_exactly_when_no_emulator_holds_it() -> None:
         env.close()
 
 
-def three_scripted_episodes(vec: VectorEnv) -> list[EpisodeEnd]:
-    """Reset a one-slot Mario vector and play the script until three episodes have ended."""
+def three_scripted_episodes(vec: VectorEnv, death: float | None = None) -> list[EpisodeEnd]:
+    """Reset a one-slot Mario vector (and send it the death point ``death``) and play the script until three
+    episodes have ended."""
     vec.reset()
+    if death is not None:
+        vec.set_start_targets([death])  # the first episode drew before it came: it keeps nothing (no frontier yet)
     episodes: list[EpisodeEnd] = []
     t = 0
     while len(episodes) < 3:
@@ -134,6 +137,65 @@ def three_scripted_episodes(vec: VectorEnv) -> list[EpisodeEnd]:
         t = 0 if step.episodes else t + 1
         episodes += step.episodes
     return episodes
+
+
+def test_the_deaths_choice_keeps_the_state_margin_before_a_drawn_death_point() -> None:
+    env = StartStateCurriculum(make_env(MARIO, max_episode_steps=150),
+                               StartStateConfig(share=1.0, margin=50.0, window=1, pool=4, choice="deaths"), MARIO)
+    try:
+        env.reset(seed=3)
+        first, kept = play(env)
+        assert not any(kept)
+        death = float(first[len(first) // 2])  # a point the script passes well before its furthest
+        assert death - 50 > LEVEL_START_X and death < max(first) - 60
+        env.set_targets([death, float("nan")])
+        assert env.targets == [death]  # what is not a finite number is dropped
+        _, info = env.reset()  # nothing kept yet: the level start, with the death point drawn
+        assert not info["restarted"] and env.target == death
+        second, kept = play(env)
+        saved_at = kept.index(True)
+        assert second[saved_at] >= death - 50 > second[saved_at - 1]  # the first step past death - margin
+        assert env.kept[0].progress == second[saved_at] < max(first) - 50  # not where the frontier rule keeps
+        _, info = env.reset()
+        assert info["restarted"] and info["start_progress"] == second[saved_at]
+    finally:
+        env.close()
+
+
+def test_the_deaths_choice_needs_an_env_with_a_progress_measure() -> None:
+    with pytest.raises(ValueError, match="'deaths' needs an env with a progress measure.*'ALE/Breakout-v5' has none"):
+        make_vector_env("ALE/Breakout-v5", 1, start_states=StartStateConfig(share=0.5, choice="deaths"))
+
+
+def death_point_restart(vec: VectorEnv, death: float) -> EpisodeEnd:
+    """Reset a one-slot Mario vector (deaths choice, margin 50), send it one death point, play the script to the
+    third episode's end: that episode began at the state kept in the second."""
+    episodes = three_scripted_episodes(vec, death)
+    assert [e.restarted for e in episodes] == [False, False, True]
+    return episodes[2]
+
+
+DEATHS = StartStateConfig(share=1.0, margin=50.0, window=1, choice="deaths")
+
+
+def test_a_vector_gives_its_envs_the_death_points() -> None:
+    vec = make_vector_env(f"{MARIO}?max_episode_steps=150", 1, seed=3, start_states=DEATHS)
+    try:
+        restarted = death_point_restart(vec, 200.0)
+        assert 150 <= restarted.start_progress < 170  # the script dies near x 314: the frontier rule keeps >= 264
+    finally:
+        vec.close()
+
+
+@pytest.mark.system
+def test_subprocess_workers_get_the_death_points_with_a_step() -> None:
+    vec = make_vector_env(f"{MARIO}?max_episode_steps=150", 1, seed=3, mode="subprocess", workers=1, groups=1,
+                          start_states=DEATHS)
+    try:
+        restarted = death_point_restart(vec, 200.0)
+        assert 150 <= restarted.start_progress < 170
+    finally:
+        vec.close()
 
 
 def test_vector_marks_restarted_episodes() -> None:
@@ -224,6 +286,7 @@ def test_which_ids_can_keep_start_states_is_known_from_the_id(env_id: str, refus
     ({"share": 1.5}, "share must be a number in"), ({"share": -0.1}, "share must be"),
     ({"margin": float("inf")}, "margin must be a finite"), ({"margin": -1}, "margin must be"),
     ({"window": 0}, "window must be an integer >= 1"), ({"pool": 2.5}, "pool must be an integer"),
+    ({"choice": "ends"}, "choice must be one of frontier, deaths"), ({"death_epsilon": 2}, "death epsilon must be"),
 ])
 def test_config_validation(values: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
