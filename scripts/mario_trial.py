@@ -130,20 +130,28 @@ def checkpoints_of(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
 
 
 def report(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> int:
-    """Every arm against the first, paired by seed, at every checkpoint; 0 when every run had a result."""
+    """Every arm against the first, paired by seed, at every checkpoint, over the seeds every arm has a result of
+    (a trial that spans sessions is reported as it goes, the seeds still to run named); 1 when no seed has."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import mario_runs
 
-    files = {arm: [args.root / arm / f"seed{s}" / "out" / RESULT for s in seeds] for arm in arms}
-    missing = [str(f) for fs in files.values() for f in fs if not f.is_file()]
-    if missing:
-        print(f"mario_trial: no report yet: {len(missing)} runs have no result ({missing[0]} ...)")
+    def result(arm: str, seed: int) -> Path:
+        return args.root / arm / f"seed{seed}" / "out" / RESULT
+
+    done = [s for s in seeds if all(result(arm, s).is_file() for arm in arms)]
+    pending = [s for s in seeds if s not in done]
+    if not done:
+        print(f"mario_trial: no report yet: no training seed has a result of every arm "
+              f"({result(next(iter(arms)), seeds[0])} ...)")
         return 1
+    files = {arm: [result(arm, s) for s in done] for arm in arms}
     first, *others = arms
     sections = [f"# Paired Mario trial in {args.root}", "",
                 f"Arms (over the default job): {', '.join(f'{a} ({arms[a] or DEFAULT})' for a in arms)}; "
-                f"training seeds {', '.join(map(str, seeds))}; evaluation on the {args.eval} seeds "
-                f"({EVAL_SEED_BASES[args.eval]}+, {args.episodes} episodes). Runs: {args.root / 'trial.jsonl'}."]
+                f"training seeds {', '.join(map(str, done))}"
+                + (f" (still to run: {', '.join(map(str, pending))})" if pending else "")
+                + f"; evaluation on the {args.eval} seeds ({EVAL_SEED_BASES[args.eval]}+, {args.episodes} episodes). "
+                f"Runs: {args.root / 'trial.jsonl'}."]
     for label, selector in checkpoints_of(args):
         for arm in others:
             out = args.root / f"report-{label}-{arm}.json"
