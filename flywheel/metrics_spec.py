@@ -274,6 +274,7 @@ class LearnerCounters(Counters):
         float, "weight versions that waited for the fan-out budget (a newer one replaces one still waiting)"] = 0.0
     pretrain_updates_total: Annotated[
         float | None, "pretraining updates done before the first weights were published"] = None
+    resets_total: Annotated[float | None, "shrink-and-perturb resets of the online network (when scheduled)"] = None
 
 
 @dataclass(kw_only=True, slots=True)

@@ -56,6 +56,7 @@ class CoreConfig:
 
     lr: float = _default("lr")
     adam_eps: float = _default("adam_eps")
+    weight_decay: float = _default("weight_decay")
     grad_clip_norm: float = _default("grad_clip_norm")
     target_update_interval: int = _default("target_update_interval")
     tau: float = _default("tau")
@@ -122,6 +123,13 @@ def linear_at(updates: int, start: float, end: float, over_updates: int) -> floa
     return start + (end - start) * min(1.0, updates / over_updates)
 
 
+def network_for(obs_shape: tuple[int, ...], n_actions: int, config: CoreConfig) -> QNetwork:
+    """A newly initialised network of the architecture ``config`` describes (torch's generator; on the CPU)."""
+    return build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden, head=config.head,
+                           num_quantiles=config.num_quantiles, v_min=config.c51_v_min, v_max=config.c51_v_max,
+                           c51_atoms=config.c51_atoms)
+
+
 def _channels_last(net: QNetwork) -> QNetwork:
     """``net`` with its convolution weights in channels-last (NHWC) memory order."""
     net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # in place; torch's stubs omit it
@@ -146,10 +154,7 @@ class LearnerCore:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cudnn.benchmark = True
-        nets = [build_q_network(obs_shape, n_actions, dueling=config.dueling, hidden=config.hidden,
-                                head=config.head, num_quantiles=config.num_quantiles,
-                                v_min=config.c51_v_min, v_max=config.c51_v_max, c51_atoms=config.c51_atoms)
-                for _ in range(3 if config.acting_ema > 0 else 2)]
+        nets = [network_for(obs_shape, n_actions, config) for _ in range(3 if config.acting_ema > 0 else 2)]
         if (self.cuda or config.channels_last) and nets[0].kind != "mlp":
             nets = [_channels_last(net) for net in nets]  # faster cuDNN / inductor convolutions
         self.online: QNetwork = nets[0].to(self.device)
@@ -185,12 +190,13 @@ class LearnerCore:
             self.compile_state = "pending"
 
     def _adam(self) -> torch.optim.Optimizer:
-        lr, eps = self.config.lr, self.config.adam_eps
+        lr, eps, decay = self.config.lr, self.config.adam_eps, self.config.weight_decay
+        adam = partial(torch.optim.AdamW, weight_decay=decay) if decay > 0 else torch.optim.Adam  # decoupled decay
         try:  # fused: one kernel, and it skips a step on found_inf without a host sync
-            return torch.optim.Adam(self.params, lr=lr, eps=eps, fused=True)
+            return adam(self.params, lr=lr, eps=eps, fused=True)
         except (RuntimeError, TypeError) as exc:  # pragma: no cover - every device torch ships supports it now
             log.warning("learner: fused Adam unavailable (%s); using foreach Adam", exc)
-            return torch.optim.Adam(self.params, lr=lr, eps=eps, foreach=True)
+            return adam(self.params, lr=lr, eps=eps, foreach=True)
 
     # ---- settings ------------------------------------------------------------------------------------------------
     @property

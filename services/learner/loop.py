@@ -17,9 +17,10 @@ from flywheel.settings import setting_default, shared_values
 from .batches import ReadyBatch
 from .best import BestKeeper, evaluable
 from .checkpoint import reserve_versions, save_checkpoint
-from .core import LearnerCore, linear_at
+from .core import LearnerCore, linear_at, network_for
 from .metrics import GpuProbe, MetricsWindow, flops_per_update
 from .publishing import WeightsSnapshots
+from .resets import ResetSchedule, shrink_and_perturb
 from .settings import LearnerSettings
 from .transport import LearnerSockets
 
@@ -54,6 +55,9 @@ class LoopConfig:
     best_eval_max_steps: int = _default("best_eval_max_steps")
     best_eval_epsilon: float = _default("best_eval_epsilon")
     best_eval_noop_max: int = _default("best_eval_noop_max")
+    reset_interval_updates: int = _default("reset_interval_updates")
+    reset_start_updates: int = _default("reset_start_updates")
+    reset_shrink: float = _default("reset_shrink")
 
     @classmethod
     def of(cls, settings: LearnerSettings) -> LoopConfig:
@@ -94,6 +98,9 @@ class LearnerLoop:
         self._skipped_total = 0
         self._next_checkpoint = time.monotonic() + config.checkpoint_interval_s
         self.counters = LearnerCounters()
+        self.resets = ResetSchedule(config.reset_interval_updates, config.reset_start_updates, config.reset_shrink)
+        if self.resets.interval:
+            self.counters.resets_total = 0.0
         self.replay_size = 0.0
         self.window = MetricsWindow()
         self.gpu = GpuProbe(core.device)
@@ -212,8 +219,18 @@ class LearnerLoop:
         steps = self.core.steps
         if steps - self._metrics_step >= self.config.metrics_interval_updates:
             self._read_metrics()
+        if self.resets.due(steps):
+            self._reset(steps)
         if self.snapshots.due(steps, time.monotonic()):
             self.snapshots.begin(steps)
+
+    def _reset(self, steps: int) -> None:
+        """Shrink and perturb the online network (services/learner/resets.py)."""
+        core = self.core
+        shrink_and_perturb(core.online, network_for(core.obs_shape, core.n_actions, core.config), self.resets.shrink)
+        self.counters.resets_total = (self.counters.resets_total or 0.0) + 1
+        log.info("learner: shrink-and-perturb at update %d: each online weight is now %.2f of itself and %.2f of a "
+                 "fresh initialisation's", steps, self.resets.shrink, 1.0 - self.resets.shrink)
 
     def _read_metrics(self) -> None:
         """One device read: loss/TD/Q sums since the last read and the skipped-step total."""

@@ -29,6 +29,14 @@ class LearnerSettings(CommonSettings, NetworkSpec):
                                   "goes linearly from lr to lr_final, then stays (0 = lr throughout; a set_lr "
                                   "command ends the schedule)")
     adam_eps: float = Field(1.5e-4, gt=0, le=1, description="Adam epsilon")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="decoupled weight decay (AdamW's: each update takes "
+                                "lr x this share of every weight away; 0 = plain Adam)")
+    reset_interval_updates: int = Field(0, ge=0, le=1_000_000_000, description="shrink-and-perturb every this many "
+                                        "updates from reset_start_updates on: each online weight becomes reset_shrink "
+                                        "x itself + (1 - reset_shrink) x a fresh initialisation's (0 = never)")
+    reset_start_updates: int = Field(0, ge=0, le=1_000_000_000, description="the update of the first "
+                                     "shrink-and-perturb (with reset_interval_updates > 0)")
+    reset_shrink: float = Field(0.8, ge=0, le=1, description="shrink-and-perturb: the share of each weight kept")
     grad_clip_norm: float = Field(10.0, ge=0, description="clip the gradient's global L2 norm to this (0 = off)")
     target_update_interval: int = Field(2500, ge=1, le=10_000_000,
                                         description="copy online -> target network every K updates (when tau = 0)")
