@@ -89,7 +89,7 @@ class ActorSettings(CommonSettings, NetworkSpec):
     start_state_choice: Literal["frontier", "deaths"] = Field(
         "frontier", description="where states are kept: start_state_margin before the frontier, or (deaths) "
         "before a point drawn per episode from where this actor's level-start episodes of slots exploring at no "
-        "more than start_state_death_epsilon ended short of the goal (envs with a progress measure: Mario)")
+        "more than start_state_death_epsilon ended short of the goal (envs with a progress measure only)")
     start_state_death_epsilon: float = Field(0.1, ge=0, le=1, description="deaths: the episodes counted are those "
                                              "of slots exploring at no more than this")
     checkpoint_dir: str | None = Field(None, max_length=4096, description="folder of this actor's start-state "

@@ -22,7 +22,7 @@ LEARNER_COUNTERS = {
     "data_wait_seconds_total", "checkpoints_total", "control_rejected_total", "demo_samples_total",
     "sample_batches_total", "shm_batches_total", "tcp_batches_total", "compact_batches_total", "packed_batches_total",
     "requests_resent_total", "replay_reconnects_total", "replies_unrequested_total", "priority_updates_dropped_total",
-    "greedy_evaluations_total", "greedy_evaluation_failures_total", "pretrain_updates_total",
+    "greedy_evaluations_total", "greedy_evaluation_failures_total", "pretrain_updates_total", "resets_total",
     "weights_fanout_bytes_total", "weights_publishes_deferred_total",
 }
 LEARNER_GAUGES = {
@@ -56,6 +56,7 @@ def test_the_declarations_are_the_learners_wire_keys() -> None:
 def test_a_learner_reports_its_counts_under_the_same_keys(harness, device: str) -> None:
     h = harness(device)
     h.loop.counters.pretrain_updates_total = 7.0  # what services/learner/main.py sets after pretraining
+    h.loop.counters.resets_total = 0.0  # what the loop sets when shrink-and-perturb is scheduled
     h.loop.start()
     h.send_control("set_lr", lr="fast")  # refused: counted in three counters
     h.drive(lambda: h.counter("updates_total") >= 10 and h.counter("messages_rejected_total") == 1)

@@ -187,7 +187,7 @@ def test_a_run_json_that_sets_a_removed_setting_resumes_without_it_saying_so_in_
     (folder / "run.json").write_text(json.dumps({
         "format": "flywheel-run", "env_id": "CartPole-v1", "flags": {"env": "CartPole-v1", "actors": 1},
         "overrides": ["learner.torso=strided", "learner.lr=0.002", "actor.n_step_final=3",
-                      "actor.start_state_choice=ends"],
+                      "actor.n_step_anneal_steps=1000"],
         "services": {"replay": {"CAPACITY": "100000"}}}))
     args = build_parser().parse_args(["run", "--resume", "--checkpoint-dir", str(folder), "--base-port", "0",
                                       "--http-port", "0"])
