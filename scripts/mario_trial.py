@@ -67,6 +67,8 @@ def bench_command(args: argparse.Namespace, sets: str, seed: int, folder: Path) 
         opts["checkpoint_steps"] = args.checkpoint_steps
     if args.also_epsilon:
         opts["also_epsilon"] = args.also_epsilon
+    if args.no_kept_best:
+        opts["eval_best"] = "0"
     if sets:
         opts["set"] = sets
     command = [*shlex.split(args.flywheel), "bench", "mario"]
@@ -89,12 +91,18 @@ def _code_version() -> str:
 def run_all(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> int:
     """Run what is not done yet, in ``plan`` order; the number of runs that failed."""
     failed = 0
+    worked_on: set[int] = set()  # training seeds this call has made runs of
     todo = plan(arms, seeds)
     for k, (arm, seed) in enumerate(todo, 1):
         folder = args.root / arm / f"seed{seed}"
         if (folder / "out" / RESULT).is_file():
             print(f"mario_trial: [{k}/{len(todo)}] {arm} seed {seed}: done already ({folder / 'out' / RESULT})")
             continue
+        if args.max_seeds and seed not in worked_on and len(worked_on) >= args.max_seeds:
+            print(f"mario_trial: stopping after the runs of {len(worked_on)} training seed(s) (--max-seeds); the "
+                  f"same command goes on from {arm} seed {seed}")
+            break
+        worked_on.add(seed)
         command = bench_command(args, arms[arm], seed, folder)
         if args.dry_run:
             print(f"mario_trial: [{k}/{len(todo)}] {arm} seed {seed}: would run {shlex.join(command)}")
@@ -181,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=100, help="evaluation episodes per checkpoint")
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--also-epsilon", default="", help="a second evaluation epsilon, e.g. 0.001")
+    parser.add_argument("--no-kept-best", action="store_true", help="evaluate each checkpoint's newest weights "
+                        "only, not also the learner's kept best (bench mario's eval_best=0: up to half the evaluation "
+                        "time)")
+    parser.add_argument("--max-seeds", type=int, default=0, help="make the runs still to make of at most this many "
+                        "training seeds, then stop (1: one seed's arms, a session's worth; 0: every run)")
     parser.add_argument("--quiet-load", type=float, default=1.0, help="a 1-minute load above this at a run's start "
                         "is reported as a machine that is not quiet")
     parser.add_argument("--flywheel", default=f"{shlex.quote(sys.executable)} -m flywheel",
@@ -188,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the runs still to make, run nothing")
     parser.add_argument("--report", action="store_true", help="only compare the runs made so far")
     args = parser.parse_args(argv)
+    if args.max_seeds < 0:
+        raise SystemExit(f"mario_trial: --max-seeds takes a count >= 0 (0: no limit), got {args.max_seeds}")
     arms = arms_of(args.arm)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s]

@@ -28,8 +28,13 @@ def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     workdir = tmp_path / "kept"
     assert _bench(tmp_path / "one", workdir, "minutes=0.4", "checkpoint_at=0.4", "train_seed=3",
-                  "checkpoint_steps=3000") == 0
+                  "checkpoint_steps=3000", "eval_best=0") == 0
     first = MarioState.load(workdir)
+    # eval_best=0: the newest weights are played, the kept best copied and marked unplayed, for good
+    assert all(c["best"].get("unplayed") == "eval_best=0" and "episodes" not in c["best"]
+               for c in first.checkpoints if "best" in c)
+    rows_one = json.loads((tmp_path / "one" / "mario.json").read_text())["rows"]
+    assert rows_one and not any("kept best at" in r["case"] for r in rows_one)
     [early] = [c for c in first.checkpoints if c.get("steps_mark") is not None]
     [at_first] = [c for c in first.checkpoints if "steps_mark" not in c]
     assert at_first["minute"] == 0.4
@@ -76,9 +81,13 @@ def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
                 f"{c['dir']}: the learner had kept a best before this checkpoint, and it was not copied")
             continue
         kept = Path(c["best"]["file"])
-        assert kept.parent == Path(c["dir"]) / "kept-best" and kept.is_file() and len(c["best"]["episodes"]) == 2
+        assert kept.parent == Path(c["dir"]) / "kept-best" and kept.is_file()
+        if c is one:  # the first part's (eval_best=0): the second part (eval_best=1) leaves it unplayed
+            assert c["best"]["unplayed"] == "eval_best=0" and "episodes" not in c["best"]
+        else:
+            assert len(c["best"]["episodes"]) == 2
         assert c["best"]["weight_version"] <= c["weight_version"]
-    assert one.get("best", {}).get("episodes") == at_first.get("best", {}).get("episodes")
+    assert one.get("best") == at_first.get("best")  # unplayed in the first part, left so by the second
     assert state.random == first.random
     steps = [p["env_steps"] for p in state.points]
     assert steps == sorted(steps) and {p["part"] for p in state.points} == {0, 1}

@@ -71,6 +71,23 @@ def test_a_dry_run_prints_the_bench_commands_of_the_runs_not_done(tmp_path: Path
     assert not (tmp_path / "ema").exists()  # a dry run makes nothing
 
 
+def test_max_seeds_stops_at_a_seed_boundary_and_no_kept_best_skips_its_evaluation(tmp_path: Path, capsys) -> None:
+    """A seed's arms within one session: --max-seeds 1 finishes the seed begun before (its done runs skipped) and
+    stops before the next seed's first run, naming it."""
+    trial = _script()
+    _result(tmp_path / "default" / "seed1" / "out" / "mario.json", 1, 1000.0, 2)
+    assert trial.main(["--root", str(tmp_path), "--arm", "default=", "--arm", "ema=learner.acting_ema=0.001",
+                       "--seeds", "1,2,3", "--flywheel", "flywheel", "--max-seeds", "1", "--no-kept-best",
+                       "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[1] for line in lines[:2]] == ["[1/6] default seed 1", "[2/6] ema seed 1"]
+    assert lines[2] == ("mario_trial: stopping after the runs of 1 training seed(s) (--max-seeds); the same command "
+                        "goes on from ema seed 2")
+    assert len(lines) == 3 and "--opt eval_best=0" in lines[1]
+    with pytest.raises(SystemExit, match="--max-seeds takes a count"):
+        trial.main(["--root", str(tmp_path), "--arm", "a=", "--arm", "b=", "--seeds", "1", "--max-seeds", "-1"])
+
+
 @pytest.mark.system
 def test_a_failed_run_is_recorded_and_a_cut_off_one_starts_again(tmp_path: Path, capsys) -> None:
     trial = _script()

@@ -2,21 +2,20 @@
 against a random policy.
 
 The suite starts ``flywheel run`` with the env id's preset (the mario preset for Mario; plus any ``set`` overrides)
-for ``minutes`` and evaluates nothing of its own while it trains (the learner's evaluations for its kept best run,
-as in any flywheel run of the preset). It reads the
-gateway every ``poll_s`` seconds (agent steps, updates, each actor's rolling distance and flag rate, CPU seconds;
-the load average too) and, at each of the ``checkpoint_at`` minutes, asks the learner for a checkpoint through the
-gateway's ``POST /control/checkpoint`` and copies it to ``ckpt-<M>min/``, with the learner's kept best of that
-moment (best.safetensors, what ``flywheel play`` and ``flywheel export`` take) in ``ckpt-<M>min/kept-best/``; the
-same at each ``checkpoint_steps`` mark (agent steps; ``ckpt-<N>steps/``), at the first poll that reads it reached.
-``deploy=compose`` trains the shipped docker-compose.yml instead (``docker compose up --scale actor=<actors>``,
-built and run on a private Docker engine; flywheel.testing.compose), and ``deploy=run,compose`` trains both, one
-after the other, for the same minutes. After training, every checkpoint and a uniformly random policy play the same
-``eval_episodes`` seeds at epsilon ``eval_epsilon`` in ``eval_workers`` processes (flywheel.evaluation: level start,
-0..``noop_max`` no-ops, no stall rule unless ``stall_steps`` is set; the stall rule's figure is reported beside),
-each summarised by the mean and median furthest x_pos with 95% bootstrap CIs and the flag rate with its Wilson
-interval; each kept best plays the same seeds too, reported beside its checkpoint's newest weights (the headline and
-the goals judge the newest).
+for ``minutes`` and evaluates nothing of its own while it trains (the learner's evaluations for its kept best run, as
+in any flywheel run of the preset). It reads the gateway every ``poll_s`` seconds (agent steps, updates, each actor's
+rolling distance and flag rate, CPU seconds; the load average too) and, at each of the ``checkpoint_at`` minutes, asks
+the learner for a checkpoint through the gateway's ``POST /control/checkpoint`` and copies it to ``ckpt-<M>min/``,
+with the learner's kept best of that moment (best.safetensors, what ``flywheel play`` and ``flywheel export`` take) in
+``ckpt-<M>min/kept-best/``; the same at each ``checkpoint_steps`` mark (agent steps; ``ckpt-<N>steps/``), at the first
+poll that reads it reached. ``deploy=compose`` trains the shipped docker-compose.yml instead (``docker compose up
+--scale actor=<actors>``, built and run on a private Docker engine; flywheel.testing.compose), and
+``deploy=run,compose`` trains both, one after the other, for the same minutes. After training, every checkpoint and a
+uniformly random policy play the same ``eval_episodes`` seeds at epsilon ``eval_epsilon`` in ``eval_workers``
+processes (flywheel.evaluation: level start, 0..``noop_max`` no-ops, no stall rule unless ``stall_steps`` is set; the
+stall rule's figure is reported beside), each summarised by the mean and median furthest x_pos with 95% bootstrap CIs
+and the flag rate with its Wilson interval; each kept best plays the same seeds too (unless ``eval_best=0``), reported
+beside its checkpoint's newest weights (the headline and the goals judge the newest).
 """
 
 from __future__ import annotations
@@ -66,6 +65,8 @@ OPTIONS = {
     "also_epsilon": "a second exploration rate every checkpoint also plays the same seeds at, reported in a table "
                     "beside the headline (e.g. 0.001; default: none)",
     "eval_workers": "evaluation processes (default 2)",
+    "eval_best": "1 (default): also play each checkpoint's kept best; 0: the newest weights only (the kept bests of "
+                 "this part's checkpoints are copied all the same, marked unplayed, and no later part plays them)",
     "noop_max": "each evaluation episode starts with 0..noop_max NOOP actions (default 30)",
     "stall_steps": "an evaluation episode ends after this many steps without a new max x_pos (default 0: never; "
                    "the 250-step rule's figure is reported beside either way)",
@@ -324,13 +325,15 @@ def run(ctx: BenchContext) -> SuiteResult:
     epsilon = ctx.option_float("eval_epsilon", 0.05)
     also = ctx.option_float("also_epsilon", -1.0)
     workers = ctx.option_int("eval_workers", 2)
+    eval_best = ctx.option_int("eval_best", 1)
     noop_max = ctx.option_int("noop_max", 30)
     stall_steps = ctx.option_int("stall_steps", 0)
     seed_base = ctx.option_int("seed_base", 100_000)
     step_marks = parse_steps(ctx.option("checkpoint_steps", "")) if ctx.option("checkpoint_steps", "") else []
     poll_s = ctx.option_float("poll_s", 5.0 if ctx.quick else 15.0)
-    if episodes < 1 or workers < 1 or stall_steps < 0 or actors < 1 or noop_max < 0:
-        raise BenchError("eval_episodes, eval_workers and actors must be >= 1, stall_steps and noop_max >= 0")
+    if episodes < 1 or workers < 1 or stall_steps < 0 or actors < 1 or noop_max < 0 or eval_best not in (0, 1):
+        raise BenchError("eval_episodes, eval_workers and actors must be >= 1, stall_steps and noop_max >= 0, "
+                         "eval_best 0 or 1")
     for name, value in (("eval_epsilon", epsilon), ("also_epsilon", None if also == -1.0 else also)):
         if value is not None and not 0.0 <= value <= 1.0:
             raise BenchError(f"--opt {name}={value:g}: an exploration rate is in [0, 1]")
@@ -388,14 +391,18 @@ def run(ctx: BenchContext) -> SuiteResult:
                 c["episodes_also"] = _evaluate(ctx, env_id, f"{name}, epsilon {also:g}", c["dir"], seeds, also,
                                                *args[2:])
             state.save(workdir)
-        for c in [c for c in state.checkpoints if c.get("best") and "episodes" not in c["best"]]:
-            c["best"]["episodes"] = _evaluate(ctx, env_id, f"{c['deploy']} kept best at {checkpoint_label(c)}",
-                                              c["best"]["file"], *args)
+        for c in [c for c in state.checkpoints if c.get("best") and not {"episodes", "unplayed"} & set(c["best"])]:
+            if eval_best:
+                c["best"]["episodes"] = _evaluate(ctx, env_id, f"{c['deploy']} kept best at {checkpoint_label(c)}",
+                                                  c["best"]["file"], *args)
+            else:
+                c["best"]["unplayed"] = "eval_best=0"
             state.save(workdir)
         loads["end"] = list(os.getloadavg())
         settings = {**recipe, **evaluation, "minutes": state.trained_minutes, "checkpoint_at": marks,
                     "checkpoint_steps": step_marks,
-                    "eval_episodes": episodes, "eval_workers": workers, "parts": state.training_parts,
+                    "eval_episodes": episodes, "eval_workers": workers, "eval_best": bool(eval_best),
+                    "parts": state.training_parts,
                     "workdir": str(workdir) if ctx.option("workdir", "") else None}
         result = summarize(settings, state.points, state.checkpoints, state.random, loads)
         try:  # after an hour of training the numbers matter more than the picture: no plot is a note
