@@ -202,23 +202,24 @@ def unpack(archive: Path) -> Path:
     folder, files = _read_manifest(archive)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise CarryError(f"{folder} exists and is not an empty folder: move it away, or go on from it as it is")
-    _check_tar(archive, files)
     partial = folder.with_name(folder.name + ".unpacking")
     shutil.rmtree(partial, ignore_errors=True)  # what an unpacking cut off left
     try:
         with tarfile.open(archive, "r:xz") as tar:
+            if sorted(m.name for m in tar.getmembers()) != sorted(files):
+                raise CarryError(f"{archive} does not hold the files its manifest lists")
             tar.extractall(partial, filter="data")  # regular files under the folder only: no links, no escapes
-        for name, meta in files.items():
+        for name, meta in files.items():  # what was written, read back: damage anywhere shows here
             with (partial / name).open("rb") as fh:
                 if _digest(fh) != (meta["bytes"], meta["sha256"]):
-                    raise CarryError(f"{name} differs from {archive}'s manifest once written: is the disk full?")
+                    raise CarryError(f"{name} in {archive} differs from its manifest: the archive is damaged")
         folder.parent.mkdir(parents=True, exist_ok=True)
         if folder.exists():
             folder.rmdir()
         partial.replace(folder)
     except READ_ERRORS as exc:
         shutil.rmtree(partial, ignore_errors=True)
-        raise CarryError(f"{archive} cannot be unpacked into {folder} ({exc})") from None
+        raise CarryError(f"{archive} cannot be read ({exc})") from None
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
