@@ -140,6 +140,7 @@ def test_resume_needs_the_kept_workdir(tmp_path: Path, capsys: pytest.CaptureFix
     ("train_seed=-2", "--opt train_seed=-2: a seed is a whole number >= 0"),
     ("also_epsilon=1.5", "--opt also_epsilon=1.5: an exploration rate is in [0, 1]"),
     ("eval_epsilon=-0.1", "--opt eval_epsilon=-0.1: an exploration rate is in [0, 1]"),
+    ("eval_best=2", "eval_best 0 or 1"),
     ("checkpoint_steps=5000,1e6", "--opt checkpoint_steps='5000,1e6': expected whole numbers of agent steps"),
     ("checkpoint_steps=2500.5", "--opt checkpoint_steps='2500.5': expected whole numbers of agent steps"),
     ("checkpoint_steps=0,5000", "--opt checkpoint_steps='0,5000': each must be > 0 and larger than the one before"),
