@@ -336,7 +336,8 @@ class GpuGauges(Gauges):
 
 @dataclass(kw_only=True, slots=True)
 class GreedyEvalCounters(Counters):
-    greedy_evaluations_total: Annotated[float, "greedy evaluations of published weights finished"]
+    greedy_evaluations_total: Annotated[float, "evaluation rounds finished (the newest weights' and the kept best's "
+                                                "replays)"]
     greedy_evaluation_failures_total: Annotated[float, "greedy evaluations that failed"]
 
 

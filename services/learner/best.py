@@ -4,47 +4,48 @@ Every ``interval_s`` the learner writes its online network to a candidate file a
 ``SPAWN_LEAD_S`` before the first round is due, at a lower CPU priority than the actors, one torch thread) plays
 ``episodes`` episodes of it with flywheel/evaluation.py, the code the benchmarks evaluate with: greedy by default,
 or at ``epsilon`` after 0..``noop_max`` no-ops (an emulated game's preset: its evaluation protocol, since a greedy
-policy on a deterministic emulator plays one episode however many seeds it is given; a best.json scored another
-way is not compared with).
-The success rate and progress of each evaluation are the env's own measures (flywheel.envs.measures). Each round
-plays new seeds (``seed + episodes * k`` for round k), as ``flywheel bench sb3`` does. A candidate whose round beats
-the best so far is played once more on the next round's seeds before it is kept, and its score is the mean of both
-rounds: picking the maximum of many noisy rounds on the same few seeds keeps a policy that was lucky on those seeds
-(seen on CartPole: a kept best that scored 500 on its 10 seeds averaged 359 on 10 fresh ones). A confirmed candidate
-whose score beats the best (strictly, as SB3's) replaces DIR/best.safetensors, and DIR/best.json says which version
-it is, how it did and on which seeds. The learner never waits for an evaluation: it checks for a result each turn.
-``flywheel play``, ``Policy.load`` and ``flywheel export`` take best.safetensors by default (``--which latest``: the
-newest weights).
+policy on a deterministic emulator plays one episode however many seeds it is given; a best.json scored another way
+is not compared with). The success rate and progress of each evaluation are the env's own measures
+(flywheel.envs.measures). Each round plays new seeds (``seed + episodes * k`` for round k), as ``flywheel bench
+sb3`` does. A candidate whose round beats the best so far is played once more on the next round's seeds before it is
+kept, and its score is the mean of both rounds: picking the maximum of many noisy rounds on the same few seeds keeps
+a policy that was lucky on those seeds (seen on CartPole: a kept best that scored 500 on its 10 seeds averaged 359
+on 10 fresh ones). A confirmed candidate whose score beats the best (strictly, as SB3's) replaces
+DIR/best.safetensors, and DIR/best.json says which version it is, how it did, on which seeds, and each episode. The
+kept best plays each confirmation's seeds too, before the choice, and its score becomes the mean of every episode it
+has played: the maximum of many rounds is still lucky (on Mario, a kept best that scored 162 on its 10 episodes
+before 250k agent steps was still kept past 500k, where it reached the flag in 1% of 100 fresh episodes against the
+newest weights' 39%); pooled this way, a kept score regresses to what the policy does. A best.json of an earlier
+version, with no episodes, is compared as it is. The learner never waits for an evaluation: it checks for a result
+each turn. ``flywheel play``, ``Policy.load`` and ``flywheel export`` take best.safetensors by default (``--which
+latest``: the newest weights).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
-import signal
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import save as st_save
 
 from flywheel.checkpoints import write_atomically
 from flywheel.envs.measures import Measures
 from flywheel.metrics_spec import GreedyEvalCounters, GreedyEvalGauges
 from flywheel.policy import BEST_FILE
-from flywheel.processes import die_with_parent
 
 from .checkpoint import FORMAT, FORMAT_VERSION
 from .core import LearnerCore
+from .evalchild import EvaluatorChild
 from .state import network_spec
 
 BEST_JSON = "best.json"
 CANDIDATE_FILE = ".best-candidate.safetensors"
+EPISODE_KEYS = ("seed", "return", "progress", "success", "end")  # what best.json keeps of each episode
 SPAWN_LEAD_S = 30.0  # the child is spawned this long before the first round is due (at once for shorter intervals)
 EVAL_TIMEOUT_S = 1800.0  # an evaluation with no result after this long (or 3 intervals) is given up
 log = logging.getLogger("flywheel.learner")
@@ -64,62 +65,6 @@ def write_policy(path: Path, core: LearnerCore, weight_version: int, env_id: str
     write_atomically(path, st_save(tensors, metadata={"flywheel": json.dumps(meta)}))
 
 
-def _evaluator_main(conn: Connection) -> None:
-    """The child process: below the actors in CPU priority, one torch thread, gone with the learner, and deaf to
-    the terminal's Ctrl-C (the learner stops it); it plays the evaluations it is sent, one at a time."""
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.nice(10)
-    torch.set_num_threads(1)
-    import flywheel.evaluation  # noqa: F401  (imported while the first interval runs, not when the first round is due)
-
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):  # the learner closed its end
-            return
-        try:
-            conn.send(("ok", _evaluate(*task)))
-        except Exception as exc:  # the env or the policy failed: said to the learner, the child goes on
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-
-
-class EvaluatorChild:
-    """One spawned child that plays evaluations over a pipe of its own. Stopping it kills it: no lock is shared
-    with it (multiprocessing.Pool's terminate could hang for good on its task queue's lock)."""
-
-    def __init__(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child_end = ctx.Pipe()
-        self.process = ctx.Process(target=_evaluator_main, args=(child_end,), name="flywheel-evaluator", daemon=True)
-        self.process.start()
-        child_end.close()
-
-    def submit(self, task: tuple[Any, ...]) -> None:
-        """Send one evaluation's arguments (``_evaluate``'s)."""
-        self.conn.send(task)
-
-    def ready(self) -> bool:
-        """A result is waiting (or the child is gone, which ``result`` then says)."""
-        return self.conn.poll(0)
-
-    def result(self) -> list[dict[str, Any]]:
-        """The records of the evaluation sent last; RuntimeError when it failed or the child died."""
-        try:
-            status, value = self.conn.recv()
-        except (EOFError, OSError) as exc:
-            raise RuntimeError(f"the evaluation process ended (exit code {self.process.exitcode})") from exc
-        if status != "ok":
-            raise RuntimeError(str(value))
-        return list(value)
-
-    def stop(self) -> None:
-        """Kill the child (an evaluation in progress is dropped) and close the pipe."""
-        self.process.kill()
-        self.process.join(10)
-        self.conn.close()
-
-
 def evaluable(env_id: str) -> bool:
     """Whether flywheel/evaluation.py can play ``env_id``: single-agent envs (not MettaGrid's)."""
     from flywheel.envs import env_family
@@ -128,16 +73,6 @@ def evaluable(env_id: str) -> bool:
         return env_family(env_id) != "mettagrid"
     except (ValueError, ImportError):
         return False
-
-
-def _evaluate(env_id: str, candidate: str, seeds: list[int], max_steps: int | None, epsilon: float,
-              noop_max: int) -> list[dict[str, Any]]:
-    from flywheel.evaluation import STALL_STEPS, evaluate
-
-    # the stall rule (an episode ends after 250 agent steps with no new progress) keeps each round short while the
-    # actors have the cores; it can only cut an episode that stopped getting anywhere
-    return evaluate(env_id, seeds, checkpoint=candidate, epsilon=epsilon, workers=1, max_steps=max_steps,
-                    noop_max=noop_max, stall_steps=STALL_STEPS)
 
 
 def measures(records: list[dict[str, Any]], labels: Measures) -> dict[str, float]:
@@ -157,14 +92,30 @@ def measures(records: list[dict[str, Any]], labels: Measures) -> dict[str, float
 
 @dataclass
 class Round:
-    """One evaluation in flight: the candidate's version, its seeds, and the earlier round's records when this one
-    confirms it."""
+    """One evaluation in flight: the candidate's version and seeds; when it confirms a round, that round's records;
+    when it is the kept best's replay of a confirmation's seeds, the candidate's records of those seeds."""
 
     version: int
     started: float
     seeds: list[int]
     first: list[dict[str, Any]] = field(default_factory=list)
-    first_seeds: list[int] = field(default_factory=list)
+    challenger: list[dict[str, Any]] | None = None
+    took: float = 0.0  # a replay's: the seconds the candidate's confirmation took
+
+    def what(self, kind: str) -> str:
+        """The log's name for this round."""
+        if self.challenger is not None:
+            return f"the kept best's replay of weight version {self.version}'s seeds"
+        return f"{kind} of weight version {self.version}"
+
+
+def figures(records: list[dict[str, Any]], labels: Measures) -> dict[str, Any]:
+    """What best.json and the gauges say of a policy's episodes: mean, min and max return, the seeds, the env's
+    measures, and each episode (seed, return, progress, success, end) so that later episodes can be pooled in."""
+    returns = [float(r["return"]) for r in records]
+    return {"mean_return": sum(returns) / len(returns), "min_return": min(returns), "max_return": max(returns),
+            "episodes": len(returns), "seeds": [int(r["seed"]) for r in records], **measures(records, labels),
+            "records": [{k: r.get(k) for k in EPISODE_KEYS} for r in records]}
 
 
 class BestKeeper:
@@ -191,6 +142,9 @@ class BestKeeper:
         if not resumed:  # a new run in this folder: its best starts over, as its checkpoints do
             self._forget_best()
         self.best = self._read_best()
+        if self.best is not None and self.best.get("records"):  # a resumed run: every round on seeds not yet played
+            highest = max(int(r["seed"]) for r in self.best["records"])
+            self.rounds = max(0, (highest - self.seed) // self.episodes + 1)
 
     @property
     def measures(self) -> Measures:
@@ -226,6 +180,8 @@ class BestKeeper:
             float(best["mean_return"])
             int(best["weight_version"])
             scored = (float(best.get("epsilon", 0.0)), int(best.get("noop_max", 0)))
+            for record in best.get("records", []):  # each episode, to pool its replays with (older files: none)
+                float(record["return"]), int(record["seed"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("learner: %s is unreadable (%s); the next evaluation sets the best anew", path, exc)
             return None
@@ -246,11 +202,13 @@ class BestKeeper:
             done, self.pending = self.pending, None
             self._finish(done, now)
         elif self.pending is not None and now - self.pending.started > max(EVAL_TIMEOUT_S, 3 * self.interval_s):
+            stuck, self.pending = self.pending, None
             self.failures += 1  # a child killed mid-task (e.g. out of memory) never answers
-            log.error("learner: %s of weight version %d gave no result in %.0f s; restarting its "
-                      "process", self.kind, self.pending.version, now - self.pending.started)
-            self.pending = None
+            log.error("learner: %s gave no result in %.0f s; restarting its process", stuck.what(self.kind),
+                      now - stuck.started)
             self._stop_child()
+            if stuck.challenger is not None:  # the candidate's two rounds stand: the kept score decides
+                self._decide(stuck, stuck.first + stuck.challenger, now, replay=None)
         if self.pending is not None or now < self.next_at or version <= self.evaluated_version or version <= 0:
             return
         self.next_at = now + self.interval_s
@@ -264,17 +222,30 @@ class BestKeeper:
         self._start(version, now)
         self.evaluated_version = version
 
-    def _start(self, version: int, now: float, first: Round | None = None,
-               first_records: list[dict[str, Any]] | None = None) -> None:
-        """Play the candidate file on the next round's seeds (a confirmation of ``first`` when given)."""
+    def _start(self, version: int, now: float, first: list[dict[str, Any]] | None = None) -> None:
+        """Play the candidate file on the next round's seeds (a confirmation of the round ``first`` when given)."""
         seeds = list(range(self.seed + self.episodes * self.rounds, self.seed + self.episodes * (self.rounds + 1)))
         self.rounds += 1
         if self.child is None:  # a child that gave no result was stopped
             self.child = EvaluatorChild()
         self.child.submit((self.env_id, str(self.candidate), seeds, self.max_steps, self.epsilon, self.noop_max))
-        self.pending = Round(version, now, seeds, first_records or [], first.seeds if first else [])
+        self.pending = Round(version, now, seeds, first or [])
 
     def _finish(self, done: Round, now: float) -> None:
+        records = self._result(done)
+        if done.challenger is not None:  # the kept best's replay of a confirmation's seeds (None: it failed)
+            self._decide(done, done.first + done.challenger, now, replay=records)
+        elif records is not None and done.first and self.best is not None and "records" in self.best:
+            assert self.child is not None  # it has just answered
+            self.child.submit((self.env_id, str(self.directory / BEST_FILE), done.seeds, self.max_steps,
+                               self.epsilon, self.noop_max))
+            self.pending = Round(done.version, now, done.seeds, done.first, challenger=records,
+                                 took=now - done.started)
+        elif records is not None:
+            self._decide(done, done.first + records, now, replay=None)
+
+    def _result(self, done: Round) -> list[dict[str, Any]] | None:
+        """The finished round's records; None (counted and logged) when it failed."""
         child = self.child
         assert child is not None  # a round is pending only with its child
         try:
@@ -283,32 +254,50 @@ class BestKeeper:
             if not child.process.is_alive():
                 self._stop_child()  # the next round starts a fresh one
             self.failures += 1
-            log.error("learner: %s of weight version %d failed: %s", self.kind, done.version,
+            log.error("learner: %s failed: %s", done.what(self.kind),
                       str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-            return
+            return None
         self.evaluations += 1
-        confirming = bool(done.first)
-        records = done.first + records
-        returns = [float(r["return"]) for r in records]
-        mean = sum(returns) / len(returns)
-        self.last = {"weight_version": done.version, "mean_return": mean, "min_return": min(returns),
-                     "max_return": max(returns), "episodes": len(returns), "seeds": done.first_seeds + done.seeds,
-                     "epsilon": self.epsilon, "noop_max": self.noop_max, "seconds": now - done.started,
-                     "evaluated_at": time.time(),
-                     "ends": [r["end"] for r in records], **measures(records, self.measures)}
-        better = self.best is None or mean > float(self.best["mean_return"])
-        if better and not confirming:  # one round beat the best: the next seeds say whether it was luck
+        return records
+
+    def _decide(self, done: Round, records: list[dict[str, Any]], now: float,
+                replay: list[dict[str, Any]] | None) -> None:
+        """A candidate's round (both, when confirming) against the best: confirm, keep, or leave the best."""
+        took = done.took if done.challenger is not None else now - done.started
+        self.last = {"weight_version": done.version, **figures(records, self.measures), "epsilon": self.epsilon,
+                     "noop_max": self.noop_max, "seconds": took, "evaluated_at": time.time()}
+        mean = float(self.last["mean_return"])
+        replayed = self._rescore(replay) if replay is not None else ""
+        kept = None if self.best is None else float(self.best["mean_return"])
+        if not done.first and (kept is None or mean >= kept):  # the next seeds say whether it was luck (a tie too:
+            # a kept score at the env's ceiling is re-measured only when a round reaches it)
             log.info("learner: %s of weight version %d: mean return %.2f over %d episodes; playing it on %d more "
-                     "seeds before it is kept", self.kind, done.version, mean, len(returns), self.episodes)
-            self._start(done.version, now, done, records)
+                     "seeds before it is kept", self.kind, done.version, mean, len(records), self.episodes)
+            self._start(done.version, now, records)
             return
+        better = kept is None or mean > kept
         if better and not self._keep():
-            return
-        log.info("learner: %s of weight version %d: mean return %.2f over %d episodes (%.0f s)%s",
-                 self.kind, done.version, mean, len(returns), self.last["seconds"],
+            better = False  # said by _keep; the best stays
+        log.info("learner: %s of weight version %d: mean return %.2f over %d episodes (%.0f s)%s%s",
+                 self.kind, done.version, mean, len(records), self.last["seconds"], replayed,
                  "; the best so far, kept as " + str(self.directory / BEST_FILE) if better else
                  f"; the best stays version {self.best['weight_version']} ({self.best['mean_return']:.2f})"
                  if self.best else "")
+
+    def _rescore(self, replay: list[dict[str, Any]]) -> str:
+        """Pool the kept best's replay into its score and best.json; the log's words for it."""
+        assert self.best is not None
+        before, episodes = float(self.best["mean_return"]), len(self.best["records"])
+        self.best = {**self.best, **figures([*self.best["records"], *replay], self.measures),
+                     "rescored_at": time.time()}
+        try:
+            write_atomically(self.directory / BEST_JSON, (json.dumps(self.best, indent=1) + "\n").encode())
+        except OSError as exc:
+            self.failures += 1
+            log.error("learner: cannot rewrite %s with the kept best's new score: %s", self.directory / BEST_JSON, exc)
+        return (f"; the kept best, version {self.best['weight_version']}, played the same seeds: "
+                f"{sum(float(r['return']) for r in replay) / len(replay):.2f}, its score {before:.2f} over {episodes} "
+                f"episodes now {self.best['mean_return']:.2f} over {self.best['episodes']}")
 
     def _keep(self) -> bool:
         """The candidate file becomes best.safetensors and ``last`` best.json; False (logged) when they cannot."""

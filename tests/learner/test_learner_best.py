@@ -70,6 +70,7 @@ def test_best_is_kept_through_a_collapse_and_latest_is_the_newest(tmp_path: Path
 
     again = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=3, seed=11)  # a resumed learner
     assert again.best is not None and again.best["weight_version"] == 5 and again.best["mean_return"] == 500.0
+    assert again.rounds == 2  # its rounds go on from seed 17: the kept best's episodes are never played twice
     again.close()
 
 
@@ -162,41 +163,132 @@ def test_an_unreadable_best_json_is_said_once_and_the_next_evaluation_sets_the_b
         Policy.load(tmp_path, which="newest")
 
 
-@pytest.mark.system
-def test_a_round_that_beats_the_best_is_played_again_and_kept_only_if_both_rounds_do(tmp_path: Path,
-                                                                                    caplog: pytest.LogCaptureFixture
-                                                                                    ) -> None:
+def lucky_seed(tmp_path: Path, core: LearnerCore, start: int = 0) -> tuple[int, dict[int, float]]:
+    """A first seed from ``start`` on where the pole-dropping policy's round of 3 episodes is luckier than the 3
+    after it, and that policy's return on each of 60 seeds from ``start``."""
     from flywheel.evaluation import evaluate
     from flywheel.services.learner.best import write_policy
 
-    core = cartpole_core()
-    set_policy(core, right_when_leaning_right=False)  # drops the pole within ~10 steps; how soon depends on the seed
     probe = tmp_path / "probe.safetensors"
     write_policy(probe, core, 1, "CartPole-v1")
-    returns = [float(r["return"]) for r in evaluate("CartPole-v1", list(range(60)), checkpoint=str(probe),
-                                                    epsilon=0.0, workers=1)]
-    # seeds where a first round of 3 is luckier than the 3 after it: one round beats the best, both do not
-    seed = next(s for s in range(54) if sum(returns[s:s + 3]) > sum(returns[s + 3:s + 6]))
-    first, both = sum(returns[seed:seed + 3]) / 3, sum(returns[seed:seed + 6]) / 6
-    folder = tmp_path / "run"
-    folder.mkdir()
-    (folder / "best.safetensors").write_bytes(b"kept")
-    (folder / BEST_JSON).write_text(json.dumps({"weight_version": 2, "mean_return": (first + both) / 2}))
+    returns = {int(r["seed"]): float(r["return"]) for r in evaluate(
+        "CartPole-v1", list(range(start, start + 60)), checkpoint=str(probe), epsilon=0.0, workers=1)}
+    seed = next(s for s in range(start, start + 54)
+                if sum(returns[k] for k in range(s, s + 3)) > sum(returns[k] for k in range(s + 3, s + 6)))
+    return seed, returns
+
+
+def judge_version_7(folder: Path, seed: int, core: LearnerCore, caplog: pytest.LogCaptureFixture
+                    ) -> tuple[BestKeeper, list[str]]:
+    """A keeper of rounds of 3 episodes from ``seed`` on ``folder``, once it has judged ``core`` as weight version 7
+    (closed); and the learner's log lines."""
     keeper = BestKeeper(folder, "CartPole-v1", interval_s=3600, episodes=3, seed=seed)
     try:
         with caplog.at_level("INFO", logger="flywheel.learner"):
             evaluate_now(keeper, core, 7)
     finally:
         keeper.close()
+    return keeper, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.system
+def test_a_round_that_beats_the_best_is_played_again_and_kept_only_if_both_rounds_do(tmp_path: Path,
+                                                                                    caplog: pytest.LogCaptureFixture
+                                                                                    ) -> None:
+    core = cartpole_core()
+    set_policy(core, right_when_leaning_right=False)  # drops the pole within ~10 steps; how soon depends on the seed
+    seed, returns = lucky_seed(tmp_path, core)
+    first, both = sum(returns[k] for k in range(seed, seed + 3)) / 3, sum(returns[k] for k in range(seed, seed + 6)) / 6
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "best.safetensors").write_bytes(b"kept")  # never played: an earlier version's best.json has no episodes
+    (folder / BEST_JSON).write_text(json.dumps({"weight_version": 2, "mean_return": (first + both) / 2}))
+    keeper, messages = judge_version_7(folder, seed, core, caplog)
     assert keeper.last is not None and keeper.last["episodes"] == 6
     assert keeper.last["mean_return"] == pytest.approx(both)
     assert keeper.last["seeds"] == list(range(seed, seed + 6))
+    assert [r["return"] for r in keeper.last["records"]] == [returns[k] for k in range(seed, seed + 6)]
     assert keeper.best is not None and keeper.best["weight_version"] == 2  # the lucky round was not kept
     assert (folder / "best.safetensors").read_bytes() == b"kept"
-    messages = [r.getMessage() for r in caplog.records]
     assert any("playing it on 3 more seeds before it is kept" in m for m in messages)
     assert any("the best stays version 2" in m for m in messages)
     assert keeper.counters().greedy_evaluations_total == 2.0
+
+
+@pytest.mark.parametrize(("kept_episodes", "playable", "kept"), [(1, True, 7), (50, True, 2), (1, False, 2)])
+@pytest.mark.system
+def test_the_kept_best_plays_the_confirmations_seeds_and_its_score_pools_every_episode_it_played(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, kept_episodes: int, playable: bool, kept: int) -> None:
+    """A kept best whose score is luckier than the policy: the candidate's two rounds fall short of that score, but
+    its replay of the confirmation's seeds pools in; one lucky episode is outweighed, fifty are not."""
+    from flywheel.services.learner.best import write_policy
+
+    core = cartpole_core()
+    set_policy(core, right_when_leaning_right=False)
+    seed, returns = lucky_seed(tmp_path, core, start=100)
+    replayed = [returns[k] for k in range(seed + 3, seed + 6)]  # the kept best is that policy: it plays these
+    first, both = sum(returns[k] for k in range(seed, seed + 3)) / 3, sum(returns[k] for k in range(seed, seed + 6)) / 6
+    lucky = (first + both) / 2  # above both rounds' mean, below the first round's: the candidate is confirmed
+    folder = tmp_path / "run"
+    folder.mkdir()
+    if playable:
+        write_policy(folder / "best.safetensors", core, 2, "CartPole-v1")  # the same policy: it plays as it does
+    else:
+        (folder / "best.safetensors").write_bytes(b"not a policy")
+    episodes = [{"seed": seed - 1 - k, "return": lucky, "progress": None, "success": None, "end": "terminated"}
+                for k in range(kept_episodes)]
+    (folder / BEST_JSON).write_text(json.dumps({"weight_version": 2, "mean_return": lucky, "episodes": kept_episodes,
+                                                "records": episodes}))
+    keeper, messages = judge_version_7(folder, seed, core, caplog)
+    assert keeper.last is not None and keeper.last["mean_return"] == pytest.approx(both)
+    assert keeper.best is not None and keeper.best["weight_version"] == kept
+    written = json.loads((folder / BEST_JSON).read_text())
+    assert written["weight_version"] == kept
+    if not playable:  # the replay failed: counted, said, and the stored score decides
+        assert keeper.counters() == GreedyEvalCounters(greedy_evaluations_total=2.0,
+                                                       greedy_evaluation_failures_total=1.0)
+        assert any("the kept best's replay of weight version 7's seeds failed" in m for m in messages)
+        assert written == json.loads(json.dumps({"weight_version": 2, "mean_return": lucky,
+                                                 "episodes": kept_episodes, "records": episodes}))
+        return
+    pooled = sum([lucky] * kept_episodes + replayed) / (kept_episodes + 3)  # as the keeper sums: the same float
+    second = sum(replayed) / 3
+    assert keeper.counters().greedy_evaluations_total == 3.0  # two rounds of the candidate, one replay
+    assert any(f"the kept best, version 2, played the same seeds: {second:.2f}, its score {lucky:.2f} over "
+               f"{kept_episodes} episodes now {pooled:.2f} over {kept_episodes + 3}" in m for m in messages)
+    if kept == 7:  # the candidate's 6 episodes beat the kept best's 4 (1 lucky one and its replay)
+        assert written["episodes"] == 6 and written["seeds"] == list(range(seed, seed + 6))
+    else:  # the kept best stays, its score pooled in best.json
+        assert (written["episodes"], written["mean_return"]) == (53, pytest.approx(pooled))
+        assert written["seeds"] == [seed - 1 - k for k in range(50)] + list(range(seed + 3, seed + 6))
+        assert keeper.gauges().best_greedy_return == pytest.approx(pooled) and "rescored_at" in written
+
+
+def test_a_replay_that_never_answers_is_a_failure_and_the_candidates_rounds_are_judged_on_the_kept_score(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from flywheel.services.learner.best import Round
+
+    def episode(seed: int, ret: float) -> dict[str, object]:
+        return {"seed": seed, "return": ret, "progress": None, "success": None, "end": "terminated"}
+
+    (tmp_path / "best.safetensors").write_bytes(b"kept")
+    (tmp_path / BEST_JSON).write_text(json.dumps({"weight_version": 2, "mean_return": 100.0, "episodes": 1,
+                                                  "records": [episode(0, 100.0)]}))
+    (tmp_path / CANDIDATE_FILE).write_bytes(b"candidate")
+    keeper = BestKeeper(tmp_path, "CartPole-v1", interval_s=60, episodes=1, seed=0)  # given up after 1,800 s
+    assert keeper.rounds == 1  # seed 0 is the kept best's
+    now = time.monotonic()
+    keeper.pending = Round(7, now - 4000.0, [2], [episode(1, 150.0)], challenger=[episode(2, 130.0)], took=9.0)
+    keeper.evaluated_version = 7
+    with caplog.at_level("INFO", logger="flywheel.learner"):
+        keeper.tick(now, cartpole_core(), 7)  # no child ever answered: past the timeout
+    keeper.close()
+    assert keeper.pending is None and keeper.counters().greedy_evaluation_failures_total == 1.0
+    assert any("the kept best's replay of weight version 7's seeds gave no result in 4000 s" in r.getMessage()
+               for r in caplog.records)
+    best = json.loads((tmp_path / BEST_JSON).read_text())  # 140 over the two rounds beats the kept 100
+    assert (best["weight_version"], best["mean_return"], best["seeds"], best["seconds"]) == (7, 140.0, [1, 2], 9.0)
+    assert (tmp_path / "best.safetensors").read_bytes() == b"candidate"
 
 
 def mario_walker() -> LearnerCore:
