@@ -7,18 +7,18 @@ or at ``epsilon`` after 0..``noop_max`` no-ops (an emulated game's preset: its e
 policy on a deterministic emulator plays one episode however many seeds it is given; a best.json scored another way
 is not compared with). The success rate and progress of each evaluation are the env's own measures
 (flywheel.envs.measures). Each round plays new seeds (``seed + episodes * k`` for round k), as ``flywheel bench
-sb3`` does. A candidate whose round beats the best so far is played once more on the next round's seeds before it is
-kept, and its score is the mean of both rounds: picking the maximum of many noisy rounds on the same few seeds keeps
-a policy that was lucky on those seeds (seen on CartPole: a kept best that scored 500 on its 10 seeds averaged 359
-on 10 fresh ones). A confirmed candidate whose score beats the best (strictly, as SB3's) replaces
-DIR/best.safetensors, and DIR/best.json says which version it is, how it did, on which seeds, and each episode. The
-kept best plays each confirmation's seeds too, before the choice, and its score becomes the mean of every episode it
-has played: the maximum of many rounds is still lucky (on Mario, a kept best that scored 162 on its 10 episodes
-before 250k agent steps was still kept past 500k, where it reached the flag in 1% of 100 fresh episodes against the
-newest weights' 39%); pooled this way, a kept score regresses to what the policy does. A best.json of an earlier
-version, with no episodes, is compared as it is. The learner never waits for an evaluation: it checks for a result
-each turn. ``flywheel play``, ``Policy.load`` and ``flywheel export`` take best.safetensors by default (``--which
-latest``: the newest weights).
+sb3`` does. A candidate whose round reaches the best so far (ties it or beats it) is played once more on the next
+round's seeds before it is kept, and its score is the mean of both rounds: picking the maximum of many noisy rounds
+on the same few seeds keeps a policy that was lucky on those seeds (seen on CartPole: a kept best that scored 500 on
+its 10 seeds averaged 359 on 10 fresh ones). A confirmed candidate whose score beats the best (strictly, as SB3's)
+replaces DIR/best.safetensors, and DIR/best.json says which version it is, how it did, on which seeds, and each
+episode. The kept best plays each confirmation's seeds too, before the choice, and its score becomes the mean of
+every episode it has played: the maximum of many rounds is still lucky (in a benchmarked platformer run a kept best
+that scored 162 on its 10 episodes before 250k agent steps was still kept past 500k, where it reached the goal in 1%
+of 100 fresh episodes against the newest weights' 39%); pooled this way, a kept score regresses to what the policy
+does. A best.json of an earlier version, with no episodes, is compared as it is. The learner never waits for an
+evaluation: it checks for a result each turn. ``flywheel play``, ``Policy.load`` and ``flywheel export`` take
+best.safetensors by default (``--which latest``: the newest weights).
 """
 
 from __future__ import annotations
