@@ -149,11 +149,13 @@ def test_a_fresh_learner_in_the_folder_starts_its_best_over(tmp_path: Path) -> N
     assert fresh.best is None and not (tmp_path / "best.safetensors").exists() and not (tmp_path / BEST_JSON).exists()
 
 
+@pytest.mark.parametrize("text", ['{"mean_return": "lots"',  # cut short
+                                  '{"weight_version": 2, "mean_return": 1.0, "records": [{"seed": 0}]}'])  # no return
 def test_an_unreadable_best_json_is_said_once_and_the_next_evaluation_sets_the_best(tmp_path: Path,
-                                                                                  caplog: pytest.LogCaptureFixture
-                                                                                  ) -> None:
+                                                                                  caplog: pytest.LogCaptureFixture,
+                                                                                  text: str) -> None:
     (tmp_path / "best.safetensors").write_bytes(b"kept")
-    (tmp_path / BEST_JSON).write_text('{"mean_return": "lots"')  # cut short
+    (tmp_path / BEST_JSON).write_text(text)
     with caplog.at_level("WARNING", logger="flywheel.learner"):
         keeper = BestKeeper(tmp_path, "CartPole-v1", interval_s=3600, episodes=1, seed=0)
     assert keeper.best is None and (tmp_path / "best.safetensors").read_bytes() == b"kept"  # nothing removed
