@@ -9,6 +9,10 @@ first, paired by training seed, at every checkpoint (minutes and agent-step mark
 ``--paired``, into ``ROOT/report.md`` and ``ROOT/report-<checkpoint>-<arm>.json``. Run it from a clone of its own:
 the bench imports parts of flywheel as it goes, so editing the checkout it runs from can change a run midway.
 
+With ``--branch-from DIR`` (``{seed}`` in it standing for the training seed) every run is a branch of a kept
+training (bench mario's ``branch_from``): the arms go on from the same hour of training, the pairing at its
+tightest (e.g. a change meant for the hours after the first).
+
 Decide on validation seeds (``--eval validation``: evaluation seeds 300000-300099) and report on the test seeds
 (``--eval test``: 500000-500099), which no decision may have seen.
 
@@ -71,6 +75,8 @@ def bench_command(args: argparse.Namespace, sets: str, seed: int, folder: Path) 
         opts["eval_best"] = "0"
     if sets:
         opts["set"] = sets
+    if args.branch_from:
+        opts["branch_from"] = args.branch_from.replace("{seed}", str(seed))
     command = [*shlex.split(args.flywheel), "bench", "mario"]
     for key, value in opts.items():
         command += ["--opt", f"{key}={value}"]
@@ -192,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-kept-best", action="store_true", help="evaluate each checkpoint's newest weights "
                         "only, not also the learner's kept best (bench mario's eval_best=0: up to half the evaluation "
                         "time)")
+    parser.add_argument("--branch-from", default="", metavar="DIR", help="every run starts where the training kept "
+                        "in DIR ended ({seed} in DIR: the run's training seed), e.g. /work/bases/seed{seed}/work: the "
+                        "arms go on from the same state (bench mario's branch_from; --checkpoint-at counts from DIR's "
+                        "start)")
     parser.add_argument("--max-seeds", type=int, default=0, help="make the runs still to make of at most this many "
                         "training seeds, then stop (1: one seed's arms, a session's worth; 0: every run)")
     parser.add_argument("--quiet-load", type=float, default=1.0, help="a 1-minute load above this at a run's start "
@@ -210,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"mario_trial: --seeds takes whole numbers separated by commas, got {args.seeds!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise SystemExit("mario_trial: --seeds needs at least one seed, each once")
+    if args.branch_from and "{seed}" not in args.branch_from and len(seeds) > 1:
+        raise SystemExit("mario_trial: --branch-from names one folder per training seed: put {seed} in it "
+                         f"(got {args.branch_from!r})")
     args.root.mkdir(parents=True, exist_ok=True)
     if not args.report:
         failed = run_all(args, arms, seeds)

@@ -10,7 +10,8 @@ travels when it is the only complete checkpoint). Beside it, ``ARCHIVE.json`` na
 SHA-256 of every file as stored in the tar, and what was left out; the tar is read back and checked before it
 replaces an earlier one. Pack after the bench has exited: a bench that evaluates still writes its state file.
 ``unpack ARCHIVE`` puts the folder back where it was packed (run.json and the bench's state name it by its full
-path), every file checked against the manifest; it refuses a folder that exists and is not empty.
+path), every file checked against the manifest; it refuses a folder that exists and is not empty. ``--to DIR`` puts
+it elsewhere, for a branch (``--opt branch_from=DIR``: a new training from the packed one's end).
 
     python scripts/run_carry.py pack /work/long/seed11/work docs/benchmarks/carry/long-seed11.tar.xz
     python scripts/run_carry.py unpack docs/benchmarks/carry/long-seed11.tar.xz
@@ -197,9 +198,11 @@ def _read_manifest(archive: Path) -> tuple[Path, dict[str, dict[str, Any]]]:
     return Path(manifest["folder"]), files  # type: ignore[return-value]  # checked just above
 
 
-def unpack(archive: Path) -> Path:
-    """Put the packed folder back where it was packed, every file checked against the manifest; the folder."""
-    folder, files = _read_manifest(archive)
+def unpack(archive: Path, to: Path | None = None) -> Path:
+    """Put the packed folder back where it was packed (or in ``to``), every file checked against the manifest; the
+    folder."""
+    packed, files = _read_manifest(archive)
+    folder = packed if to is None else to.resolve()
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise CarryError(f"{folder} exists and is not an empty folder: move it away, or go on from it as it is")
     partial = folder.with_name(folder.name + ".unpacking")
@@ -223,8 +226,10 @@ def unpack(archive: Path) -> Path:
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    print(f"run_carry: unpacked {len(files)} files into {folder}, checked; go on with flywheel bench mario "
-          f"--opt workdir={folder} --opt resume=1")
+    go_on = (f"go on with flywheel bench mario --opt workdir={folder} --opt resume=1" if folder == packed else
+             f"branch from it with flywheel bench mario --opt branch_from={folder} --opt workdir=NEW (its state's "
+             f"checkpoint copies name {packed})")
+    print(f"run_carry: unpacked {len(files)} files into {folder}, checked; {go_on}")
     return folder
 
 
@@ -236,12 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("archive", type=Path)
     u = sub.add_parser("unpack", help="put an archive's folder back where it was packed")
     u.add_argument("archive", type=Path)
+    u.add_argument("--to", type=Path, default=None, help="another folder to put it in (to branch from it with "
+                   "--opt branch_from while the packed folder goes on, or from an earlier version of the archive)")
     args = parser.parse_args(argv)
     try:
         if args.command == "pack":
             pack(args.folder, args.archive)
         else:
-            unpack(args.archive)
+            unpack(args.archive, args.to)
     except CarryError as exc:
         print(f"run_carry: {exc}", file=sys.stderr)
         return 2

@@ -58,6 +58,7 @@ class LoopConfig:
     reset_interval_updates: int = _default("reset_interval_updates")
     reset_start_updates: int = _default("reset_start_updates")
     reset_shrink: float = _default("reset_shrink")
+    reset_end_updates: int = _default("reset_end_updates")
 
     @classmethod
     def of(cls, settings: LearnerSettings) -> LoopConfig:
@@ -98,7 +99,8 @@ class LearnerLoop:
         self._skipped_total = 0
         self._next_checkpoint = time.monotonic() + config.checkpoint_interval_s
         self.counters = LearnerCounters()
-        self.resets = ResetSchedule(config.reset_interval_updates, config.reset_start_updates, config.reset_shrink)
+        self.resets = ResetSchedule(config.reset_interval_updates, config.reset_start_updates, config.reset_shrink,
+                                    config.reset_end_updates)
         if self.resets.interval:
             self.counters.resets_total = 0.0
         self.replay_size = 0.0

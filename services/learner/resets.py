@@ -17,22 +17,26 @@ import torch
 
 @dataclass(frozen=True)
 class ResetSchedule:
-    """When to shrink and perturb: every ``interval`` updates from update ``start`` on (interval 0: never)."""
+    """When to shrink and perturb: every ``interval`` updates from update ``start`` on (interval 0: never), none
+    after update ``end`` (0: no end), so the stretch before a checkpoint that is reported can be left free of them."""
 
     interval: int = 0
     start: int = 0
     shrink: float = 0.8
+    end: int = 0
 
     def __post_init__(self) -> None:
         """Reject bad values with a clear message."""
-        if self.interval < 0 or self.start < 0:
-            raise ValueError(f"reset interval and start must be >= 0, got {self.interval} and {self.start}")
+        if self.interval < 0 or self.start < 0 or self.end < 0:
+            raise ValueError(f"reset interval, start and end must be >= 0, got {self.interval}, {self.start} and "
+                             f"{self.end}")
         if not 0.0 <= self.shrink <= 1.0:
             raise ValueError(f"reset shrink must be in [0, 1], got {self.shrink}")
 
     def due(self, updates: int) -> bool:
-        """Whether the update count just reached makes a reset (``start``, ``start + interval``, ...)."""
-        return self.interval > 0 and updates >= self.start and (updates - self.start) % self.interval == 0
+        """Whether the update count just reached makes a reset (``start``, ``start + interval``, ... up to ``end``)."""
+        return (self.interval > 0 and updates >= self.start and (updates - self.start) % self.interval == 0
+                and (self.end == 0 or updates <= self.end))
 
 
 def shrink_and_perturb(online: torch.nn.Module, fresh: torch.nn.Module, shrink: float) -> None:

@@ -37,6 +37,8 @@ class LearnerSettings(CommonSettings, NetworkSpec):
     reset_start_updates: int = Field(0, ge=0, le=1_000_000_000, description="the update of the first "
                                      "shrink-and-perturb (with reset_interval_updates > 0)")
     reset_shrink: float = Field(0.8, ge=0, le=1, description="shrink-and-perturb: the share of each weight kept")
+    reset_end_updates: int = Field(0, ge=0, le=1_000_000_000, description="no shrink-and-perturb after this update "
+                                   "(0 = none: every reset_interval_updates for good)")
     grad_clip_norm: float = Field(10.0, ge=0, description="clip the gradient's global L2 norm to this (0 = off)")
     target_update_interval: int = Field(2500, ge=1, le=10_000_000,
                                         description="copy online -> target network every K updates (when tau = 0)")

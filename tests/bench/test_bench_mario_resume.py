@@ -101,21 +101,49 @@ def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
     assert any(n.startswith("Trained in 2 parts") for n in result["notes"])
     assert ("best" in two) == any(c.startswith("run: kept best at 0.8 min (weight version") for c in cases)
 
+    # a branch: a new training from this one's end, with a set of its own, in a workdir of its own; the source stays
+    source_state = (workdir / STATE_FILE).read_bytes()
+    branch = tmp_path / "branch"
+    assert _bench(tmp_path / "three", branch, "minutes=0.3", "checkpoint_at=1.1", "train_seed=3",
+                  f"branch_from={workdir}", "set=learner.lr=0.0002", "eval_best=0", "eval_workers=1") == 0
+    assert (workdir / STATE_FILE).read_bytes() == source_state
+    branched = MarioState.load(branch)
+    assert branched.branched_from is not None and branched.branched_from["dir"] == str(workdir)
+    assert branched.branched_from["trained_minutes"] == pytest.approx(0.8) and branched.branched_from["parts"] == 2
+    assert branched.trained_minutes == pytest.approx(1.1) and [p["part"] for p in branched.parts] == [0]
+    [own] = branched.checkpoints  # only the branch's: the source's stay its own
+    assert own["minute"] == 1.1 and Path(own["dir"]).parent == branch and len(own["episodes"]) == 2
+    assert own["checkpoint_updates"] > two["checkpoint_updates"]  # its learner went on from the source's
+    assert own["env_steps"] > state.env_steps  # counted from the source's first part's start
+    assert branched.random == state.random  # the same evaluation: the random policy is not played again
+    saved = json.loads((branch / "run" / "checkpoints" / "run.json").read_text())
+    assert "learner.lr=0.0002" in saved["overrides"] and "learner.seed=3" in saved["overrides"]
+    branch_logs = "".join(f.read_text() for f in (branch / "run" / "checkpoints" / "logs").glob("learner*"))
+    assert f"learner: resumed from {branch / 'run' / 'checkpoints' / 'learner'}" in branch_logs
+    three = json.loads((tmp_path / "three" / "mario.json").read_text())
+    assert [r["case"] for r in three["rows"] if r["case"].startswith("checkpoint at")][0].startswith(
+        "checkpoint at 1.1 min")
+    assert any(n.startswith(f"Branched from the training kept in {workdir} at 0.8 min") for n in three["notes"])
+    # a second branch into the same workdir is refused before anything trains
+    assert _bench(tmp_path / "x", branch, "minutes=0.3", "checkpoint_at=1.1", "train_seed=3",
+                  f"branch_from={workdir}") == 2
+    assert "holds a training already" in capsys.readouterr().err
+
 
 def test_the_kept_best_of_a_checkpoints_moment_is_copied_beside_it(tmp_path: Path) -> None:
-    from flywheel.bench.suites.mario import _copy_kept_best
+    from flywheel.bench.parts.mario_checkpoint import copy_kept_best
     from flywheel.policy import BEST_FILE
     from flywheel.services.learner.best import BEST_JSON
     from flywheel.services.learner.checkpoint import save_checkpoint
     from flywheel.testing.cartpole import cartpole_core
 
     learner, dest = tmp_path / "learner", tmp_path / "ckpt-30min"
-    assert _copy_kept_best(learner, dest, "CartPole-v1") is None  # before the learner's first evaluation: none
+    assert copy_kept_best(learner, dest, "CartPole-v1") is None  # before the learner's first evaluation: none
     save_checkpoint(learner, cartpole_core(), weight_version=7)
     (learner / "learner.safetensors").rename(learner / BEST_FILE)
     (learner / BEST_JSON).write_text(json.dumps({"weight_version": 7, "mean_return": 123.5, "episodes": 20,
                                                  "epsilon": 0.0, "noop_max": 0, "other": "left out"}))
-    kept = _copy_kept_best(learner, dest, "CartPole-v1")
+    kept = copy_kept_best(learner, dest, "CartPole-v1")
     assert kept is not None and kept["file"] == str(dest / "kept-best" / BEST_FILE) and kept["weight_version"] == 7
     assert (dest / "kept-best" / BEST_FILE).read_bytes() == (learner / BEST_FILE).read_bytes()
     assert kept["scored"] == {"weight_version": 7, "mean_return": 123.5, "episodes": 20, "epsilon": 0.0,
@@ -134,6 +162,41 @@ def test_resume_needs_the_kept_workdir(tmp_path: Path, capsys: pytest.CaptureFix
     (tmp_path / "bad" / STATE_FILE).write_text('{"format": ')  # cut off mid-write by hand
     with pytest.raises(BenchError, match=f"{STATE_FILE} cannot be read"):
         MarioState.load(tmp_path / "bad")
+
+
+def test_a_branch_needs_a_kept_training_and_a_new_workdir(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = {"env_id": "CartPole-v1", "deploys": ["run"], "sets": []}
+    assert _bench(tmp_path / "out", tmp_path / "new", "branch_from=/nowhere", "resume=1") == 2
+    assert "--opt branch_from=DIR starts a new training" in capsys.readouterr().err
+    assert main(["bench", "mario", "--quick", "--out", str(tmp_path / "out"), "--opt", "branch_from=/nowhere"]) == 2
+    assert "kept in a new --opt workdir" in capsys.readouterr().err
+    with pytest.raises(BenchError, match=f"--opt branch_from: {tmp_path / 'none' / STATE_FILE} is missing"):
+        MarioState.branch(tmp_path / "none", tmp_path / "new", recipe, {})
+    source = tmp_path / "source"
+    source.mkdir()
+    MarioState(recipe, {"seeds": [1]}, trained_minutes=60.0, env_steps=5000.0).save(source)
+    with pytest.raises(BenchError, match="learner.safetensors is missing: there is no training to branch from"):
+        MarioState.branch(source, tmp_path / "new", recipe, {})
+    learner = source / "run" / "checkpoints" / "learner"
+    learner.mkdir(parents=True)
+    (learner / "learner.safetensors").write_bytes(b"weights")
+    (source / "run" / "checkpoints" / ".flywheel-run.lock").write_text("")
+    with pytest.raises(BenchError, match="goes on in the source's env \\(CartPole-v1\\), not Acrobot-v1"):
+        MarioState.branch(source, tmp_path / "new", {**recipe, "env_id": "Acrobot-v1"}, {})
+    (tmp_path / "used" / "run").mkdir(parents=True)
+    with pytest.raises(BenchError, match="holds a training already"):
+        MarioState.branch(source, tmp_path / "used", recipe, {})
+    state = MarioState.branch(source, tmp_path / "new", {**recipe, "sets": ["learner.lr=0.1"]}, {"seeds": [2]})
+    assert (state.trained_minutes, state.env_steps, state.checkpoints, state.random) == (60.0, 5000.0, [], None)
+    assert not (tmp_path / "new").exists()  # checked only: the copy comes once the marks are checked too
+    state.copy_branch(tmp_path / "new")
+    assert MarioState.load(tmp_path / "new") == state
+    assert (tmp_path / "new" / "run" / "checkpoints" / "learner" / "learner.safetensors").read_bytes() == b"weights"
+    assert not (tmp_path / "new" / "run" / "checkpoints" / ".flywheel-run.lock").exists()
+    assert not (tmp_path / "new" / "run.copying").exists()
+    assert state.branched_from == {"dir": str(source), "trained_minutes": 60.0, "env_steps": 5000.0, "sets": [],
+                                   "parts": 0, "last_checkpoint_updates": None}
 
 
 @pytest.mark.parametrize(("opt", "message"), [

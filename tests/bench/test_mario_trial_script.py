@@ -71,6 +71,19 @@ def test_a_dry_run_prints_the_bench_commands_of_the_runs_not_done(tmp_path: Path
     assert not (tmp_path / "ema").exists()  # a dry run makes nothing
 
 
+def test_branch_from_names_each_seeds_own_kept_training(tmp_path: Path, capsys) -> None:
+    trial = _script()
+    base = ["--root", str(tmp_path), "--arm", "default=", "--arm", "sp=learner.reset_interval_updates=45000",
+            "--seeds", "1,2", "--checkpoint-at", "120", "--flywheel", "flywheel", "--dry-run"]
+    assert trial.main([*base, "--branch-from", "/work/bases/seed{seed}/work"]) == 0
+    commands = [shlex.split(line.split("would run ", 1)[1]) for line in capsys.readouterr().out.splitlines()]
+    froms = [dict(c[i + 1].split("=", 1) for i, w in enumerate(c) if w == "--opt")["branch_from"] for c in commands]
+    assert froms == ["/work/bases/seed1/work", "/work/bases/seed1/work", "/work/bases/seed2/work",
+                     "/work/bases/seed2/work"]
+    with pytest.raises(SystemExit, match="put \\{seed\\} in it"):
+        trial.main([*base, "--branch-from", "/work/bases/one"])
+
+
 def test_max_seeds_stops_at_a_seed_boundary_and_no_kept_best_skips_its_evaluation(tmp_path: Path, capsys) -> None:
     """A seed's arms within one session: --max-seeds 1 finishes the seed begun before (its done runs skipped) and
     stops before the next seed's first run, naming it."""

@@ -83,6 +83,11 @@ def test_a_packed_training_comes_back_where_it_was_byte_for_byte(tmp_path: Path,
     assert not folder.with_name("work.unpacking").exists()
     assert MarioState.load(folder).trained_minutes == 90.0
     assert f"--opt workdir={folder} --opt resume=1" in capsys.readouterr().out
+    # --to: the same files elsewhere, to branch from while the packed folder goes on
+    elsewhere = tmp_path / "base" / "seed21"
+    assert carry.main(["unpack", str(archive), "--to", str(elsewhere)]) == 0
+    assert {str(p.relative_to(elsewhere)): p.read_bytes() for p in elsewhere.rglob("*") if p.is_file()} == files
+    assert f"--opt branch_from={elsewhere} --opt workdir=NEW" in capsys.readouterr().out
 
 
 def test_a_live_run_a_folder_without_one_and_a_damaged_archive_are_refused(tmp_path: Path) -> None:

@@ -21,7 +21,10 @@ def test_the_schedule_resets_at_start_then_every_interval() -> None:
     assert [u for u in range(30) if schedule.due(u)] == [10, 15, 20, 25]
     assert not any(ResetSchedule(interval=0, start=0).due(u) for u in range(30))  # off
     assert [u for u in range(8) if ResetSchedule(interval=3).due(u)] == [0, 3, 6]
-    for bad in ({"interval": -1}, {"start": -1}, {"shrink": 1.5}):
+    ending = ResetSchedule(interval=5, start=10, end=20)  # none after update 20: the last stretch stays free
+    assert [u for u in range(40) if ending.due(u)] == [10, 15, 20]
+    assert [u for u in range(40) if ResetSchedule(interval=5, start=10, end=24).due(u)] == [10, 15, 20]
+    for bad in ({"interval": -1}, {"start": -1}, {"end": -1}, {"shrink": 1.5}):
         with pytest.raises(ValueError, match="reset"):
             ResetSchedule(**bad)  # type: ignore[arg-type]
 
@@ -58,7 +61,8 @@ def test_weight_decay_takes_lr_times_its_share_of_every_weight_each_update() -> 
 
 
 def test_settings_validate_the_reset_and_decay_values() -> None:
-    for bad in ({"reset_shrink": 1.5}, {"reset_interval_updates": -1}, {"weight_decay": -0.1}):
+    for bad in ({"reset_shrink": 1.5}, {"reset_interval_updates": -1}, {"reset_end_updates": -1},
+                {"weight_decay": -0.1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             LearnerSettings(**bad)  # type: ignore[arg-type]
 

@@ -248,6 +248,12 @@ def summarize(settings: dict[str, Any], points: list[dict[str, Any]], checkpoint
             f"Trained in {settings['parts']} parts, each continuing the last with `flywheel run --resume` "
             "(`--opt resume=1`): minutes and agent steps count from the first part's start, without the time "
             "between parts; the rates and per-process CPU are the last part's.")
+    if (branch := settings.get("branched_from")) is not None:
+        result.notes.append(
+            f"Branched from the training kept in {branch['dir']} at {branch['trained_minutes']:g} min "
+            f"({branch['env_steps']:,.0f} agent steps; its sets: {'; '.join(branch['sets']) or 'none'}): a copy of its "
+            "run folder went on with `flywheel run --resume` and this run's sets (`--opt branch_from`); minutes and "
+            "agent steps count from that training's start, and only this branch's checkpoints are reported.")
     if "compose" in deploys:
         result.notes.append(
             f"`docker compose up --scale actor={settings['actors']}` of the shipped docker-compose.yml (its default "

@@ -1,10 +1,12 @@
-"""A `flywheel bench mario` training kept across parts (``--opt resume=1``): the recipe, what earlier parts trained,
-their checkpoints and every evaluation so far, saved in the kept workdir after each checkpoint and evaluation; and
-the marks (minutes, agent steps from the first part's start) its checkpoints are taken at."""
+"""A `flywheel bench mario` training kept across parts (``--opt resume=1``) or branched from another's end
+(``--opt branch_from``): the recipe, what earlier parts trained, their checkpoints and every evaluation so far, saved
+in the kept workdir after each checkpoint and evaluation; and the marks (minutes, agent steps from the first part's
+start) its checkpoints are taken at."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,6 +17,7 @@ from flywheel.checkpoints import write_atomically
 
 STATE_FILE = "bench-mario-state.json"
 FORMAT = "flywheel-bench-mario-state"
+RUN_FOLDER = "run"  # the flywheel run's folder in a kept workdir (its checkpoints in RUN_FOLDER/checkpoints)
 
 
 STEPS_POLL_MIN_S = 1.0  # the services report their counters to the gateway every second (telemetry_interval_s)
@@ -72,23 +75,71 @@ class MarioState:
     points: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     random: list[dict[str, Any]] | None = None
+    branched_from: dict[str, Any] | None = None
 
     @classmethod
-    def load(cls, workdir: Path) -> MarioState:
+    def load(cls, workdir: Path, option: str = "--opt resume=1") -> MarioState:
+        """The state kept in ``workdir``; a BenchError naming ``option`` when there is none or it cannot be read."""
         path = workdir / STATE_FILE
         try:
             raw = json.loads(path.read_text())
         except FileNotFoundError:
-            raise BenchError(f"--opt resume=1: {path} is missing; a training to resume is one run before with "
+            raise BenchError(f"{option}: {path} is missing; a kept training is one run before with "
                              f"--opt workdir={workdir}") from None
         except (OSError, ValueError) as exc:
-            raise BenchError(f"--opt resume=1: {path} cannot be read: {exc}") from None
+            raise BenchError(f"{option}: {path} cannot be read: {exc}") from None
         if not isinstance(raw, dict) or raw.pop("format", None) != FORMAT:
-            raise BenchError(f"--opt resume=1: {path} is not a {FORMAT} file")
+            raise BenchError(f"{option}: {path} is not a {FORMAT} file")
         try:
             return cls(**raw)
         except TypeError as exc:
-            raise BenchError(f"--opt resume=1: {path}: {exc}") from None
+            raise BenchError(f"{option}: {path}: {exc}") from None
+
+    @classmethod
+    def branch(cls, source: Path, workdir: Path, recipe: dict[str, Any], evaluation: dict[str, Any]) -> MarioState:
+        """A new training that starts where the one kept in ``source`` ended (``--opt branch_from``), checked but not
+        made yet (:meth:`copy_branch` makes it): minutes and agent steps count from the source's start; the source's
+        checkpoints stay its own, and its random-policy episodes are reused only for the same evaluation."""
+        from flywheel.launch import runfolder
+
+        source = source.resolve()
+        before = cls.load(source, "--opt branch_from")
+        learner = source / RUN_FOLDER / "checkpoints" / "learner" / "learner.safetensors"
+        if not learner.is_file():
+            raise BenchError(f"--opt branch_from={source}: {learner} is missing: there is no training to branch from")
+        if before.recipe.get("env_id") != recipe["env_id"]:
+            raise BenchError(f"--opt branch_from={source}: a branch goes on in the source's env "
+                             f"({before.recipe.get('env_id')}), not {recipe['env_id']}")
+        if (workdir / STATE_FILE).exists() or (workdir / RUN_FOLDER).exists():
+            raise BenchError(f"--opt branch_from: {workdir} holds a training already; a branch starts in a new --opt "
+                             "workdir (resume=1 goes on with the one there)")
+        try:
+            runfolder.probe(source / RUN_FOLDER / "checkpoints")
+        except runfolder.FolderLocked as exc:
+            raise BenchError(f"--opt branch_from={source}: {exc}; branch once it has stopped") from None
+        last: dict[str, Any] = max(before.checkpoints, key=lambda c: c.get("t", 0.0), default={})
+        return cls(recipe, evaluation, trained_minutes=before.trained_minutes, env_steps=before.env_steps,
+                   random=before.random if before.evaluation == evaluation else None,
+                   branched_from={"dir": str(source), "trained_minutes": before.trained_minutes,
+                                  "env_steps": before.env_steps, "sets": before.recipe.get("sets", []),
+                                  "parts": before.training_parts, "last_checkpoint_updates":
+                                      last.get("checkpoint_updates")})
+
+    def copy_branch(self, workdir: Path) -> None:
+        """Make the branch :meth:`branch` checked: the source's run folder (without its lock) copied into
+        ``workdir``, to go on with ``flywheel run --resume`` and this recipe's sets (they win over the saved ones),
+        and this state saved beside it."""
+        from flywheel.launch import runfolder
+
+        if self.branched_from is None:
+            raise ValueError("copy_branch makes the branch MarioState.branch checked: this state is none")
+        workdir.mkdir(parents=True, exist_ok=True)
+        partial = workdir / f"{RUN_FOLDER}.copying"
+        shutil.rmtree(partial, ignore_errors=True)  # what a copy cut off left
+        shutil.copytree(Path(self.branched_from["dir"]) / RUN_FOLDER, partial, symlinks=True,
+                        ignore=shutil.ignore_patterns(runfolder.LOCK_FILE))
+        partial.replace(workdir / RUN_FOLDER)
+        self.save(workdir)
 
     @property
     def training_parts(self) -> int:

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from flywheel import presets
+from flywheel.bench.parts.mario_checkpoint import take_checkpoint
 from flywheel.bench.runner import BenchContext, BenchError, Row, SuiteResult, _cpu_model
-from flywheel.bench.suites.mario import _take_checkpoint, open_run, train_and_poll
+from flywheel.bench.suites.mario import open_run, train_and_poll
 from flywheel.envs import env_family, evaluation_env_id
 from flywheel.launch.run import default_actors
 from flywheel.testing.run import FlywheelRun, Snapshot
@@ -112,7 +113,7 @@ def run(ctx: BenchContext) -> SuiteResult:
                      f"{minutes:g} min (log {run_.log})")
         with run_:
             _train(ctx, run_, minutes, poll_s, points)
-            checkpoint = _take_checkpoint(run_, token, minutes, workdir)
+            checkpoint = take_checkpoint(run_, token, minutes, workdir)
             loads["end_of_training"] = list(os.getloadavg())
         ctx.progress(f"evaluating the random policy and the checkpoint ({checkpoint['checkpoint_updates']:,} "
                      f"updates) on seeds {seeds[0]}..{seeds[-1]} of {evaluation_env_id(env_id)} "

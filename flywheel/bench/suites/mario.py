@@ -20,21 +20,19 @@ beside its checkpoint's newest weights (the headline and the goals judge the new
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from flywheel import presets
+from flywheel.bench.parts.mario_checkpoint import Training, progress_point, take_checkpoint
 from flywheel.bench.parts.mario_report import checkpoint_label, plot, summarize
-from flywheel.bench.parts.mario_state import MarioState, parse_minutes, parse_steps, steps_wait
+from flywheel.bench.parts.mario_state import RUN_FOLDER, MarioState, parse_minutes, parse_steps, steps_wait
 from flywheel.bench.parts.records import furthest_x
 from flywheel.bench.runner import BenchContext, BenchError, SuiteResult
 from flywheel.launch.run import default_actors
@@ -76,45 +74,14 @@ OPTIONS = {
     "resume": "1: continue the training kept in --opt workdir=DIR (flywheel run --resume) for `minutes` more; "
               "checkpoint_at counts from the first part's start; earlier parts' checkpoints and evaluations, kept "
               "in DIR/bench-mario-state.json, are reported with the new ones (the same recipe and evaluation only)",
+    "branch_from": "DIR: a new training that starts where the one kept in DIR (an earlier --opt workdir) ended: its "
+                   "run folder copied into this --opt workdir (new) and continued with flywheel run --resume and "
+                   "this run's sets (e.g. two arms of a trial from the same hour of training); checkpoint_at and "
+                   "checkpoint_steps count from DIR's first part's start, DIR's checkpoints stay its own",
     "docs_plot": "1: copy the plot to docs/img/mario_distance.png, the figure docs/benchmarks/mario.md shows "
                  "(default 0: the plot stays in --out)",
 }
 REPO_IMG = Path(__file__).resolve().parents[3] / "docs" / "img"
-
-
-Training = FlywheelRun | ComposeStack
-
-
-def _point(run: Training, snap: Snapshot) -> dict[str, Any]:
-    learner = (snap.gauges.get("learner") or [{}])[0]
-    return {
-        **snap.progress_point(run.started),
-        "distance": snap.per_actor("episode_progress_mean"),
-        "distance_max_by_actor": snap.per_actor("episode_progress_max"),
-        "distance_max": max((g.get("episode_progress_max") or 0.0 for g in snap.actors()), default=0.0),
-        "flag_rate": snap.per_actor("episode_success_rate"),
-        "loss": learner.get("loss"), "machine_cpu_s": _machine_cpu_seconds(),
-    }
-
-
-def _machine_cpu_seconds() -> float:
-    """Busy CPU seconds of the whole machine since boot (user, nice, system, irq): the one CPU figure that covers
-    containers and processes alike."""
-    import psutil
-
-    t = psutil.cpu_times()
-    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
-
-
-def _request_checkpoint(run: Training, token: str) -> None:
-    req = urllib.request.Request(f"{run.url}/control/checkpoint?target=learner", data=b"{}", method="POST",
-                                 headers={"Authorization": f"Bearer {token}", "X-Flywheel-Operator": "bench-mario"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            if resp.status != 202:
-                raise BenchError(f"POST /control/checkpoint answered {resp.status}")
-    except urllib.error.HTTPError as exc:
-        raise BenchError(f"POST /control/checkpoint answered {exc.code}: {exc.read()[:200]!r}") from None
 
 
 def open_run(workdir: Path, env_id: str, actors: int, sets: list[str],
@@ -126,69 +93,10 @@ def open_run(workdir: Path, env_id: str, actors: int, sets: list[str],
     token_file = workdir / "control-token"
     token_file.write_text(token)
     token_file.chmod(0o600)
-    run = FlywheelRun(env_id, workdir / "run", actors=actors, progress_interval=30.0,
+    run = FlywheelRun(env_id, workdir / RUN_FOLDER, actors=actors, progress_interval=30.0,
                       sets=[*sets, f"gateway.control_token_file={token_file}"],
                       args=["--no-video", *(["--resume"] if resume else [])])
     return run, token
-
-
-def _take_checkpoint(run: Training, token: str, minute: float, workdir: Path, steps_mark: int | None = None,
-                     polled: float = 0.0) -> dict[str, Any]:
-    """Ask the learner for a checkpoint now, wait for the newer file, copy it to workdir/ckpt-<M>min/ (a step mark's:
-    workdir/ckpt-<N>steps/, ``polled`` the agent steps of the poll that reached it)."""
-    dest = workdir / (f"ckpt-{minute:g}min" if steps_mark is None else f"ckpt-{steps_mark}steps")
-    asked = time.monotonic()
-    if isinstance(run, ComposeStack):  # the learner's volume, copied out once its checkpoint counter moves
-        count = run.learner_checkpoints()
-        _request_checkpoint(run, token)
-        run.wait_for(lambda: run.learner_checkpoints() > count, 180.0, "the learner's checkpoint")
-        snap = run.snapshot()
-        run.copy_learner_checkpoint(dest)
-    else:
-        source = run.workdir / "checkpoints" / "learner" / "learner.safetensors"
-        before = source.stat().st_mtime_ns if source.exists() else -1
-        _request_checkpoint(run, token)
-        run.wait_for(lambda: source.exists() and source.stat().st_mtime_ns > before, 180.0,
-                     "the learner's checkpoint")
-        snap = run.snapshot()
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, dest / source.name)
-        for extra in (source.parent / "weights-versions.json", run.workdir / "checkpoints" / "run.json"):
-            if extra.exists():
-                shutil.copy2(extra, dest / extra.name)
-    from flywheel.policy import Policy
-
-    policy = Policy.load(dest, env_id=run.env_id, which="latest")
-    point = _point(run, snap) if snap is not None else {}
-    found = {"minute": minute, "dir": str(dest), "t": time.monotonic() - run.started, "asked_t": asked - run.started,
-             "env_steps": point.get("env_steps"), "updates": point.get("updates"),
-             "replay_size": point.get("replay_size"), "checkpoint_updates": policy.updates,
-             "weight_version": policy.weight_version}
-    if steps_mark is not None:
-        found.update(steps_mark=steps_mark, polled_env_steps=polled)
-    if not isinstance(run, ComposeStack) and (kept := _copy_kept_best(source.parent, dest, run.env_id)) is not None:
-        found["best"] = kept
-    return found
-
-
-def _copy_kept_best(learner_dir: Path, dest: Path, env_id: str) -> dict[str, Any] | None:
-    """The learner's kept best of this moment, copied to dest/kept-best/ (None before its first evaluation): the
-    policy file, its best.json, and the version the file itself names."""
-    from flywheel.policy import BEST_FILE, Policy
-    from flywheel.services.learner.best import BEST_JSON
-
-    if not (learner_dir / BEST_FILE).is_file():
-        return None
-    folder = dest / "kept-best"
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(learner_dir / BEST_FILE, folder / BEST_FILE)
-    scored: dict[str, Any] = {}
-    if (learner_dir / BEST_JSON).is_file():
-        shutil.copy2(learner_dir / BEST_JSON, folder / BEST_JSON)
-        scored = json.loads((folder / BEST_JSON).read_text())
-    kept = Policy.load(folder / BEST_FILE, env_id=env_id)
-    return {"file": str(folder / BEST_FILE), "weight_version": kept.weight_version, "updates": kept.updates,
-            "scored": {k: scored.get(k) for k in ("weight_version", "mean_return", "episodes", "epsilon", "noop_max")}}
 
 
 def train_and_poll(ctx: BenchContext, run: Training, minutes: float, poll_s: float, points: list[dict[str, Any]],
@@ -233,7 +141,7 @@ def _train(ctx: BenchContext, run: Training, token: str, workdir: Path, minutes:
            poll_s: float, points: list[dict[str, Any]], checkpoints: list[dict[str, Any]],
            offset: float = 0.0, steps: Sequence[int] = (), steps_offset: float = 0.0) -> None:
     def take(minute: float, mark: int | None = None, polled: float = 0.0) -> None:  # minute, mark: from the start
-        checkpoints.append(_take_checkpoint(run, token, minute, workdir, mark, polled))
+        checkpoints.append(take_checkpoint(run, token, minute, workdir, mark, polled))
         c = checkpoints[-1]
         at = f"{minute:g} min" if mark is None else \
             f"the {mark:,} agent steps mark ({minute:g} min; the poll read {polled + steps_offset:,.0f})"
@@ -247,7 +155,7 @@ def _train(ctx: BenchContext, run: Training, token: str, workdir: Path, minutes:
         return "distance (rolling) " + (", ".join(f"{k} {v:.0f}" for k, v in p["distance"].items()
                                                   if v is not None) or "-")
 
-    train_and_poll(ctx, run, minutes, poll_s, points, lambda snap: _point(run, snap), distance,
+    train_and_poll(ctx, run, minutes, poll_s, points, lambda snap: progress_point(run, snap), distance,
                    [m - offset for m in marks], lambda minute: take(offset + minute),
                    [m - steps_offset for m in steps], at_steps)
 
@@ -321,6 +229,11 @@ def run(ctx: BenchContext) -> SuiteResult:
     if resume and (not ctx.option("workdir", "") or deploys != ["run"]):
         raise BenchError("--opt resume=1 continues a flywheel run kept with --opt workdir=DIR (deploy=run): "
                          "name the same workdir")
+    branch_from = ctx.option("branch_from", "")
+    if branch_from and (resume or not ctx.option("workdir", "") or deploys != ["run"]):
+        raise BenchError("--opt branch_from=DIR starts a new training, kept in a new --opt workdir, from DIR's end "
+                         "with flywheel run (deploy=run; not with resume=1: a branch once made goes on with resume=1 "
+                         "and its own workdir)")
     episodes = ctx.option_int("eval_episodes", 4 if ctx.quick else 100)
     epsilon = ctx.option_float("eval_epsilon", 0.05)
     also = ctx.option_float("also_epsilon", -1.0)
@@ -346,12 +259,17 @@ def run(ctx: BenchContext) -> SuiteResult:
         if resume:
             state = MarioState.load(workdir)
             state.check_same(recipe, evaluation)
+        elif branch_from:
+            state = MarioState.branch(Path(branch_from), workdir, recipe, evaluation)
         offset = state.trained_minutes
         step = 1.0 if ctx.quick else 15.0  # a checkpoint every `step` minutes of the part, and at its end
         default_marks = sorted({offset + step * k for k in range(1, int(minutes // step) + 1)} | {offset + minutes})
         marks = parse_minutes(ctx.option("checkpoint_at", ",".join(f"{m:g}" for m in default_marks)), minutes,
                               offset)
         to_take = {deploy: state.steps_to_take(step_marks, deploy) for deploy in deploys}
+        since = f" in {branch_from}, branched from there" if branch_from else ""
+        if branch_from:  # the marks are good: now the copy
+            state.copy_branch(workdir)
         steps_offset = state.env_steps
         loads: dict[str, Any] = {"start": list(os.getloadavg())}
         for deploy in deploys:
@@ -359,13 +277,14 @@ def run(ctx: BenchContext) -> SuiteResult:
             points: list[dict[str, Any]] = []
             found: list[dict[str, Any]] = []
             with ExitStack() as stack:
-                training, token = _open(deploy, stack, where, env_id, actors, sets, resume, train_seed)
+                training, token = _open(deploy, stack, where, env_id, actors, sets, resume or bool(branch_from),
+                                        train_seed)
                 what = (f"flywheel run --env {env_id} --actors {actors} {' '.join('--set ' + s for s in sets)}"
-                        + (" --resume" if resume else "") if deploy == "run" else
+                        + (" --resume" if resume or branch_from else "") if deploy == "run" else
                         f"docker compose up --scale actor={actors} (env {env_id}"
                         f"{'' if train_seed is None else f', learner and replay seed {train_seed}'})")
                 also_at = f" and {', '.join(f'{m:,}' for m in to_take[deploy])} agent steps" if to_take[deploy] else ""
-                ctx.progress(f"{what} for {minutes:g} min{f' (after {offset:g} min before)' if offset else ''}, "
+                ctx.progress(f"{what} for {minutes:g} min{f' (after {offset:g} min before{since})' if offset else ''}, "
                              f"checkpoints at {', '.join(f'{m:g}' for m in marks)} min{also_at} (log {training.log})")
                 loads[f"{deploy}_start"] = list(os.getloadavg())
                 stack.enter_context(training)
@@ -402,7 +321,7 @@ def run(ctx: BenchContext) -> SuiteResult:
         settings = {**recipe, **evaluation, "minutes": state.trained_minutes, "checkpoint_at": marks,
                     "checkpoint_steps": step_marks,
                     "eval_episodes": episodes, "eval_workers": workers, "eval_best": bool(eval_best),
-                    "parts": state.training_parts,
+                    "parts": state.training_parts, "branched_from": state.branched_from,
                     "workdir": str(workdir) if ctx.option("workdir", "") else None}
         result = summarize(settings, state.points, state.checkpoints, state.random, loads)
         try:  # after an hour of training the numbers matter more than the picture: no plot is a note
