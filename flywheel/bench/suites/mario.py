@@ -295,6 +295,10 @@ def run(ctx: BenchContext) -> SuiteResult:
                            [{**c, "deploy": deploy} for c in found], loads, advance=deploy == deploys[-1])
             state.save(workdir)
         loads["end_of_training"] = list(os.getloadavg())
+        if not eval_best:  # marked before any evaluation: one stopped midway leaves them marked (run_carry reads it)
+            for c in [c for c in state.checkpoints if c.get("best") and not {"episodes", "unplayed"} & set(c["best"])]:
+                c["best"]["unplayed"] = "eval_best=0"
+            state.save(workdir)
         pending = [c for c in state.checkpoints if "episodes" not in c]
         ctx.progress(f"evaluating {len(pending)} checkpoints{' and the random policy' if state.random is None else ''}"
                      f" on seeds {seeds[0]}..{seeds[-1]} (epsilon {epsilon:g}, 0..{noop_max} no-ops, {workers} "
@@ -311,11 +315,8 @@ def run(ctx: BenchContext) -> SuiteResult:
                                                *args[2:])
             state.save(workdir)
         for c in [c for c in state.checkpoints if c.get("best") and not {"episodes", "unplayed"} & set(c["best"])]:
-            if eval_best:
-                c["best"]["episodes"] = _evaluate(ctx, env_id, f"{c['deploy']} kept best at {checkpoint_label(c)}",
-                                                  c["best"]["file"], *args)
-            else:
-                c["best"]["unplayed"] = "eval_best=0"
+            c["best"]["episodes"] = _evaluate(ctx, env_id, f"{c['deploy']} kept best at {checkpoint_label(c)}",
+                                              c["best"]["file"], *args)
             state.save(workdir)
         loads["end"] = list(os.getloadavg())
         settings = {**recipe, **evaluation, "minutes": state.trained_minutes, "checkpoint_at": marks,
