@@ -43,13 +43,16 @@ DEFAULT = "the default"
 
 
 def arms_of(specs: list[str]) -> dict[str, str]:
-    """``NAME=SETTINGS`` (settings as bench mario's ``set=`` option takes them: ``a.b=1;c.d=2``; empty: the default)."""
+    """``NAME=SETTINGS`` (settings as bench mario's ``set=`` option takes them: ``a.b=1;c.d=2``; empty: the default;
+    an item ``env=ID`` is the arm's env id, bench mario's ``env=``)."""
     arms: dict[str, str] = {}
     for spec in specs:
         name, sep, sets = spec.partition("=")
         if not sep or not name or not name.replace("-", "").replace("_", "").isalnum() or name in arms:
             raise SystemExit(f"mario_trial: --arm takes NAME=SETTINGS with a new name of letters, digits, - and _; "
                              f"got {spec!r}")
+        if len([item for item in sets.split(";") if item.startswith("env=")]) > 1:
+            raise SystemExit(f"mario_trial: arm {name!r} names more than one env= id: {sets!r}")
         arms[name] = sets
     if len(arms) < 2:
         raise SystemExit("mario_trial: a trial needs at least two arms (the first is the one the rest are compared to)")
@@ -73,8 +76,10 @@ def bench_command(args: argparse.Namespace, sets: str, seed: int, folder: Path) 
         opts["also_epsilon"] = args.also_epsilon
     if args.no_kept_best:
         opts["eval_best"] = "0"
-    if sets:
-        opts["set"] = sets
+    items = [item for item in sets.split(";") if item]
+    opts.update(("env", item.removeprefix("env=")) for item in items if item.startswith("env="))
+    if settings := ";".join(item for item in items if not item.startswith("env=")):
+        opts["set"] = settings
     if args.branch_from:
         opts["branch_from"] = args.branch_from.replace("{seed}", str(seed))
     command = [*shlex.split(args.flywheel), "bench", "mario"]
@@ -185,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, required=True, help="the trial's folder (kept across sessions)")
     parser.add_argument("--arm", action="append", required=True, metavar="NAME=SETTINGS",
-                        help="an arm: its name and bench mario's set= value (empty: the default job); the first arm "
-                             "is the one the others are compared to")
+                        help="an arm: its name and bench mario's set= value (empty: the default job; an item env=ID: "
+                             "the arm's env id); the first arm is the one the others are compared to")
     parser.add_argument("--seeds", required=True, help="training seeds, e.g. 1,2,3")
     parser.add_argument("--eval", choices=sorted(EVAL_SEED_BASES), default="validation")
     parser.add_argument("--minutes", type=float, default=60.0)

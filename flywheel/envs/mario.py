@@ -70,6 +70,10 @@ class MarioConfig(EnvOptions):
     # Training only (evaluation_env_id drops it): truncate an episode after this many agent steps without a new
     # furthest x of its stage, so a Mario held against a pipe does not fill the replay until the level clock.
     stall_steps: int | None = None
+    # The game jumps only on a fresh press of A, and the frames cannot show whether A is held: a policy that keeps
+    # choosing a jump action after landing stands still (against a wall, until the level clock ends it). True: A
+    # held on the ground since an earlier frame is let go for one frame, so a jump action on the ground jumps.
+    rejump: bool = False
 
     def __post_init__(self) -> None:
         """Reject invalid option values with a clear message."""
@@ -206,6 +210,7 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         self._steps = 0
         self._life: int | None = None
         self._flag = False
+        self._a_frames = 0  # rejump: how many frames played last in a row held A (counted to 2)
         self._x_last = self._x_best = 0  # progress_reward=frontier: the last frame's x and the episode's furthest
         self._stall: tuple[Any, int, int] = (None, 0, 0)  # stall_steps: the stage, its furthest x, steps since it grew
         self._stage: tuple[Any, Any] | None = None
@@ -236,6 +241,10 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         """Begin an episode from the emulator's current state (a restored start state): (obs, info)."""
         self._steps = 0
         self._needs_reset = False
+        frames = self._start_states.frames[-2:] if self._start_states is not None else b""
+        self._a_frames = 0  # a restored state's last frames, as played
+        for byte in frames:
+            self._a_frames = self._a_frames + 1 if byte & BUTTONS["A"] else 0
         obs = self._stack.reset(self._observe(self._grey()))
         info = self._info()
         self._life, self._flag = info.get("life"), bool(info.get("flag_get", False))
@@ -308,18 +317,21 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         last: np.ndarray | None = None
         prev: np.ndarray | None = None
         info: dict[str, Any] = {}
-        for frame in range(skip):
-            _, reward, done, info = nes_step(byte)
+        played = bytearray()  # the joypad byte of each frame played
+        for _ in range(skip):
+            pressed = self._rejumped(byte)
+            _, reward, done, info = nes_step(pressed)
+            played.append(pressed)
             total += reward
             if frontier:
                 shaped += self._frontier_change(info)
-            if frame >= skip - 2 or done:
+            if len(played) >= skip - 1 or done:
                 prev, last = last, self._grey()
             if done:
                 break
         assert last is not None
         if self._start_states is not None:  # the frames played, so that a kept state can be replayed from a file
-            self._start_states.frames.extend(bytes([byte]) * (frame + 1))
+            self._start_states.frames.extend(played)
         pooled = last if prev is None else np.maximum(prev, last)
         obs = self._stack.push(self._observe(pooled))
         self._steps += 1
@@ -342,6 +354,16 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         info["raw_reward"] = total
         reward = self.config.shape_reward(total + shaped, new_flag, death)
         return obs, reward, bool(done), bool(truncated), info
+
+    def _rejumped(self, byte: int) -> int:
+        """The joypad byte to play this frame for ``byte``: with ``rejump``, without A when the last two frames held A
+        and Mario stands on the ground (RAM 0x1D, the player's float state, 0), so the next frame's A is fresh.
+        Two: the game takes a jump off a frame after the press, and the frame between must still hold A."""
+        a_button = BUTTONS["A"]
+        if self.config.rejump and byte & a_button and self._a_frames >= 2 and self._active.ram[0x1D] == 0:
+            byte &= ~a_button
+        self._a_frames = min(self._a_frames + 1, 2) if byte & a_button else 0
+        return byte
 
     def _frontier_change(self, info: dict[str, Any]) -> float:
         """One frame's change to the library's reward under progress_reward=frontier: its x step (clipped to 0

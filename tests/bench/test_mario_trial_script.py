@@ -71,6 +71,21 @@ def test_a_dry_run_prints_the_bench_commands_of_the_runs_not_done(tmp_path: Path
     assert not (tmp_path / "ema").exists()  # a dry run makes nothing
 
 
+def test_an_arm_may_name_its_env_id_beside_its_settings(tmp_path: Path, capsys) -> None:
+    """An arm's item env=ID goes to bench mario's env= option (commas and all), its other items to set=; two env ids
+    in one arm are refused."""
+    trial = _script()
+    env = "SuperMarioBros-1-1-v0?size=42,crop_top=32,rejump=true"
+    assert trial.main(["--root", str(tmp_path), "--arm", "default=", "--arm", f"rejump=env={env}", "--arm",
+                       f"both=learner.lr=0.0005;env={env}", "--seeds", "1", "--flywheel", "flywheel",
+                       "--dry-run"]) == 0
+    commands = [shlex.split(line.split("would run ", 1)[1]) for line in capsys.readouterr().out.splitlines()]
+    opts = [dict(c[i + 1].split("=", 1) for i, w in enumerate(c) if w == "--opt") for c in commands]
+    assert [(o.get("env"), o.get("set")) for o in opts] == [(None, None), (env, None), (env, "learner.lr=0.0005")]
+    with pytest.raises(SystemExit, match="more than one env= id"):
+        trial.arms_of(["default=", f"two=env={env};env=CartPole-v1"])
+
+
 def test_branch_from_names_each_seeds_own_kept_training(tmp_path: Path, capsys) -> None:
     trial = _script()
     base = ["--root", str(tmp_path), "--arm", "default=", "--arm", "sp=learner.reset_interval_updates=45000",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from flywheel.envs.mario import INFO_KEYS, MarioEnv
 
 pytestmark = pytest.mark.filterwarnings("error")
 
-RIGHT_B, RIGHT_A_B = 3, 4  # indices in the "simple" action set
+RIGHT_A, RIGHT_B, RIGHT_A_B = 2, 3, 4  # indices in the "simple" action set
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +207,48 @@ def test_stall_steps_truncates_a_training_episode_without_new_ground() -> None:
     for bad in ("2.5", "true", '"250"'):
         with pytest.raises(TypeError, match="option stall_steps must be int"):
             make_env(f"SuperMarioBros-1-1-v0?stall_steps={bad}")
+
+
+def jumps_holding_right_a(env_id: str, steps: int = 30) -> tuple[list[int], list[int]]:
+    """Hold "right A" from the level start: (the frames each jump took off at, the apex screen y of each jump), read
+    from RAM after every frame (0x1D: the player's float state, 0 on the ground; 0x3B8: his y on the screen)."""
+    env = make_env(env_id, seed=0)
+    assert isinstance(env, MarioEnv)
+    state: dict[str, Any] = {"frame": 0, "ground": True, "takeoffs": [], "apexes": []}
+
+    def watch(_screen: np.ndarray) -> None:
+        ram = env._nes.ram
+        ground, y = int(ram[0x1D]) == 0, int(ram[0x3B8])
+        if state["ground"] and not ground:
+            state["takeoffs"].append(state["frame"])
+            state["apexes"].append(y)
+        elif not ground:
+            state["apexes"][-1] = min(state["apexes"][-1], y)  # screen y grows downwards
+        state["ground"] = ground
+        state["frame"] += 1
+
+    env.reset(seed=0)
+    env.frame_hook = watch
+    for _ in range(steps):
+        assert not any(env.step(RIGHT_A)[2:4])
+    env.close()
+    return state["takeoffs"], state["apexes"]
+
+
+def test_rejump_lets_a_held_jump_button_jump_again_after_each_landing() -> None:
+    """The game jumps only on a fresh press of A: held "right A" jumps once, then walks. With rejump=true A is let go
+    for one frame on the ground, so the held action jumps again after each landing, each jump as high as the first;
+    evaluation plays the option as it is (it is how the buttons work, not a training-only rule). Screen y grows
+    downwards: an apex is the jump's least y."""
+    takeoffs, apexes = jumps_holding_right_a("SuperMarioBros-1-1-v0")
+    assert len(takeoffs) == 1, takeoffs
+    again, again_apexes = jumps_holding_right_a("SuperMarioBros-1-1-v0?rejump=true")
+    assert len(again) >= 3 and again[0] == takeoffs[0], again
+    assert again_apexes[0] == apexes[0], (apexes, again_apexes)  # the first jump is not cut short
+    assert all(abs(apex - apexes[0]) <= 8 for apex in again_apexes[1:3]), (apexes, again_apexes)  # full jumps
+    assert evaluation_env_id("SuperMarioBros-1-1-v0?size=42,rejump=true") == "SuperMarioBros-1-1-v0?size=42,rejump=true"
+    with pytest.raises(TypeError, match="option rejump must be bool"):
+        make_env("SuperMarioBros-1-1-v0?rejump=1")
 
 
 @pytest.mark.parametrize(

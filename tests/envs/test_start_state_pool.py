@@ -168,8 +168,8 @@ def run_and_jump(t: int) -> int:
     return 4 if t % 12 < 10 else 3
 
 
-def mario() -> StartStateCurriculum:
-    env = make_env(MARIO, max_episode_steps=150)
+def mario(**options: Any) -> StartStateCurriculum:
+    env = make_env(MARIO, max_episode_steps=150, **options)
     return StartStateCurriculum(env, StartStateConfig(share=1.0, margin=50.0, window=1, pool=4), MARIO)
 
 
@@ -196,8 +196,10 @@ def restored(env: StartStateCurriculum, seed: int | None = None) -> tuple[np.nda
     return obs, info["x_pos"], np.array(nes.ram), np.array(nes.screen)
 
 
-def test_a_mario_state_from_a_file_is_the_very_state(tmp_path: Path) -> None:
-    env = mario()
+@pytest.mark.parametrize("options", [{}, {"rejump": True}], ids=["plain", "rejump"])
+def test_a_mario_state_from_a_file_is_the_very_state(tmp_path: Path, options: dict[str, Any]) -> None:
+    """The frames as played (rejump's let-go frames among them) replay to the very state, and play on alike."""
+    env = mario(**options)
     try:
         env.reset(seed=3)
         assert play(env)[1] is None  # no frontier yet: nothing kept
@@ -207,7 +209,7 @@ def test_a_mario_state_from_a_file_is_the_very_state(tmp_path: Path) -> None:
         offset = kept_at + 1  # script steps from the level start to the kept state
         for round_ in range(2):  # then a state kept in an episode that began at a kept state (its frames chained)
             save_pool(tmp_path / "pool.npz", env)
-            other = mario()  # a fresh env, its state replayed from the file
+            other = mario(**options)  # a fresh env, its state replayed from the file
             try:
                 assert load_pool(tmp_path / "pool.npz", other) == (1, 0)
                 assert other.frontier == env.frontier and other.kept[0].progress == env.kept[0].progress
