@@ -75,7 +75,8 @@ def test_the_loop_shrinks_and_perturbs_on_its_schedule(harness, caplog: pytest.L
     at = [int(m.group(1)) for r in caplog.records
           if (m := re.search(r"shrink-and-perturb at update (\d+): each online weight is now 0.50", r.getMessage()))]
     assert at[:3] == [4, 10, 16]
-    assert h.counter("resets_total") == len(at)
+    # the loop runs on while the test reads: the last report counts the resets up to it, the log those after it too
+    assert 3 <= h.counter("resets_total") <= len(at)
     off = harness()
     off.loop.start()
     off.drive(lambda: off.core.steps >= 10 and off.reports != [])
