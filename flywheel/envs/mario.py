@@ -359,8 +359,10 @@ class MarioEnv(gymnasium.Env[np.ndarray, np.int64]):
         """The joypad byte to play this frame for ``byte``: with ``rejump``, without A when the last two frames held A
         and Mario stands on the ground (RAM 0x1D, the player's float state, 0), so the next frame's A is fresh.
         Two: the game takes a jump off a frame after the press, and the frame between must still hold A."""
+        if not self.config.rejump:
+            return byte
         a_button = BUTTONS["A"]
-        if self.config.rejump and byte & a_button and self._a_frames >= 2 and self._active.ram[0x1D] == 0:
+        if byte & a_button and self._a_frames >= 2 and self._active.ram[0x1D] == 0:
             byte &= ~a_button
         self._a_frames = min(self._a_frames + 1, 2) if byte & a_button else 0
         return byte
