@@ -11,6 +11,7 @@ a two-level bootstrap (flywheel.stats.across_runs). ``--paired`` (two sides, one
 B minus A per training seed and over the pairs, with a two-level paired bootstrap (flywheel.stats.paired_difference:
 pairs, then the evaluation seeds both played). ``FILE#DEPLOY`` takes one deploy of a
 ``--opt deploy=run,compose`` result (its checkpoints and polls; its rates first to last poll of that deploy).
+``--also`` scores the episodes each checkpoint also played at the bench's second epsilon (``--opt also_epsilon``).
 Prints markdown and writes one JSON document with every figure and where it came from.
 
     python scripts/mario_runs.py --minute 60 --side "share 0" a.json b.json c.json \
@@ -35,12 +36,14 @@ class RunsError(Exception):
 
 
 def _checkpoint(result: dict[str, Any], minute: float | None, name: str, deploy: str | None,
-                steps: int | None = None) -> dict[str, Any]:
-    """The run's evaluated checkpoint at ``minute``, or at the agent-step mark ``steps``, or (neither) its last."""
+                steps: int | None = None, played: str = "episodes") -> dict[str, Any]:
+    """The run's evaluated checkpoint at ``minute``, or at the agent-step mark ``steps``, or (neither) its last;
+    evaluated: it has ``played`` (``episodes_also``: the episodes at the bench's second epsilon)."""
     found = [c for c in result.get("extra", {}).get("checkpoints", [])
-             if c.get("episodes") and (deploy is None or c.get("deploy") == deploy)]
+             if c.get(played) and (deploy is None or c.get("deploy") == deploy)]
     if not found:
         what = "no evaluated checkpoint" + (f" of deploy {deploy!r}" if deploy else "")
+        what += " at a second epsilon (--opt also_epsilon)" if played == "episodes_also" else ""
         raise RunsError(f"{name}: {what} (is it a `flywheel bench mario` result?)")
     if steps is not None:
         wanted, match = f"the {steps} agent steps mark", [c for c in found if c.get("steps_mark") == steps]
@@ -65,16 +68,20 @@ def _per_second(points: list[dict[str, Any]], key: str) -> float | None:
     return (polled[-1][key] - polled[0][key]) / (polled[-1]["t"] - polled[0]["t"])
 
 
-def one_run(spec: str, minute: float | None, steps: int | None = None) -> dict[str, Any]:
-    """One training run's row (``FILE`` or ``FILE#DEPLOY``): where it ran, how far it got, its checkpoint's scores."""
+def one_run(spec: str, minute: float | None, steps: int | None = None, also: bool = False) -> dict[str, Any]:
+    """One training run's row (``FILE`` or ``FILE#DEPLOY``): where it ran, how far it got, its checkpoint's scores
+    (``also``: at the bench's second epsilon)."""
     file, _, deploy = spec.partition("#")
     path = Path(file)
     try:
         result = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise RunsError(f"{path}: {exc}") from None
-    c = _checkpoint(result, minute, spec, deploy or None, steps)
-    episodes = c["episodes"]
+    played = "episodes_also" if also else "episodes"
+    c = _checkpoint(result, minute, spec, deploy or None, steps, played)
+    episodes = c[played]
+    evaluation = result.get("extra", {}).get("settings", {})
+    epsilon = evaluation.get("also_epsilon" if also else "eval_epsilon")
     xs = [furthest_x(e) for e in episodes]
     flags = [flag(e) for e in episodes]
     points = result["extra"].get("points", [])
@@ -88,7 +95,7 @@ def one_run(spec: str, minute: float | None, steps: int | None = None) -> dict[s
     return {"file": spec, "command": result.get("command"), "time": result.get("time"),
             "train_seed": result.get("options", {}).get("train_seed"),
             "cpu_model": result.get("machine", {}).get("cpu_model"), "minute": c["minute"],
-            "steps_mark": c.get("steps_mark"),
+            "steps_mark": c.get("steps_mark"), "epsilon": epsilon,
             "env_steps": c.get("env_steps"), "updates": c.get("checkpoint_updates"),
             "load_median": sorted(loads)[len(loads) // 2] if loads else None, "busy_cores": busy,
             "env_steps_per_s": model.get("env_steps_per_s"), "updates_per_s": model.get("updates_per_s"),
@@ -180,12 +187,19 @@ def main(argv: list[str] | None = None) -> int:
                        help="the checkpoint at the agent-step mark N (--opt checkpoint_steps) instead of a minute")
     parser.add_argument("--paired", action="store_true",
                         help="two sides, one run per training seed each: B minus A per seed and over the pairs")
+    parser.add_argument("--also", action="store_true",
+                        help="score the episodes every checkpoint also played at the second epsilon (bench mario's "
+                             "also_epsilon) instead of the headline's")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON document here")
     args = parser.parse_args(argv)
     try:
         if any(len(side) < 2 for side in args.side):
             raise RunsError("--side takes a name and at least one result file")
-        sides = {side[0]: [one_run(f, args.minute, args.steps) for f in side[1:]] for side in args.side}
+        sides = {side[0]: [one_run(f, args.minute, args.steps, args.also) for f in side[1:]] for side in args.side}
+        epsilons = {r["epsilon"] for runs in sides.values() for r in runs if r["epsilon"] is not None}  # older: none
+        if len(epsilons) > 1:
+            raise RunsError(f"the runs were evaluated at different epsilons ({', '.join(map(str, epsilons))}): "
+                            "they cannot be compared")
         totals = aggregate(sides)
         diff = paired(sides) if args.paired else None
     except RunsError as exc:
@@ -197,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {name: [{k: v for k, v in r.items() if k not in ("x", "flags", "seeds")} for r in rs]
                 for name, rs in sides.items()}
         document = {"command": shlex.join(["python", *sys.argv]), "minute": args.minute, "steps": args.steps,
+                    "epsilon": next(iter(epsilons), None),
                     "runs": runs, "aggregate": totals, "paired": diff, "markdown": text}
         args.out.write_text(json.dumps(document, indent=1) + "\n")
     return 0

@@ -6,7 +6,8 @@ so a machine that slows through the day weighs on every arm alike. Each run keep
 and starts again a run that was cut off. Each run is appended to ``ROOT/trial.jsonl`` with its start, end, the load
 average at both, the CPU model and the checkout's commit. ``--report`` (also at the end) compares every arm with the
 first, paired by training seed, at every checkpoint (minutes and agent-step marks) with scripts/mario_runs.py
-``--paired``, into ``ROOT/report.md`` and ``ROOT/report-<checkpoint>-<arm>.json``. Run it from a clone of its own:
+``--paired``, into ``ROOT/report.md`` and ``ROOT/report-<checkpoint>-<arm>.json`` (with ``--also-epsilon E``, also
+at that epsilon: ``ROOT/report-<checkpoint>-<arm>-epsE.json``). Run it from a clone of its own:
 the bench imports parts of flywheel as it goes, so editing the checkout it runs from can change a run midway.
 
 With ``--branch-from DIR`` (``{seed}`` in it standing for the training seed) every run is a branch of a kept
@@ -171,16 +172,20 @@ def report(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> 
                 + (f" (still to run: {', '.join(map(str, pending))})" if pending else "")
                 + f"; evaluation on the {args.eval} seeds ({EVAL_SEED_BASES[args.eval]}+, {args.episodes} episodes). "
                 f"Runs: {args.root / 'trial.jsonl'}."]
+    epsilons = [("", [], "")] + [(f"-eps{args.also_epsilon}", ["--also"], f", epsilon {args.also_epsilon}")] * bool(
+        args.also_epsilon)  # the headline's epsilon, then the second one every checkpoint also played
     for label, selector in checkpoints_of(args):
-        for arm in others:
-            out = args.root / f"report-{label}-{arm}.json"
-            argv = [*selector, "--paired", "--side", first, *map(str, files[first]), "--side", arm,
-                    *map(str, files[arm]), "--out", str(out)]
-            with contextlib.redirect_stdout(io.StringIO()):
-                code = mario_runs.main(argv)
-            if code != 0:
-                return code
-            sections += ["", f"## {arm} against {first} at {label}", "", json.loads(out.read_text())["markdown"]]
+        for suffix, also, title in epsilons:
+            for arm in others:
+                out = args.root / f"report-{label}-{arm}{suffix}.json"
+                argv = [*selector, *also, "--paired", "--side", first, *map(str, files[first]), "--side", arm,
+                        *map(str, files[arm]), "--out", str(out)]
+                with contextlib.redirect_stdout(io.StringIO()):
+                    code = mario_runs.main(argv)
+                if code != 0:
+                    return code
+                sections += ["", f"## {arm} against {first} at {label}{title}", "",
+                             json.loads(out.read_text())["markdown"]]
     (args.root / "report.md").write_text("\n".join(sections) + "\n")
     print("\n".join(sections))
     return 0

@@ -226,19 +226,21 @@ class BestKeeper:
         """Play the candidate file on the next round's seeds (a confirmation of the round ``first`` when given)."""
         seeds = list(range(self.seed + self.episodes * self.rounds, self.seed + self.episodes * (self.rounds + 1)))
         self.rounds += 1
+        self._play(self.candidate, seeds)
+        self.pending = Round(version, now, seeds, first or [])
+
+    def _play(self, policy: Path, seeds: list[int]) -> None:
+        """Hand the child one round: the policy file played on the seeds under these evaluations' conditions."""
         if self.child is None:  # a child that gave no result was stopped
             self.child = EvaluatorChild()
-        self.child.submit((self.env_id, str(self.candidate), seeds, self.max_steps, self.epsilon, self.noop_max))
-        self.pending = Round(version, now, seeds, first or [])
+        self.child.submit((self.env_id, str(policy), seeds, self.max_steps, self.epsilon, self.noop_max))
 
     def _finish(self, done: Round, now: float) -> None:
         records = self._result(done)
         if done.challenger is not None:  # the kept best's replay of a confirmation's seeds (None: it failed)
             self._decide(done, done.first + done.challenger, now, replay=records)
         elif records is not None and done.first and self.best is not None and "records" in self.best:
-            assert self.child is not None  # it has just answered
-            self.child.submit((self.env_id, str(self.directory / BEST_FILE), done.seeds, self.max_steps,
-                               self.epsilon, self.noop_max))
+            self._play(self.directory / BEST_FILE, done.seeds)
             self.pending = Round(done.version, now, done.seeds, done.first, challenger=records,
                                  took=now - done.started)
         elif records is not None:

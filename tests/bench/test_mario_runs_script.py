@@ -176,3 +176,31 @@ def test_paired_takes_the_second_side_minus_the_first_by_training_seed(tmp_path:
     assert "training seeds differ" in capsys.readouterr().err
     assert runs.main(["--paired", "--side", "default", *map(str, base)]) == 2
     assert "--paired compares two sides" in capsys.readouterr().err
+
+
+def test_also_scores_the_episodes_played_at_the_second_epsilon(tmp_path: Path, capsys) -> None:
+    runs = _script()
+    paths = []
+    for k, also_flags in ((1, 3), (2, 5)):
+        path = _bench_result(tmp_path / f"a{k}.json", 1000.0, 1, range(100, 110), train_seed=k)
+        result = json.loads(path.read_text())
+        result["extra"]["settings"] = {"eval_epsilon": 0.05, "also_epsilon": 0.001}
+        result["extra"]["checkpoints"][-1]["episodes_also"] = [
+            {"seed": s, "x_pos_max": 3000.0, "flag": i < also_flags} for i, s in enumerate(range(100, 110))]
+        path.write_text(json.dumps(result))
+        paths.append(path)
+    headline, second = runs.one_run(str(paths[0]), 60.0), runs.one_run(str(paths[0]), 60.0, also=True)
+    assert (headline["epsilon"], headline["summary"]["flag_rate"]) == (0.05, 0.1)
+    assert (second["epsilon"], second["summary"]["flag_rate"], second["summary"]["mean"]) == (0.001, 0.3, 3000.0)
+    with pytest.raises(runs.RunsError, match="no evaluated checkpoint at a second epsilon"):
+        runs.one_run(str(_bench_result(tmp_path / "plain.json", 1000.0, 1, range(100, 110))), 60.0, also=True)
+    out = tmp_path / "also.json"
+    assert runs.main(["--minute", "60", "--also", "--side", "both", *map(str, paths), "--out", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["epsilon"] == 0.001 and document["aggregate"]["both"]["pooled_flag_rate"] == pytest.approx(0.4)
+    capsys.readouterr()
+    mixed = json.loads(paths[1].read_text())
+    mixed["extra"]["settings"]["eval_epsilon"] = 0.01
+    paths[1].write_text(json.dumps(mixed))
+    assert runs.main(["--minute", "60", "--side", "a", str(paths[0]), "--side", "b", str(paths[1])]) == 2
+    assert "evaluated at different epsilons" in capsys.readouterr().err

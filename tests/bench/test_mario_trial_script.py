@@ -19,14 +19,19 @@ def _script() -> ModuleType:
     return load_script(SCRIPT, "mario_trial")
 
 
-def _result(path: Path, seed: int, x: float, flags: int) -> None:
-    """A finished run's result: checkpoints at 60 min and at the 500,000-step mark on evaluation seeds 300000+."""
-    episodes = [{"seed": 300_000 + i, "x_pos_max": x, "flag": i < flags} for i in range(20)]
+def _result(path: Path, seed: int, x: float, flags: int, also_flags: int | None = None) -> None:
+    """A finished run's result: checkpoints at 60 min and at the 500,000-step mark on evaluation seeds 300000+
+    (``also_flags``: each also played at epsilon 0.001, with that many flags)."""
+    def played(flagged: int) -> list[dict[str, object]]:
+        return [{"seed": 300_000 + i, "x_pos_max": x, "flag": i < flagged} for i in range(20)]
+
+    also = {} if also_flags is None else {"episodes_also": played(also_flags)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"options": {"train_seed": str(seed)}, "machine": {"cpu_model": "AMD EPYC"}, "extra": {
+        "settings": {"eval_epsilon": 0.05, "also_epsilon": None if also_flags is None else 0.001},
         "scale_model": {}, "points": [], "checkpoints": [
-            {"minute": 40.0, "steps_mark": 500_000, "env_steps": 500_100, "episodes": episodes},
-            {"minute": 60.0, "env_steps": 700_000, "episodes": episodes}]}}))
+            {"minute": 40.0, "steps_mark": 500_000, "env_steps": 500_100, "episodes": played(flags), **also},
+            {"minute": 60.0, "env_steps": 700_000, "episodes": played(flags), **also}]}}))
 
 
 def test_arms_alternate_their_order_from_seed_to_seed() -> None:
@@ -152,3 +157,23 @@ def test_the_report_pairs_every_arm_with_the_first_at_every_checkpoint(tmp_path:
     assert "training seeds 1, 2, 3 (still to run: 4)" in text and "| 2 | 20% | 30% | +10% |" in text
     assert trial.main([*args, "--report", "--seeds", "4,5"]) == 1
     assert "no report yet: no training seed has a result of every arm" in capsys.readouterr().out
+
+
+def test_the_report_also_pairs_the_arms_at_the_second_epsilon_every_checkpoint_played(tmp_path: Path) -> None:
+    trial = _script()
+    for seed in (1, 2):
+        _result(tmp_path / "default" / f"seed{seed}" / "out" / "mario.json", seed, 1000.0, 2, also_flags=5)
+        _result(tmp_path / "rejump" / f"seed{seed}" / "out" / "mario.json", seed, 1000.0, 2, also_flags=5 + seed)
+    args = ["--root", str(tmp_path), "--arm", "default=", "--arm", "rejump=env=SuperMarioBros-1-1-v0", "--seeds",
+            "1,2", "--checkpoint-at", "60", "--checkpoint-steps", "500000", "--also-epsilon", "0.001", "--report"]
+    assert trial.main(args) == 0
+    text = (tmp_path / "report.md").read_text()
+    for label in ("60min", "500000steps"):
+        assert f"## rejump against default at {label}\n" in text
+        assert f"## rejump against default at {label}, epsilon 0.001\n" in text
+        headline = json.loads((tmp_path / f"report-{label}-rejump.json").read_text())
+        second = json.loads((tmp_path / f"report-{label}-rejump-eps0.001.json").read_text())
+        assert (headline["epsilon"], second["epsilon"]) == (0.05, 0.001)
+        assert headline["paired"]["pair_flag_rate_differences"] == pytest.approx([0.0, 0.0])
+        assert second["paired"]["pair_flag_rate_differences"] == pytest.approx([0.05, 0.10])
+    assert "| 2 | 25% | 35% | +10% |" in text
