@@ -52,12 +52,20 @@ def arms_of(specs: list[str]) -> dict[str, str]:
         if not sep or not name or not name.replace("-", "").replace("_", "").isalnum() or name in arms:
             raise SystemExit(f"mario_trial: --arm takes NAME=SETTINGS with a new name of letters, digits, - and _; "
                              f"got {spec!r}")
-        if len([item for item in sets.split(";") if item.startswith("env=")]) > 1:
-            raise SystemExit(f"mario_trial: arm {name!r} names more than one env= id: {sets!r}")
+        split_arm(name, sets)
         arms[name] = sets
     if len(arms) < 2:
         raise SystemExit("mario_trial: a trial needs at least two arms (the first is the one the rest are compared to)")
     return arms
+
+
+def split_arm(name: str, sets: str) -> tuple[str | None, str]:
+    """An arm's env id (its one ``env=`` item, if any) and the rest of its settings, as bench mario's ``set=``."""
+    items = [item for item in sets.split(";") if item]
+    envs = [item.removeprefix("env=") for item in items if item.startswith("env=")]
+    if len(envs) > 1:
+        raise SystemExit(f"mario_trial: arm {name!r} names more than one env= id: {sets!r}")
+    return (envs[0] if envs else None), ";".join(item for item in items if not item.startswith("env="))
 
 
 def plan(arms: dict[str, str], seeds: list[int]) -> list[tuple[str, int]]:
@@ -66,7 +74,7 @@ def plan(arms: dict[str, str], seeds: list[int]) -> list[tuple[str, int]]:
     return [(arm, seed) for i, seed in enumerate(seeds) for arm in (names if i % 2 == 0 else names[::-1])]
 
 
-def bench_command(args: argparse.Namespace, sets: str, seed: int, folder: Path) -> list[str]:
+def bench_command(args: argparse.Namespace, arm: str, sets: str, seed: int, folder: Path) -> list[str]:
     """The `flywheel bench mario` command of one run."""
     opts = {"minutes": f"{args.minutes:g}", "checkpoint_at": args.checkpoint_at, "eval_episodes": str(args.episodes),
             "seed_base": str(EVAL_SEED_BASES[args.eval]), "actors": str(args.actors), "train_seed": str(seed),
@@ -77,9 +85,10 @@ def bench_command(args: argparse.Namespace, sets: str, seed: int, folder: Path) 
         opts["also_epsilon"] = args.also_epsilon
     if args.no_kept_best:
         opts["eval_best"] = "0"
-    items = [item for item in sets.split(";") if item]
-    opts.update(("env", item.removeprefix("env=")) for item in items if item.startswith("env="))
-    if settings := ";".join(item for item in items if not item.startswith("env=")):
+    env, settings = split_arm(arm, sets)
+    if env:
+        opts["env"] = env
+    if settings:
         opts["set"] = settings
     if args.branch_from:
         opts["branch_from"] = args.branch_from.replace("{seed}", str(seed))
@@ -115,7 +124,7 @@ def run_all(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) ->
                   f"same command goes on from {arm} seed {seed}")
             break
         worked_on.add(seed)
-        command = bench_command(args, arms[arm], seed, folder)
+        command = bench_command(args, arm, arms[arm], seed, folder)
         if args.dry_run:
             print(f"mario_trial: [{k}/{len(todo)}] {arm} seed {seed}: would run {shlex.join(command)}")
             continue

@@ -16,7 +16,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -25,13 +24,13 @@ import zmq
 from flywheel import proto
 from flywheel.connections import ConnectionCount
 from flywheel.services.replay.client import ReplayClient
-from flywheel.settings import setting_default, shared_values
+from flywheel.settings import setting_default
 from flywheel.transport import ControlSubscriber, FaultCounter, TelemetryReporter, bind, make_socket, queued_frames
 
 from .batches import ReadyBatch, SlotLease, spread_demos
 from .core import BadBatch, LearnerCore, finite_priorities
 from .fanout import FanoutShaper
-from .sampling import batch_limits, batches_per_request
+from .sampling import FeedConfig, batch_limits, batches_per_request
 from .settings import LearnerSettings
 from .staging import DeviceBatch, HostCopy
 
@@ -242,25 +241,6 @@ class Feeder:
             self.client.update_priorities(np.concatenate(indices), np.concatenate(values))
         if wait and self._priorities:
             self._flush_priorities(wait=True)
-
-
-@dataclass(frozen=True)
-class FeedConfig:
-    """What the learner's data path takes of its settings (LearnerSettings' fields of the same names)."""
-
-    sample_endpoint: str = setting_default(LearnerSettings, "sample_endpoint")
-    sample_transport: Literal["auto", "shm", "tcp"] = setting_default(LearnerSettings, "sample_transport")
-    sample_packed: bool = setting_default(LearnerSettings, "sample_packed")
-    batch_size: int = setting_default(LearnerSettings, "batch_size")
-    batches_per_request: int = setting_default(LearnerSettings, "batches_per_request")
-    requests_in_flight: int = setting_default(LearnerSettings, "requests_in_flight")
-    request_timeout_s: float = setting_default(LearnerSettings, "request_timeout_s")
-    beta_start: float = setting_default(LearnerSettings, "beta_start")
-
-    @classmethod
-    def of(cls, settings: LearnerSettings) -> FeedConfig:
-        """The values of ``settings`` this config holds."""
-        return cls(**shared_values(settings, cls))
 
 
 def open_feeder(config: FeedConfig, core: LearnerCore, ctx: zmq.Context, faults: FaultCounter) -> Feeder:

@@ -18,9 +18,10 @@ import zmq
 from flywheel import proto
 from flywheel.services.learner.core import CoreConfig, LearnerCore
 from flywheel.services.learner.loop import LearnerLoop, LoopConfig
+from flywheel.services.learner.sampling import FeedConfig
 from flywheel.services.learner.settings import LearnerSettings
 from flywheel.services.learner.staging import BatchStager
-from flywheel.services.learner.transport import FeedConfig, open_feeder, open_sockets
+from flywheel.services.learner.transport import open_feeder, open_sockets
 from flywheel.services.replay.core import ReplayConfig, ReplayCore
 from flywheel.services.replay.shm import SHM_DIR, ShmSlots
 from flywheel.services.replay.transport import ReplayServer

@@ -39,7 +39,8 @@ def learner_path_main(endpoint: str, transport: str, batch: int, seconds: float,
     import zmq
 
     from flywheel.services.learner.core import CoreConfig, LearnerCore
-    from flywheel.services.learner.transport import FeedConfig, open_feeder
+    from flywheel.services.learner.sampling import FeedConfig
+    from flywheel.services.learner.transport import open_feeder
     from flywheel.transport import FaultCounter
 
     if cpus and hasattr(os, "sched_setaffinity"):
