@@ -52,6 +52,7 @@ def test_every_shipped_preset_names_real_settings_and_builds(name: str) -> None:
 def test_presets_are_chosen_from_the_env_id() -> None:
     assert presets.name_for_env("CartPole-v1") == "vector"
     assert presets.name_for_env("SuperMarioBros-1-1-v0?size=42,crop_top=32") == "mario"
+    assert presets.name_for_env(presets.DEFAULT_ENV) == "mario"  # the default job: rejump=true is the controller
     assert presets.name_for_env("SuperMarioBros-v0") == presets.name_for_env("SuperMarioBrosRandomStages-v1") \
         == "pixel"  # whole-game and random-stage ids keep no start states: mario's curriculum would refuse them
     assert presets.name_for_env("ALE/Breakout-v5", "uint8") == "atari"
