@@ -1,5 +1,9 @@
 """A paired Mario trial: arms (settings over the default job) x training seeds, each a `flywheel bench mario` run.
 
+With one arm it is a series of runs of one recipe, e.g. the headline of the default job on the test seeds
+(``--arm default= --eval test``): the same runs, records and resumption, and a report that aggregates the runs at
+every checkpoint (scripts/mario_runs.py with one side) instead of pairing them.
+
 Every arm runs every training seed, one run at a time; the arms' order alternates from seed to seed (A B, B A, ...)
 so a machine that slows through the day weighs on every arm alike. Each run keeps its folder under ``--root``
 (``ARM/seedS/out/mario.json`` when done): running the same command again, in a later session, skips what is done
@@ -54,8 +58,9 @@ def arms_of(specs: list[str]) -> dict[str, str]:
                              f"got {spec!r}")
         split_arm(name, sets)
         arms[name] = sets
-    if len(arms) < 2:
-        raise SystemExit("mario_trial: a trial needs at least two arms (the first is the one the rest are compared to)")
+    if not arms:
+        raise SystemExit("mario_trial: name at least one --arm (with two or more, the first is the one the rest are "
+                         "compared to)")
     return arms
 
 
@@ -160,7 +165,8 @@ def checkpoints_of(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
 
 def report(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> int:
     """Every arm against the first, paired by seed, at every checkpoint, over the seeds every arm has a result of
-    (a trial that spans sessions is reported as it goes, the seeds still to run named); 1 when no seed has."""
+    (a trial that spans sessions is reported as it goes, the seeds still to run named); one arm: its runs aggregated
+    at every checkpoint; 1 when no seed has a result of every arm."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import mario_runs
 
@@ -175,7 +181,7 @@ def report(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> 
         return 1
     files = {arm: [result(arm, s) for s in done] for arm in arms}
     first, *others = arms
-    sections = [f"# Paired Mario trial in {args.root}", "",
+    sections = [f"# {'Paired Mario trial' if others else 'Mario runs'} in {args.root}", "",
                 f"Arms (over the default job): {', '.join(f'{a} ({arms[a] or DEFAULT})' for a in arms)}; "
                 f"training seeds {', '.join(map(str, done))}"
                 + (f" (still to run: {', '.join(map(str, pending))})" if pending else "")
@@ -185,16 +191,17 @@ def report(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> 
         args.also_epsilon)  # the headline's epsilon, then the second one every checkpoint also played
     for label, selector in checkpoints_of(args):
         for suffix, also, title in epsilons:
-            for arm in others:
+            for arm in others or [first]:
                 out = args.root / f"report-{label}-{arm}{suffix}.json"
-                argv = [*selector, *also, "--paired", "--side", first, *map(str, files[first]), "--side", arm,
-                        *map(str, files[arm]), "--out", str(out)]
+                sides = ["--side", arm, *map(str, files[arm])]
+                if others:
+                    sides = ["--paired", "--side", first, *map(str, files[first]), *sides]
                 with contextlib.redirect_stdout(io.StringIO()):
-                    code = mario_runs.main(argv)
+                    code = mario_runs.main([*selector, *also, *sides, "--out", str(out)])
                 if code != 0:
                     return code
-                sections += ["", f"## {arm} against {first} at {label}{title}", "",
-                             json.loads(out.read_text())["markdown"]]
+                heading = f"{arm} against {first}" if others else f"{arm}, {len(done)} runs,"
+                sections += ["", f"## {heading} at {label}{title}", "", json.loads(out.read_text())["markdown"]]
     (args.root / "report.md").write_text("\n".join(sections) + "\n")
     print("\n".join(sections))
     return 0
@@ -205,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, required=True, help="the trial's folder (kept across sessions)")
     parser.add_argument("--arm", action="append", required=True, metavar="NAME=SETTINGS",
                         help="an arm: its name and bench mario's set= value (empty: the default job; an item env=ID: "
-                             "the arm's env id); the first arm is the one the others are compared to")
+                             "the arm's env id); the first arm is the one the others are compared to (one arm: its "
+                             "runs are aggregated, not paired)")
     parser.add_argument("--seeds", required=True, help="training seeds, e.g. 1,2,3")
     parser.add_argument("--eval", choices=sorted(EVAL_SEED_BASES), default="validation")
     parser.add_argument("--minutes", type=float, default=60.0)

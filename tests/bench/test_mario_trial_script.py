@@ -1,5 +1,6 @@
 """scripts/mario_trial.py: the paired plan (arms alternate from seed to seed), the bench commands, skipping what is
-done, recording a failed run, and the paired report over result files in `flywheel bench mario`'s layout."""
+done, recording a failed run, and the report (paired, or one arm's runs aggregated) over result files in `flywheel
+bench mario`'s layout."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_arms_alternate_their_order_from_seed_to_seed() -> None:
     assert arms == {"default": "", "ema": "learner.acting_ema=0.001;actor.cut_at_exploration=true"}
     assert trial.plan(arms, [1, 2, 3]) == [("default", 1), ("ema", 1), ("ema", 2), ("default", 2), ("default", 3),
                                            ("ema", 3)]
-    for bad in (["default="], ["default=", "default=x=1"], ["no-equals-sign", "b="], ["a b=", "c="]):
+    for bad in ([], ["default=", "default=x=1"], ["no-equals-sign", "b="], ["a b=", "c="]):
         with pytest.raises(SystemExit, match="mario_trial"):
             trial.arms_of(bad)
 
@@ -177,3 +178,27 @@ def test_the_report_also_pairs_the_arms_at_the_second_epsilon_every_checkpoint_p
         assert headline["paired"]["pair_flag_rate_differences"] == pytest.approx([0.0, 0.0])
         assert second["paired"]["pair_flag_rate_differences"] == pytest.approx([0.05, 0.10])
     assert "| 2 | 25% | 35% | +10% |" in text
+
+
+def test_one_arm_is_a_series_of_runs_on_the_test_seeds_aggregated_at_every_checkpoint(tmp_path: Path, capsys) -> None:
+    trial = _script()
+    args = ["--root", str(tmp_path), "--arm", "default=", "--seeds", "11,12,13", "--eval", "test",
+            "--checkpoint-at", "60", "--checkpoint-steps", "500000", "--also-epsilon", "0.001"]
+    assert trial.main([*args, "--dry-run"]) == 0
+    planned = [line for line in capsys.readouterr().out.splitlines() if "would run" in line]
+    assert [line.split(":")[1].strip() for line in planned] == ["[1/3] default seed 11", "[2/3] default seed 12",
+                                                               "[3/3] default seed 13"]
+    assert all("--opt seed_base=500000" in line and "--opt set=" not in line for line in planned)
+    for seed, flags in {11: 4, 12: 10}.items():
+        _result(tmp_path / "default" / f"seed{seed}" / "out" / "mario.json", seed, 1000.0 + seed, flags, also_flags=16)
+    assert trial.main([*args, "--report"]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert text.startswith(f"# Mario runs in {tmp_path}") and "(still to run: 13)" in text and "against" not in text
+    for label in ("60min", "500000steps"):
+        assert f"## default, 2 runs, at {label}\n" in text
+        assert f"## default, 2 runs, at {label}, epsilon 0.001\n" in text
+        headline = json.loads((tmp_path / f"report-{label}-default.json").read_text())
+        second = json.loads((tmp_path / f"report-{label}-default-eps0.001.json").read_text())
+        assert headline["paired"] is None and [r["train_seed"] for r in headline["runs"]["default"]] == ["11", "12"]
+        assert headline["aggregate"]["default"]["median_flag_rate"] == pytest.approx(0.35)  # 20% and 50%
+        assert second["aggregate"]["default"]["median_flag_rate"] == pytest.approx(0.8)
