@@ -6,9 +6,11 @@ every checkpoint (scripts/mario_runs.py with one side) instead of pairing them.
 
 Every arm runs every training seed, one run at a time; the arms' order alternates from seed to seed (A B, B A, ...)
 so a machine that slows through the day weighs on every arm alike. Each run keeps its folder under ``--root``
-(``ARM/seedS/out/mario.json`` when done): running the same command again, in a later session, skips what is done
-and starts again a run that was cut off. Each run is appended to ``ROOT/trial.jsonl`` with its start, end, the load
-average at both, the CPU model and the checkout's commit. ``--report`` (also at the end) compares every arm with the
+(``ARM/seedS/out/mario.json`` when done): running the same command again, in a later session, skips what is done,
+starts again a run that was cut off in its training and finishes one cut off in its evaluation (bench mario's
+``resume=1`` with ``minutes=0``; the folder carried to a new machine with scripts/run_carry.py). Each run is
+appended to ``ROOT/trial.jsonl`` with its start, end, the load average at both, the CPU model and the checkout's
+commit. ``--report`` (also at the end) compares every arm with the
 first, paired by training seed, at every checkpoint (minutes and agent-step marks) with scripts/mario_runs.py
 ``--paired``, into ``ROOT/report.md`` and ``ROOT/report-<checkpoint>-<arm>.json`` (with ``--also-epsilon E``, also
 at that epsilon: ``ROOT/report-<checkpoint>-<arm>-epsE.json``). Run it from a clone of its own:
@@ -40,7 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flywheel.bench.runner import _cpu_model
+from flywheel.bench.parts.mario_state import MarioState
+from flywheel.bench.runner import BenchError, _cpu_model
 
 EVAL_SEED_BASES = {"validation": 300_000, "test": 500_000}
 RESULT = "mario.json"
@@ -79,12 +82,27 @@ def plan(arms: dict[str, str], seeds: list[int]) -> list[tuple[str, int]]:
     return [(arm, seed) for i, seed in enumerate(seeds) for arm in (names if i % 2 == 0 else names[::-1])]
 
 
-def bench_command(args: argparse.Namespace, arm: str, sets: str, seed: int, folder: Path) -> list[str]:
-    """The `flywheel bench mario` command of one run."""
-    opts = {"minutes": f"{args.minutes:g}", "checkpoint_at": args.checkpoint_at, "eval_episodes": str(args.episodes),
+def trained(folder: Path) -> bool:
+    """Whether the run in ``folder`` finished its training (its bench state holds a part): a run cut off after that,
+    in its evaluation, is finished, not started again."""
+    try:
+        return bool(MarioState.load(folder / "work").parts)
+    except BenchError:
+        return False
+
+
+def bench_command(args: argparse.Namespace, arm: str, sets: str, seed: int, folder: Path,
+                  finish: bool = False) -> list[str]:
+    """The `flywheel bench mario` command of one run (``finish``: the one that plays what its cut-off evaluation
+    left, training nothing: bench mario's resume=1 with minutes=0)."""
+    opts = {"minutes": "0" if finish else f"{args.minutes:g}", "eval_episodes": str(args.episodes),
             "seed_base": str(EVAL_SEED_BASES[args.eval]), "actors": str(args.actors), "train_seed": str(seed),
             "workdir": str(folder / "work")}
-    if args.checkpoint_steps:
+    if finish:
+        opts["resume"] = "1"
+    else:
+        opts["checkpoint_at"] = args.checkpoint_at
+    if args.checkpoint_steps and not finish:
         opts["checkpoint_steps"] = args.checkpoint_steps
     if args.also_epsilon:
         opts["also_epsilon"] = args.also_epsilon
@@ -95,7 +113,7 @@ def bench_command(args: argparse.Namespace, arm: str, sets: str, seed: int, fold
         opts["env"] = env
     if settings:
         opts["set"] = settings
-    if args.branch_from:
+    if args.branch_from and not finish:
         opts["branch_from"] = args.branch_from.replace("{seed}", str(seed))
     command = [*shlex.split(args.flywheel), "bench", "mario"]
     for key, value in opts.items():
@@ -129,14 +147,17 @@ def run_all(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) ->
                   f"same command goes on from {arm} seed {seed}")
             break
         worked_on.add(seed)
-        command = bench_command(args, arm, arms[arm], seed, folder)
+        finish = trained(folder)
+        command = bench_command(args, arm, arms[arm], seed, folder, finish)
         if args.dry_run:
             print(f"mario_trial: [{k}/{len(todo)}] {arm} seed {seed}: would run {shlex.join(command)}")
             continue
-        if folder.exists():
+        if finish:
+            print(f"mario_trial: {arm} seed {seed} trained and was cut off in its evaluation: finishing it")
+        elif folder.exists():
             print(f"mario_trial: {arm} seed {seed} was cut off before its result: starting it again")
             shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)
         record: dict[str, Any] = {"arm": arm, "seed": seed, "command": shlex.join(command), "cpu_model": _cpu_model(),
                                   "code": _code_version(),
                                   "start": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_at_start": _load()}
@@ -145,7 +166,7 @@ def run_all(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) ->
                   "its place in the comparison are recorded in trial.jsonl")
         print(f"mario_trial: [{k}/{len(todo)}] {arm} seed {seed}: {shlex.join(command)} (log {folder / 'bench.log'})",
               flush=True)
-        with (folder / "bench.log").open("w") as log:
+        with (folder / "bench.log").open("a" if finish else "w") as log:
             code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
         record.update(end=time.strftime("%Y-%m-%dT%H:%M:%S%z"), load_at_end=_load(), exit_code=code)
         with (args.root / "trial.jsonl").open("a") as fh:

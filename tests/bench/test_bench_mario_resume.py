@@ -101,6 +101,30 @@ def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
     assert any(n.startswith("Trained in 2 parts") for n in result["notes"])
     assert ("best" in two) == any(c.startswith("run: kept best at 0.8 min (weight version") for c in cases)
 
+    # an evaluation cut off (the machine lost midway) is finished with minutes=0: nothing trains, the checkpoint not
+    # played yet plays the same seeds with the same weights, what was played is kept as it was
+    assert _bench(tmp_path / "x", workdir, "minutes=0", "resume=1", "train_seed=3", "checkpoint_at=0.8") == 2
+    assert "trains nothing, so it takes no checkpoint_at or checkpoint_steps" in capsys.readouterr().err
+    cut = MarioState.load(workdir)
+    [unplayed] = [c for c in cut.checkpoints if c.get("minute") == 0.8 and "steps_mark" not in c]
+    del unplayed["episodes"]
+    cut.save(workdir)
+    assert _bench(tmp_path / "finished", workdir, "minutes=0", "resume=1", "train_seed=3", "eval_workers=1") == 0
+    assert "nothing trains (minutes=0)" in capsys.readouterr().err
+    finished = MarioState.load(workdir)
+    assert (finished.parts, finished.points, finished.trained_minutes) == (state.parts, state.points,
+                                                                          state.trained_minutes)
+    def timeless(checkpoints: list[dict]) -> list[dict]:  # an episode's seconds are the one thing that may differ
+        return [{**c, "episodes": [{k: v for k, v in e.items() if k != "seconds"} for e in c["episodes"]]}
+                for c in checkpoints]
+
+    assert timeless(finished.checkpoints) == timeless(state.checkpoints) and finished.random == state.random
+    others = [[c for c in cs if c["dir"] != unplayed["dir"]] for cs in (finished.checkpoints, state.checkpoints)]
+    assert others[0] == others[1] and len(others[0]) == 3  # the ones played before: kept, not played again
+    assert "".join(f.read_text() for f in sorted((workdir / "run" / "checkpoints" / "logs").glob("learner*"))) == logs
+    report = json.loads((tmp_path / "finished" / "mario.json").read_text())
+    assert [r["case"] for r in report["rows"]] == cases and report["extra"]["settings"]["checkpoint_at"] == [0.4, 0.8]
+
     # a branch: a new training from this one's end, with a set of its own, in a workdir of its own; the source stays
     source_state = (workdir / STATE_FILE).read_bytes()
     branch = tmp_path / "branch"
@@ -204,6 +228,7 @@ def test_a_branch_needs_a_kept_training_and_a_new_workdir(tmp_path: Path,
     ("also_epsilon=1.5", "--opt also_epsilon=1.5: an exploration rate is in [0, 1]"),
     ("eval_epsilon=-0.1", "--opt eval_epsilon=-0.1: an exploration rate is in [0, 1]"),
     ("eval_best=2", "eval_best 0 or 1"),
+    ("minutes=0", "--opt minutes=0: a training needs minutes > 0 (minutes=0 only with resume=1"),
     ("checkpoint_steps=5000,1e6", "--opt checkpoint_steps='5000,1e6': expected whole numbers of agent steps"),
     ("checkpoint_steps=2500.5", "--opt checkpoint_steps='2500.5': expected whole numbers of agent steps"),
     ("checkpoint_steps=0,5000", "--opt checkpoint_steps='0,5000': each must be > 0 and larger than the one before"),

@@ -202,3 +202,27 @@ def test_one_arm_is_a_series_of_runs_on_the_test_seeds_aggregated_at_every_check
         assert headline["paired"] is None and [r["train_seed"] for r in headline["runs"]["default"]] == ["11", "12"]
         assert headline["aggregate"]["default"]["median_flag_rate"] == pytest.approx(0.35)  # 20% and 50%
         assert second["aggregate"]["default"]["median_flag_rate"] == pytest.approx(0.8)
+
+
+@pytest.mark.system
+def test_a_run_cut_off_in_its_evaluation_is_finished_not_trained_again(tmp_path: Path, capsys) -> None:
+    from flywheel.bench.parts.mario_state import MarioState
+
+    trial = _script()
+    work = tmp_path / "default" / "seed7" / "work"
+    state = MarioState({"env_id": "SuperMarioBros-1-1-v0"}, {"seeds": [500_000]})
+    state.add_part(60.0, [{"t": 3600.0, "env_steps": 600_000.0}], [], {})
+    (work / "ckpt-60min").mkdir(parents=True)
+    state.save(work)
+    args = ["--root", str(tmp_path), "--arm", "default=", "--seeds", "7,8", "--eval", "test", "--checkpoint-at",
+            "15,60", "--checkpoint-steps", "250000", "--no-kept-best", "--branch-from", "/work/bases/seed{seed}/work"]
+    assert trial.main([*args, "--dry-run"]) == 0
+    finish, fresh = [line.split("would run ")[1] for line in capsys.readouterr().out.splitlines()]
+    assert "--opt minutes=0" in finish and "--opt resume=1" in finish and f"--opt workdir={work}" in finish
+    assert "checkpoint_at" not in finish and "checkpoint_steps" not in finish and "branch_from" not in finish
+    assert "--opt minutes=60" in fresh and "--opt checkpoint_at=15,60" in fresh and "resume" not in fresh
+    assert trial.main([*args, "--seeds", "7", "--flywheel", "false"]) == 1  # a real command that fails at once
+    assert "default seed 7 trained and was cut off in its evaluation: finishing it" in capsys.readouterr().out
+    assert (work / "ckpt-60min").is_dir() and MarioState.load(work).parts  # kept for the next try
+    [record] = [json.loads(line) for line in (tmp_path / "trial.jsonl").read_text().splitlines()]
+    assert record["exit_code"] == 1 and "--opt minutes=0 " in record["command"] and "resume=1" in record["command"]

@@ -73,7 +73,9 @@ OPTIONS = {
     "workdir": "folder for the run and its ckpt-<M>min/ copies, kept afterwards (default: a temporary folder)",
     "resume": "1: continue the training kept in --opt workdir=DIR (flywheel run --resume) for `minutes` more; "
               "checkpoint_at counts from the first part's start; earlier parts' checkpoints and evaluations, kept "
-              "in DIR/bench-mario-state.json, are reported with the new ones (the same recipe and evaluation only)",
+              "in DIR/bench-mario-state.json, are reported with the new ones (the same recipe and evaluation only); "
+              "with minutes=0 nothing trains: the kept checkpoints not played yet (an evaluation cut off) are "
+              "played and the whole run reported",
     "branch_from": "DIR: a new training that starts where the one kept in DIR (an earlier --opt workdir) ended: its "
                    "run folder copied into this --opt workdir (new) and continued with flywheel run --resume and "
                    "this run's sets (e.g. two arms of a trial from the same hour of training); checkpoint_at and "
@@ -250,6 +252,13 @@ def run(ctx: BenchContext) -> SuiteResult:
     for name, value in (("eval_epsilon", epsilon), ("also_epsilon", None if also == -1.0 else also)):
         if value is not None and not 0.0 <= value <= 1.0:
             raise BenchError(f"--opt {name}={value:g}: an exploration rate is in [0, 1]")
+    evaluate_only = resume and minutes == 0
+    if minutes < 0 or (minutes == 0 and not resume):
+        raise BenchError(f"--opt minutes={minutes:g}: a training needs minutes > 0 (minutes=0 only with resume=1: "
+                         "finish the evaluation of a kept training)")
+    if evaluate_only and (ctx.option("checkpoint_at", "") or step_marks):
+        raise BenchError("--opt resume=1 with minutes=0 trains nothing, so it takes no checkpoint_at or "
+                         "checkpoint_steps: it plays the checkpoints the kept training holds")
     seeds = list(range(seed_base, seed_base + episodes))
     recipe = {"env_id": env_id, "preset": preset, "actors": actors, "deploys": deploys, "sets": sets}
     evaluation = {"seeds": seeds, "eval_epsilon": epsilon, "also_epsilon": also if also >= 0 else None,
@@ -264,15 +273,20 @@ def run(ctx: BenchContext) -> SuiteResult:
         offset = state.trained_minutes
         step = 1.0 if ctx.quick else 15.0  # a checkpoint every `step` minutes of the part, and at its end
         default_marks = sorted({offset + step * k for k in range(1, int(minutes // step) + 1)} | {offset + minutes})
-        marks = parse_minutes(ctx.option("checkpoint_at", ",".join(f"{m:g}" for m in default_marks)), minutes,
-                              offset)
+        if evaluate_only:  # the minutes the kept training took its checkpoints at
+            marks = sorted({c["minute"] for c in state.checkpoints if c.get("steps_mark") is None})
+            ctx.progress(f"nothing trains (minutes=0): the training kept in {workdir} ran {offset:g} min; its "
+                         "checkpoints not played yet are played now")
+        else:
+            marks = parse_minutes(ctx.option("checkpoint_at", ",".join(f"{m:g}" for m in default_marks)), minutes,
+                                  offset)
         to_take = {deploy: state.steps_to_take(step_marks, deploy) for deploy in deploys}
         since = f" in {branch_from}, branched from there" if branch_from else ""
         if branch_from:  # the marks are good: now the copy
             state.copy_branch(workdir)
         steps_offset = state.env_steps
         loads: dict[str, Any] = {"start": list(os.getloadavg())}
-        for deploy in deploys:
+        for deploy in [] if evaluate_only else deploys:
             where = workdir / deploy if len(deploys) > 1 else workdir
             points: list[dict[str, Any]] = []
             found: list[dict[str, Any]] = []
