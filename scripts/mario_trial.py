@@ -200,7 +200,6 @@ def report(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> 
         print(f"mario_trial: no report yet: no training seed has a result of every arm "
               f"({result(next(iter(arms)), seeds[0])} ...)")
         return 1
-    files = {arm: [result(arm, s) for s in done] for arm in arms}
     first, *others = arms
     sections = [f"# {'Paired Mario trial' if others else 'Mario runs'} in {args.root}", "",
                 f"Arms (over the default job): {', '.join(f'{a} ({arms[a] or DEFAULT})' for a in arms)}; "
@@ -210,19 +209,36 @@ def report(args: argparse.Namespace, arms: dict[str, str], seeds: list[int]) -> 
                 f"Runs: {args.root / 'trial.jsonl'}."]
     epsilons = [("", [], "")] + [(f"-eps{args.also_epsilon}", ["--also"], f", epsilon {args.also_epsilon}")] * bool(
         args.also_epsilon)  # the headline's epsilon, then the second one every checkpoint also played
+    def reached(arm: str, seed: int, selector: list[str]) -> bool:
+        """Whether the run took (and played) this checkpoint: a slow machine may end before an agent-step mark."""
+        minute, steps = (float(selector[1]), None) if selector[0] == "--minute" else (None, int(selector[1]))
+        try:
+            mario_runs.one_run(str(result(arm, seed)), minute, steps)
+        except mario_runs.RunsError:
+            return False
+        return True
+
     for label, selector in checkpoints_of(args):
+        have = [s for s in done if all(reached(arm, s, selector) for arm in arms)]
+        lacking = [str(s) for s in done if s not in have]
+        missing = (f" (training seed{'s' * (len(lacking) > 1)} {', '.join(lacking)}: no checkpoint here, the "
+                   "training ended before it)") if lacking else ""
+        if not have:
+            sections += ["", f"## {label}", "", f"No run has this checkpoint{missing}."]
+            continue
         for suffix, also, title in epsilons:
             for arm in others or [first]:
                 out = args.root / f"report-{label}-{arm}{suffix}.json"
-                sides = ["--side", arm, *map(str, files[arm])]
+                sides = ["--side", arm, *(str(result(arm, s)) for s in have)]
                 if others:
-                    sides = ["--paired", "--side", first, *map(str, files[first]), *sides]
+                    sides = ["--paired", "--side", first, *(str(result(first, s)) for s in have), *sides]
                 with contextlib.redirect_stdout(io.StringIO()):
                     code = mario_runs.main([*selector, *also, *sides, "--out", str(out)])
                 if code != 0:
                     return code
-                heading = f"{arm} against {first}" if others else f"{arm}, {len(done)} runs,"
-                sections += ["", f"## {heading} at {label}{title}", "", json.loads(out.read_text())["markdown"]]
+                heading = f"{arm} against {first}" if others else f"{arm}, {len(have)} run{'s' * (len(have) != 1)},"
+                sections += ["", f"## {heading} at {label}{title}{missing}", "",
+                             json.loads(out.read_text())["markdown"]]
     (args.root / "report.md").write_text("\n".join(sections) + "\n")
     print("\n".join(sections))
     return 0

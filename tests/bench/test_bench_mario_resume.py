@@ -124,6 +124,7 @@ def test_a_training_resumed_in_a_second_part_is_reported_as_one(tmp_path: Path,
     assert "".join(f.read_text() for f in sorted((workdir / "run" / "checkpoints" / "logs").glob("learner*"))) == logs
     report = json.loads((tmp_path / "finished" / "mario.json").read_text())
     assert [r["case"] for r in report["rows"]] == cases and report["extra"]["settings"]["checkpoint_at"] == [0.4, 0.8]
+    assert report["extra"]["settings"]["checkpoint_steps"] == [3000, later]
 
     # a branch: a new training from this one's end, with a set of its own, in a workdir of its own; the source stays
     source_state = (workdir / STATE_FILE).read_bytes()

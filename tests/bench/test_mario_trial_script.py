@@ -202,6 +202,19 @@ def test_one_arm_is_a_series_of_runs_on_the_test_seeds_aggregated_at_every_check
         assert headline["paired"] is None and [r["train_seed"] for r in headline["runs"]["default"]] == ["11", "12"]
         assert headline["aggregate"]["default"]["median_flag_rate"] == pytest.approx(0.35)  # 20% and 50%
         assert second["aggregate"]["default"]["median_flag_rate"] == pytest.approx(0.8)
+    # a run on a slow machine that ended before the 500,000-step mark: reported where it has checkpoints
+    slow = tmp_path / "default" / "seed13" / "out" / "mario.json"
+    _result(slow, 13, 1013.0, 6, also_flags=16)
+    result = json.loads(slow.read_text())
+    result["extra"]["checkpoints"] = [c for c in result["extra"]["checkpoints"] if "steps_mark" not in c]
+    slow.write_text(json.dumps(result))
+    assert trial.main([*args, "--report"]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "## default, 3 runs, at 60min\n" in text
+    assert ("## default, 2 runs, at 500000steps (training seed 13: no checkpoint here, the training ended before "
+            "it)\n") in text
+    at_mark = json.loads((tmp_path / "report-500000steps-default.json").read_text())
+    assert [r["train_seed"] for r in at_mark["runs"]["default"]] == ["11", "12"]
 
 
 @pytest.mark.system

@@ -273,8 +273,9 @@ def run(ctx: BenchContext) -> SuiteResult:
         offset = state.trained_minutes
         step = 1.0 if ctx.quick else 15.0  # a checkpoint every `step` minutes of the part, and at its end
         default_marks = sorted({offset + step * k for k in range(1, int(minutes // step) + 1)} | {offset + minutes})
-        if evaluate_only:  # the minutes the kept training took its checkpoints at
+        if evaluate_only:  # the minutes and agent-step marks the kept training took its checkpoints at
             marks = sorted({c["minute"] for c in state.checkpoints if c.get("steps_mark") is None})
+            step_marks = sorted({c["steps_mark"] for c in state.checkpoints if c.get("steps_mark") is not None})
             ctx.progress(f"nothing trains (minutes=0): the training kept in {workdir} ran {offset:g} min; its "
                          "checkpoints not played yet are played now")
         else:
