@@ -102,8 +102,8 @@ def bench_command(args: argparse.Namespace, arm: str, sets: str, seed: int, fold
         opts["resume"] = "1"
     else:
         opts["checkpoint_at"] = args.checkpoint_at
-    if args.checkpoint_steps and not finish:
-        opts["checkpoint_steps"] = args.checkpoint_steps
+        if args.checkpoint_steps:
+            opts["checkpoint_steps"] = args.checkpoint_steps
     if args.also_epsilon:
         opts["also_epsilon"] = args.also_epsilon
     if args.no_kept_best:
