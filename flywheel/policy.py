@@ -23,6 +23,7 @@ class PolicyError(CheckpointError):
 
 WHICH = ("auto", "best", "latest")
 BEST_FILE = "best.safetensors"  # written by the learner's evaluations (services/learner/best.py)
+KEPT_BEST_DIR = "kept-best"  # where a `flywheel bench mario` checkpoint copy keeps the learner's best of its moment
 PREFERRED_FILE = "preferred.json"  # which of the two evaluated better at the end of the run (flywheel/tools/film.py)
 
 
@@ -60,7 +61,8 @@ def find_checkpoint(directory: str | Path, which: str = "auto") -> Path:
     In DIR, or DIR/learner for a ``flywheel run --checkpoint-dir``: ``latest`` is learner.safetensors (the newest
     weights), ``best`` is best.safetensors (the weights that did best in the learner's evaluations),
     ``auto`` is whichever the end-of-run comparison ranked higher (``preferred``) while its files are unchanged,
-    else best when there is one, else latest.
+    else best when there is one, else latest. ``best`` also finds a bench checkpoint copy's KEPT_BEST_DIR/ (``auto``
+    does not: such a folder's default is the newest weights, which the bench evaluates).
     """
     if which not in WHICH:
         raise PolicyError(f"which must be one of {', '.join(WHICH)}, got {which!r}")
@@ -77,8 +79,11 @@ def find_checkpoint(directory: str | Path, which: str = "auto") -> Path:
             if candidate.is_file():
                 return candidate
     if which == "best":
-        raise PolicyError(f"no best policy in {str(path)!r} (expected {BEST_FILE} or learner/{BEST_FILE}: the "
-                          "learner writes it after its first greedy evaluation); --which latest takes the newest")
+        if (kept := path / KEPT_BEST_DIR / BEST_FILE).is_file():  # a `flywheel bench mario` checkpoint copy
+            return kept
+        raise PolicyError(f"no best policy in {str(path)!r} (expected {BEST_FILE}, learner/{BEST_FILE} or "
+                          f"{KEPT_BEST_DIR}/{BEST_FILE}: the learner writes it after its first greedy evaluation); "
+                          "--which latest takes the newest")
     raise PolicyError(f"no learner checkpoint in {str(path)!r} (expected {CHECKPOINT_FILE} or "
                       f"learner/{CHECKPOINT_FILE})")
 

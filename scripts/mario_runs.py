@@ -159,20 +159,28 @@ def markdown(sides: dict[str, list[dict[str, Any]]], totals: dict[str, Any]) -> 
             s = r["summary"]
             busy = "-" if r["busy_cores"] is None else f"{r['busy_cores']:.2f}"
             rates = " | ".join("-" if r[k] is None else f"{r[k]:.1f}" for k in ("env_steps_per_s", "updates_per_s"))
-            lines.append(f"| {name} | {Path(r['file']).name} | {r['cpu_model']} | {r['env_steps'] or 0:,.0f} | "
+            run = f"seed {r['train_seed']}" if r["train_seed"] is not None else Path(r["file"]).name
+            lines.append(f"| {name} | {run} | {r['cpu_model']} | {r['env_steps'] or 0:,.0f} | "
                          f"{r['updates'] or 0:,} | {rates} | {r['load_median'] or 0:.2f} | {busy} | {s['mean']:,.0f} "
                          f"({s['ci_low']:,.0f}-{s['ci_high']:,.0f}) | {s['median']:,.0f} | {s['flag_rate']:.0%} "
                          f"({s['flag_ci_low']:.0%}-{s['flag_ci_high']:.0%}) |")
-    lines += ["", "| side | runs | median of run means (95% CI) | IQM of run means (95% CI) | median flag rate "
-              "(95% CI) | pooled mean x (95% CI) | pooled flag rate (95% CI) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| side | runs | median of run means (order-statistics interval; its coverage) | IQM of run means "
+              "(bootstrap over runs, nominal 95%) | median flag rate (order-statistics interval; its coverage) | "
+              "pooled mean x (two-level bootstrap, nominal 95%) | pooled flag rate (two-level bootstrap, nominal "
+              "95%) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, t in totals.items():
         def ci(key: str, pct: bool = False, t: dict[str, Any] = t) -> str:
-            value, interval = t[key], t.get(f"{key}_ci")
+            value, interval, order = t[key], t.get(f"{key}_ci"), t.get(f"{key}_order")
             shown = (lambda v: f"{v:.0%}") if pct else (lambda v: f"{v:,.0f}")
+            if key.startswith("median_") and order is not None:
+                return f"{shown(value)} ({shown(order['low'])}-{shown(order['high'])}; {order['coverage']:.1%})"
             return f"{shown(value)} ({'-'.join(map(shown, interval)) if interval else 'one run: no interval'})"
 
         lines.append(f"| {name} | {t['runs']} | {ci('median_mean')} | {ci('iqm_mean')} | "
                      f"{ci('median_flag_rate', True)} | {ci('pooled_mean')} | {ci('pooled_flag_rate', True)} |")
+    lines += ["", "Medians: the k-th lowest to the k-th highest run and the exact chance that such an interval "
+              "holds the median of all runs of the recipe (flywheel.stats.median_order_interval; the range below 6 "
+              "runs). The bootstraps cover less than their nominal 95% with few runs."]
     return "\n".join(lines)
 
 

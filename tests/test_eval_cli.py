@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,24 @@ def test_bad_input_is_one_line_and_exit_2(cartpole: Path, tmp_path: Path, capsys
         assert "--epsilon takes" in _error(capsys, cartpole, "--epsilon", *bad)
     assert "--episodes must be at least 1" in _error(capsys, cartpole, "--episodes", "0")
     assert "--workers must be at least 1" in _error(capsys, cartpole, "--workers", "0")
+
+
+def test_which_best_finds_a_bench_checkpoints_kept_best(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """`flywheel bench mario` copies a checkpoint as DIR/learner.safetensors with the learner's best of that moment
+    in DIR/kept-best/: --which best plays that file, the default (latest) the newest weights beside it."""
+    newest = learner_checkpoint(tmp_path / "newest", "CartPole-v1", (4,), 2, weight_version=12)
+    kept = learner_checkpoint(tmp_path / "kept", "CartPole-v1", (4,), 2, weight_version=7, seed=1)
+    bench = tmp_path / "ckpt-60min"
+    (bench / "kept-best").mkdir(parents=True)
+    shutil.copy2(newest / "learner" / "learner.safetensors", bench / "learner.safetensors")
+    shutil.copy2(kept / "learner" / "learner.safetensors", bench / "kept-best" / "best.safetensors")
+    for which, version in (("best", 7), ("latest", 12)):
+        out = tmp_path / f"{which}.json"
+        assert main(["eval", str(bench), "--which", which, "--episodes", "1", "--workers", "1", "--json",
+                     str(out)]) == 0
+        data = json.loads(out.read_text())
+        assert data["which"] == which and data["weight_version"] == version
+    capsys.readouterr()
+    shutil.rmtree(bench / "kept-best")
+    assert "no best policy" in _error(capsys, bench, "--which", "best")

@@ -70,9 +70,10 @@ def _protocol(args: argparse.Namespace) -> Protocol:
 class Progress:
     """Episodes done / total on stderr: one line rewritten on a terminal, else a line every tenth."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
-        self.total, self.stream, self.done = total, stream, 0
-        self.tty = stream.isatty()
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.stream = sys.stderr if stream is None else stream  # the stderr of the call, not of the import
+        self.total, self.done = total, 0
+        self.tty = self.stream.isatty()
 
     def __call__(self, epsilon: float, record: dict[str, Any]) -> None:
         self.done += 1

@@ -81,7 +81,8 @@ def test_the_script_tables_each_run_and_each_side(tmp_path: Path) -> None:
     assert saved["aggregate"]["without"]["median_mean"] == 1050.0
     assert saved["aggregate"]["share 0.25"]["run_flag_rates"] == [0.0, 0.25, 0.5]
     assert saved["aggregate"]["share 0.25"]["median_flag_rate"] == 0.25
-    assert "| share 0.25 | 3 | 2,050 (" in saved["markdown"]
+    assert "| share 0.25 | 3 | 2,050 (1,950-2,150; 75.0%) |" in saved["markdown"]  # three runs: the range, 75%
+    assert saved["aggregate"]["share 0.25"]["median_flag_rate_order"] == {"low": 0.0, "high": 0.5, "coverage": 0.75}
     assert np.isclose(saved["aggregate"]["share 0.25"]["pooled_flag_rate"], 15 / 60)
     at_30 = run_script("--minute", "30", "--side", "share", *map(str, share))
     assert at_30.returncode == 0 and "| share | 3 |" in at_30.stdout and "| 0% (0%-0%) |" in at_30.stdout

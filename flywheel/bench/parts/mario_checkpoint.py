@@ -95,12 +95,12 @@ def take_checkpoint(run: Training, token: str, minute: float, workdir: Path, ste
 def copy_kept_best(learner_dir: Path, dest: Path, env_id: str) -> dict[str, Any] | None:
     """The learner's kept best of this moment, copied to dest/kept-best/ (None before its first evaluation): the
     policy file, its best.json, and the version the file itself names."""
-    from flywheel.policy import BEST_FILE, Policy
+    from flywheel.policy import BEST_FILE, KEPT_BEST_DIR, Policy
     from flywheel.services.learner.best import BEST_JSON
 
     if not (learner_dir / BEST_FILE).is_file():
         return None
-    folder = dest / "kept-best"
+    folder = dest / KEPT_BEST_DIR
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy2(learner_dir / BEST_FILE, folder / BEST_FILE)
     scored: dict[str, Any] = {}
