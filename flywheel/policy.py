@@ -23,7 +23,7 @@ class PolicyError(CheckpointError):
 
 WHICH = ("auto", "best", "latest")
 BEST_FILE = "best.safetensors"  # written by the learner's evaluations (services/learner/best.py)
-KEPT_BEST_DIR = "kept-best"  # where a `flywheel bench mario` checkpoint copy keeps the learner's best of its moment
+KEPT_BEST_DIR = "kept-best"  # where a `flywheel bench` checkpoint copy keeps the learner's best of its moment
 PREFERRED_FILE = "preferred.json"  # which of the two evaluated better at the end of the run (flywheel/tools/film.py)
 
 
@@ -79,7 +79,7 @@ def find_checkpoint(directory: str | Path, which: str = "auto") -> Path:
             if candidate.is_file():
                 return candidate
     if which == "best":
-        if (kept := path / KEPT_BEST_DIR / BEST_FILE).is_file():  # a `flywheel bench mario` checkpoint copy
+        if (kept := path / KEPT_BEST_DIR / BEST_FILE).is_file():  # a `flywheel bench` checkpoint copy
             return kept
         raise PolicyError(f"no best policy in {str(path)!r} (expected {BEST_FILE}, learner/{BEST_FILE} or "
                           f"{KEPT_BEST_DIR}/{BEST_FILE}: the learner writes it after its first greedy evaluation); "
