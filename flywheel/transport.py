@@ -143,14 +143,23 @@ def receive(sock: zmq.Socket, flags: int = zmq.NOBLOCK) -> list[zmq.Frame]:
     return intake.message()
 
 
-async def receive_async(sock: zmq.asyncio.Socket) -> list[zmq.Frame]:
+async def receive_async(sock: zmq.asyncio.Socket, timeout_s: float | None = None) -> list[zmq.Frame]:
     """``receive`` for an asyncio socket: waits for the first part, then takes the rest within the budget.
 
     It first lets the event loop run its other tasks once: pyzmq hands over a queued message without yielding, so
-    a loop reading a socket that one peer keeps full would otherwise starve every other task (leases, HTTP)."""
+    a loop reading a socket that one peer keeps full would otherwise starve every other task (leases, HTTP).
+    With ``timeout_s`` it raises ``zmq.Again`` when no message came in that time (nothing is lost: a message is
+    taken only by a receive still waiting)."""
     await asyncio.sleep(0)
     intake = _Intake(_budgets.get(sock, MessageBudget()))
-    more = intake.add(await sock.recv(copy=False))
+    if timeout_s is None:
+        first = await sock.recv(copy=False)
+    else:
+        try:
+            first = await asyncio.wait_for(sock.recv(copy=False), timeout_s)
+        except TimeoutError:
+            raise zmq.Again() from None
+    more = intake.add(first)
     while more:
         more = intake.add(await sock.recv(copy=False))
     return intake.message()

@@ -207,6 +207,8 @@ class GatewayInfo(BaseModel):
     forget_after_s: Number
     telemetry_received: int
     rejected: dict[str, int] = Field(description="messages refused, by 'socket:fault'")
+    internal_errors: int = Field(description="telemetry messages whose handling raised (a bug, logged with its trace)")
+    missed_wakeups: int = Field(description="receives that timed out with a message waiting (taken a second late)")
     invalid_metric_keys: dict[str, str] = Field(description="'service:key' -> why it is not exported")
 
 

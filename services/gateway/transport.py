@@ -34,6 +34,9 @@ from .metrics import CapacityExceeded, Registry
 from .settings import GatewaySettings
 
 log = logging.getLogger("flywheel.gateway")
+# Each receive gives up after this long and starts again: a new receive looks at the socket itself, so a message
+# whose edge-triggered wakeup the event loop missed (pyzmq's asyncio sockets) waits at most this long, never forever.
+RECEIVE_RECHECK_S = 1.0
 
 
 class GatewayService:
@@ -62,6 +65,8 @@ class GatewayService:
         self.published = 0
         self.lease_requests = 0
         self.tracking_failures = 0  # W&B calls that failed (curves_writer.py; each one retried)
+        self.internal_errors = 0  # telemetry messages whose handling raised (a bug of ours: logged with its trace)
+        self.missed_wakeups = 0  # receives that timed out with a message waiting (see note_waiting)
         self.http_rejected: dict[tuple[str, int], int] = {}
         self._logged_invalid: set[tuple[str, str]] = set()
         self.telemetry_sock: zmq.asyncio.Socket | None = None
@@ -170,11 +175,29 @@ class GatewayService:
         assert self.telemetry_sock is not None
         while True:
             try:
-                frames = await receive_async(self.telemetry_sock)
+                frames = await receive_async(self.telemetry_sock, RECEIVE_RECHECK_S)
             except MessageTooLarge as exc:
                 self.faults.record("telemetry", exc)
                 continue
-            self.accept_telemetry(frames, security.peer_key(frames[0]))
+            except zmq.Again:  # a quiet interval, or a wakeup the event loop missed: the next receive looks
+                self.note_waiting(self.telemetry_sock, "telemetry")
+                continue
+            try:
+                self.accept_telemetry(frames, security.peer_key(frames[0]))
+            except Exception:  # a fault of ours must not end telemetry for every peer (the views would read all down)
+                self.internal_errors += 1
+                log.exception("telemetry: a message could not be handled (%d so far); the gateway goes on",
+                              self.internal_errors)
+
+    def note_waiting(self, sock: zmq.asyncio.Socket, where: str) -> None:
+        """After a receive timed out: count (and log the first of) the times a message was waiting all the same,
+        i.e. the event loop missed the socket's edge-triggered wakeup; the next receive takes that message."""
+        with contextlib.suppress(zmq.ZMQError):
+            if int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
+                self.missed_wakeups += 1
+                if self.missed_wakeups == 1:
+                    log.warning("%s: a message waited %g s without waking the event loop; taken now (further such "
+                                "waits are only counted: missed_wakeups_total)", where, RECEIVE_RECHECK_S)
 
     def sweep(self, now: float | None = None, wall: float | None = None) -> None:
         """Mark silent instances down, forget long-silent ones, expire leases, add a learning-curve point."""
@@ -237,9 +260,12 @@ class GatewayService:
         assert self.lease_sock is not None
         while True:
             try:
-                frames = [frame.bytes for frame in await receive_async(self.lease_sock)]
+                frames = [frame.bytes for frame in await receive_async(self.lease_sock, RECEIVE_RECHECK_S)]
             except MessageTooLarge as exc:
                 self.faults.record("lease", exc)
+                continue
+            except zmq.Again:
+                self.note_waiting(self.lease_sock, "leases")
                 continue
             reply = self.answer_lease(frames)
             if reply is not None:

@@ -94,6 +94,10 @@ def metrics_snapshot(gw: GatewayService, last_render_cpu_s: float = 0.0) -> Metr
           gw.auth.failures)
     w.add("flywheel_gateway_control_published_total", "counter", "control messages published, repeats included",
           g, gw.published)
+    w.add("flywheel_gateway_internal_errors_total", "counter", "telemetry messages whose handling raised (a bug: "
+          "logged with its trace; the gateway goes on)", g, gw.internal_errors)
+    w.add("flywheel_gateway_missed_wakeups_total", "counter", "receives that timed out with a message waiting (the "
+          "event loop missed its wakeup; the message was taken a second late)", g, gw.missed_wakeups)
     w.add("flywheel_gateway_clips_received_total", "counter", "filmed greedy episodes received whole", g,
           gw.clips.received)
     w.add("flywheel_gateway_clips_dropped_total", "counter", "clips given up: pieces stopped coming or pushed out",
@@ -275,6 +279,7 @@ def status(gw: GatewayService) -> dict[str, Any]:
             "control_enabled": gw.auth.active, "stale_after_s": gw.settings.stale_after_s,
             "forget_after_s": gw.settings.forget_after_s,
             "telemetry_received": gw.registry.received, "rejected": dict(gw.faults.counts),
+            "internal_errors": gw.internal_errors, "missed_wakeups": gw.missed_wakeups,
             "invalid_metric_keys": {f"{svc}:{key}": why for (svc, key), why in gw.registry.invalid_keys.items()},
         },
         "summary": _summary(services),

@@ -89,6 +89,14 @@ def _counter(item: dict[str, Any] | None, name: str) -> float:
     return float(((item or {}).get("counters") or {}).get(name) or 0)
 
 
+def _logs(actor_log: Path, run_log: Path, service_logs: Path, lines: int) -> str:
+    """What a failed wait shows: the remote actor's log, the run's, and each of the run's services' logs."""
+    parts = [tail(actor_log, lines), "--- run ---", tail(run_log, lines)]
+    for log in sorted(service_logs.glob("*.log")):
+        parts += [f"--- {log.name} ---", tail(log, lines)]
+    return "\n".join(parts)
+
+
 @pytest.mark.timeout(420)
 def test_an_actor_on_another_host_joins_the_run(tmp_path: Path, two_hosts: tuple[str, str, str, str]) -> None:
     run_ns, actor_ns, run_ip, _ = two_hosts
@@ -123,7 +131,7 @@ def test_an_actor_on_another_host_joins_the_run(tmp_path: Path, two_hosts: tuple
             return None
 
         first = wait_until(far_actor_trains, 150, "the remote actor to send transitions and take weights",
-                           detail=lambda: tail(actor_log, 30) + "\n--- run ---\n" + tail(run_log, 30))
+                           detail=lambda: _logs(actor_log, run_log, tmp_path / "ckpt" / "logs", 30))
         far = _instance(first, "actor", ACTOR_INSTANCE)
         assert far is not None and far.get("info", {}).get("curve") == "on", far  # it came in over CURVE
         version = _gauge(far, "weight_version_newest")
@@ -137,7 +145,7 @@ def test_an_actor_on_another_host_joins_the_run(tmp_path: Path, two_hosts: tuple
             return None
 
         later = wait_until(it_follows, 90, "the remote actor's weight versions to follow the learner's",
-                           detail=lambda: tail(actor_log, 30) + "\n--- run ---\n" + tail(run_log, 30))
+                           detail=lambda: _logs(actor_log, run_log, tmp_path / "ckpt" / "logs", 30))
         learner_version = _gauge(_instance(later, "learner"), "weight_version")
         far_version = _gauge(_instance(later, "actor", ACTOR_INSTANCE), "weight_version_newest")
         # close to the learner's newest (the two reports are up to a second apart: ~20 versions at 10 updates each)
@@ -158,7 +166,7 @@ def test_an_actor_on_another_host_joins_the_run(tmp_path: Path, two_hosts: tuple
 
         received, local_sent, remote_sent = wait_until(
             delivered, 120, "the remote actor's transitions in the run's replay",
-            detail=lambda: tail(actor_log, 20) + "\n--- run ---\n" + tail(run_log, 20))
+            detail=lambda: _logs(actor_log, run_log, tmp_path / "ckpt" / "logs", 20))
         assert received > local_sent
     finally:
         for proc in reversed(procs):
